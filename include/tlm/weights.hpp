@@ -1,0 +1,157 @@
+#pragma once
+// The weights of a Llama model as reflected structs, and the one walk that visits
+// them. The walk serves the loader, the parameter count, gradient zeroing, AdamW
+// (parameters, gradients, m and v in lockstep) and checkpoint writing, so the
+// list of tensors and their file names exist in exactly one place: here.
+#include <array>
+#include <boost/hana.hpp>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "config.hpp"
+#include "shape.hpp"
+
+namespace tlm {
+
+// Member of a weight struct that a config does not have (the output matrix of a
+// model with tied embeddings). The walk skips it.
+struct absent {};
+
+template <LlamaConfig C, Storage S>
+using output_matrix = std::conditional_t<C::tied_embeddings, absent, mat<C::vocab, dim<C>, S>>;
+
+// Layers move between models only within one config.
+template <class A, class B>
+concept layers_of_same_config = std::same_as<A, B>;
+
+// Member names are the GGUF tensor names, so a tensor's file name is derived from
+// its member and never written down twice.
+template <LlamaConfig C, Storage S = mapped>
+struct layer_weights {
+  BOOST_HANA_DEFINE_STRUCT(layer_weights,
+    (vec<dim<C>, S>, attn_norm),               // [D]    RMSNorm gain before attention
+    (mat<dim<C>, dim<C>, S>, attn_q),          // [D, D] query projection, H heads of E rows
+    (mat<kv_dim<C>, dim<C>, S>, attn_k),       // [K, D] key projection, G heads of E rows
+    (mat<kv_dim<C>, dim<C>, S>, attn_v),       // [K, D] value projection
+    (mat<dim<C>, dim<C>, S>, attn_output),     // [D, D] joins the H heads back into the stream
+    (vec<dim<C>, S>, ffn_norm),                // [D]    RMSNorm gain before the MLP
+    (mat<C::ffn, dim<C>, S>, ffn_gate),        // [F, D] SwiGLU gate
+    (mat<C::ffn, dim<C>, S>, ffn_up),          // [F, D] SwiGLU value
+    (mat<dim<C>, C::ffn, S>, ffn_down));       // [D, F] back to the stream
+
+  layer_weights() = default;
+
+  // A layer of another config is another type, even where the shapes happen to
+  // agree. This candidate exists only so that "no match" names the rule.
+  template <LlamaConfig C2, Storage S2>
+    requires layers_of_same_config<C, C2> && (!std::same_as<S, S2>)
+  layer_weights& operator=(const layer_weights<C2, S2>&) = delete;  // mapped <-> owned: copy values explicitly
+};
+
+template <LlamaConfig C, Storage S = mapped>
+struct model_weights {
+  using config = C;
+  BOOST_HANA_DEFINE_STRUCT(model_weights,
+    (mat<C::vocab, dim<C>, S>, token_embd),               // [V, D] embedding rows; also the output when tied
+    (std::array<layer_weights<C, S>, C::layers>, layers), // L layers, file names blk.N.*
+    (vec<dim<C>, S>, output_norm),                        // [D]    final RMSNorm gain
+    (output_matrix<C, S>, output));                       // [V, D] separate output, or absent when tied
+
+  model_weights() = default;
+};
+
+// The name a tensor has in a GGUF file: "blk.<layer>.<member>.weight", or
+// "<member>.weight" outside the layers. Cheap to pass; str() builds the string.
+struct tensor_name {
+  std::string_view member;
+  int layer = -1;
+
+  std::string str() const {
+    std::string s;
+    if (layer >= 0) s = "blk." + std::to_string(layer) + ".";
+    s.append(member);
+    s += ".weight";
+    return s;
+  }
+};
+
+namespace detail {
+
+template <class T>
+inline constexpr bool is_std_array_v = false;
+template <class T, std::size_t N>
+inline constexpr bool is_std_array_v<std::array<T, N>> = true;
+
+template <class T>
+inline constexpr std::size_t array_extent_v = 0;
+template <class T, std::size_t N>
+inline constexpr std::size_t array_extent_v<std::array<T, N>> = N;
+
+template <class F, class T0, class... Ts>
+constexpr void walk(F& f, tensor_name name, T0& t0, Ts&... ts) {
+  using U = std::remove_cvref_t<T0>;
+  if constexpr (std::same_as<U, absent>) {
+    static_assert((std::same_as<std::remove_cvref_t<Ts>, absent> && ...),
+                  "tlm walk rule: structs walked in lockstep differ: one has a tensor where another has none");
+  } else if constexpr (Tensor<U>) {
+    static_assert((same_shape<U, Ts> && ...),
+                  "tlm walk rule: tensors walked in lockstep must have the same shape (a gradient, moment or copy "
+                  "that does not match its parameter)");
+    f(name, t0, ts...);
+  } else if constexpr (is_std_array_v<U>) {
+    static_assert(((array_extent_v<std::remove_cvref_t<Ts>> == array_extent_v<U>) && ...),
+                  "tlm walk rule: structs walked in lockstep have different numbers of layers");
+    for (std::size_t i = 0; i < array_extent_v<U>; ++i) walk(f, tensor_name{name.member, static_cast<int>(i)}, t0[i], ts[i]...);
+  } else {
+    static_assert(boost::hana::Struct<U>::value,
+                  "tlm walk rule: a weight struct member must be a vec, a mat, an array of layers, a reflected struct, or absent");
+    constexpr auto accessors = boost::hana::accessors<U>();
+    static_assert(((boost::hana::length(boost::hana::accessors<std::remove_cvref_t<Ts>>()) ==
+                    boost::hana::length(accessors)) && ...),
+                  "tlm walk rule: structs walked in lockstep have different members");
+    boost::hana::for_each(boost::hana::make_range(boost::hana::size_c<0>, boost::hana::length(accessors)), [&](auto i) {
+      constexpr auto key = boost::hana::first(accessors[i]);
+      static_assert(((boost::hana::first(boost::hana::accessors<std::remove_cvref_t<Ts>>()[i]) == key) && ...),
+                    "tlm walk rule: structs walked in lockstep name their members differently");
+      walk(f, tensor_name{boost::hana::to<const char*>(key), name.layer}, boost::hana::second(accessors[i])(t0),
+           boost::hana::second(boost::hana::accessors<std::remove_cvref_t<Ts>>()[i])(ts)...);
+    });
+  }
+}
+
+}  // namespace detail
+
+// Calls f(tensor_name, t0, ts...) for every tensor of w0, with the tensors of the
+// same name in ws... alongside. All structs must have the same members and shapes
+// (checked at compile time); their storage may differ.
+template <class F, class W0, class... Ws>
+constexpr void for_each_tensor(F&& f, W0& w0, Ws&... ws) {
+  detail::walk(f, tensor_name{}, w0, ws...);
+}
+
+// Number of scalar parameters: a fold over the walk.
+template <class W>
+constexpr std::size_t parameter_count(const W& w) {
+  std::size_t n = 0;
+  for_each_tensor([&](const tensor_name&, const auto& t) { n += std::remove_cvref_t<decltype(t)>::rows *
+                                                               std::remove_cvref_t<decltype(t)>::cols; },
+                  w);
+  return n;
+}
+
+// The parameter count of a weight type, computed at compile time by walking a
+// default (unbound, mapped) instance: no hand-written sum of fields.
+template <LlamaConfig C>
+inline constexpr std::size_t parameter_count_v = parameter_count(model_weights<C, mapped>{});
+
+// Number of tensors the walk visits (272 for SmolLM2-135M).
+template <class W>
+constexpr std::size_t tensor_count(const W& w) {
+  std::size_t n = 0;
+  for_each_tensor([&](const tensor_name&, const auto&) { ++n; }, w);
+  return n;
+}
+
+}  // namespace tlm

@@ -1,0 +1,16 @@
+// Self-check: this "must not compile" case compiles, so the harness must reject it
+// (its ctest is marked WILL_FAIL; it passes only if the harness notices).
+// law-expect: this text never appears
+#include <tlm/kv.hpp>
+
+#include <utility>
+
+void fine() {
+  tlm::kv<tlm::tiny_gqa, 2> k;
+#ifdef TLM_LAW_TWIN
+  auto n = std::move(k);
+#else
+  auto n = std::move(k).push();
+#endif
+  (void)n;
+}

@@ -1,0 +1,65 @@
+// Prints, for each shipped config, its derived sizes, its tensors with their
+// shapes, and its parameter count: everything the types know without a file.
+//
+//   describe [--tensors] [CONFIG...]     CONFIG: smollm2_135m smollm2_360m smollm2_1_7b tiny_gqa tiny_untied
+#include <tlm/weights.hpp>
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+template <tlm::LlamaConfig C>
+void describe(std::string_view name, bool tensors) {
+  fmt::print("{}\n", name);
+  fmt::print("  heads {} = kv_heads {} x group {}, head_dim {}, dim {}, kv_dim {}, ffn {}, layers {}, vocab {}\n",
+             tlm::heads<C>, C::kv_heads, C::group, tlm::head_dim<C>, tlm::dim<C>, tlm::kv_dim<C>, C::ffn, C::layers,
+             C::vocab);
+  fmt::print("  context {}, rms_eps {:g}, rope_theta {:g}, embeddings {}\n", C::context, C::rms_eps, C::rope_theta,
+             C::tied_embeddings ? "tied (token_embd is also the output)" : "separate output.weight");
+  const tlm::model_weights<C> weights;
+  if (tensors) {
+    tlm::for_each_tensor(
+        [](const tlm::tensor_name& n, const auto& t) {
+          using T = std::remove_cvref_t<decltype(t)>;
+          if constexpr (T::rank == 1) fmt::print("    {:<28} [{}]\n", n.str(), T::cols);
+          else fmt::print("    {:<28} [{}, {}]\n", n.str(), T::rows, T::cols);
+        },
+        weights);
+  }
+  fmt::print("  {} tensors, {} parameters\n\n", tlm::tensor_count(weights), tlm::parameter_count(weights));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool tensors = false;
+  std::vector<std::string_view> wanted;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--tensors") tensors = true;
+    else if (a == "-h" || a == "--help") {
+      fmt::print("usage: describe [--tensors] [CONFIG...]\n");
+      return 0;
+    } else wanted.push_back(a);
+  }
+  bool any = false;
+  auto maybe = [&]<class C>(std::string_view name) {
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) return;
+    describe<C>(name, tensors);
+    any = true;
+  };
+  maybe.operator()<tlm::smollm2_135m>("smollm2_135m");
+  maybe.operator()<tlm::smollm2_360m>("smollm2_360m");
+  maybe.operator()<tlm::smollm2_1_7b>("smollm2_1_7b");
+  maybe.operator()<tlm::tiny_gqa>("tiny_gqa");
+  maybe.operator()<tlm::tiny_untied>("tiny_untied");
+  if (!any) {
+    fmt::print(stderr, "describe: no such config; known: smollm2_135m smollm2_360m smollm2_1_7b tiny_gqa tiny_untied\n");
+    return 1;
+  }
+  return 0;
+}

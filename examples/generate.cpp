@@ -1,0 +1,250 @@
+// Generates text with SmolLM2-135M (or any GGUF file of that shape), streaming
+// the continuation token by token.
+//
+//   generate [--model PATH] [--prompt TEXT | TEXT] [-n N] [--threads T] [--ctx N]
+//            [--chat] [--system TEXT] [--special] [--temperature X] [--top-k K] [--top-p P] [--seed S]
+//            [--token-ids 1,2,3] [--print-ids] [--dump-logits FILE] [--show-config] [--timing] [--trace]
+#include <tlm/chat.hpp>
+#include <tlm/model.hpp>
+#include <tlm/sampler.hpp>
+#include <tlm/tokenizer.hpp>
+
+#include <fmt/core.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using config = tlm::smollm2_135m;
+using clock_type = std::chrono::steady_clock;
+
+constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
+  --model PATH        GGUF file (default: $TLM_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)
+  --prompt TEXT       the prompt (or give it as the last argument)
+  -n N                tokens to generate (default 32); stops early at end-of-sequence
+  --threads T         threads for the matrix kernels (default: all cores)
+  --ctx N             KV-cache capacity in tokens (default: prompt + N; at most the context)
+  --chat              wrap the prompt as a user message with the model's chat template
+  --system TEXT       system message for --chat (default: the template's own)
+  --special           recognise special tokens such as <|im_start|> in the prompt text
+  --temperature X     sample with temperature X (default 0: greedy)
+  --top-k K --top-p P --seed S   sampling limits and seed
+  --token-ids LIST    the prompt as comma-separated token ids instead of text
+  --print-ids         print the generated ids, comma-separated, on a last line
+  --dump-logits FILE  write the logits of every prompt position (float32, [positions, vocab])
+  --show-config       print the compiled config and the file's hyperparameters
+  --timing            print load time, prefill tokens/s and decode ms/token to stderr
+  --trace             print per-layer residual RMS, attention entropy and logit statistics to stderr
+)";
+
+struct options {
+  std::string model;
+  std::optional<std::string> prompt;
+  std::optional<std::string> token_ids;
+  std::optional<std::string> system;
+  std::optional<std::string> dump_logits;
+  std::size_t n = 32, threads = 0, ctx = 0;
+  bool chat = false, special = false, print_ids = false, show_config = false, timing = false, trace = false;
+  tlm::sampling sampling;
+};
+
+[[noreturn]] void fail(const std::string& msg) {
+  fmt::print(stderr, "generate: {}\n", msg);
+  std::exit(1);
+}
+
+std::size_t to_count(std::string_view flag, const std::string& v) {
+  try {
+    std::size_t used = 0;
+    const long long n = std::stoll(v, &used);
+    if (used != v.size() || n < 0) throw std::invalid_argument("");
+    return static_cast<std::size_t>(n);
+  } catch (const std::exception&) {
+    fail(fmt::format("{} takes a whole number >= 0, got '{}'", flag, v));
+  }
+}
+
+float to_float(std::string_view flag, const std::string& v) {
+  try {
+    std::size_t used = 0;
+    const float f = std::stof(v, &used);
+    if (used != v.size()) throw std::invalid_argument("");
+    return f;
+  } catch (const std::exception&) {
+    fail(fmt::format("{} takes a number, got '{}'", flag, v));
+  }
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  const char* env = std::getenv("TLM_MODEL");
+  o.model = env ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) fail(fmt::format("{} needs a value\n{}", a, usage));
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      fmt::print("{}", usage);
+      std::exit(0);
+    } else if (a == "--model") o.model = value();
+    else if (a == "--prompt") o.prompt = value();
+    else if (a == "-n") o.n = to_count(a, value());
+    else if (a == "--threads") o.threads = to_count(a, value());
+    else if (a == "--ctx") o.ctx = to_count(a, value());
+    else if (a == "--chat") o.chat = true;
+    else if (a == "--system") o.system = value();
+    else if (a == "--special") o.special = true;
+    else if (a == "--temperature") o.sampling.temperature = to_float(a, value());
+    else if (a == "--top-k") o.sampling.top_k = to_count(a, value());
+    else if (a == "--top-p") o.sampling.top_p = to_float(a, value());
+    else if (a == "--seed") o.sampling.seed = to_count(a, value());
+    else if (a == "--token-ids") o.token_ids = value();
+    else if (a == "--print-ids") o.print_ids = true;
+    else if (a == "--dump-logits") o.dump_logits = value();
+    else if (a == "--show-config") o.show_config = true;
+    else if (a == "--timing") o.timing = true;
+    else if (a == "--trace") o.trace = true;
+    else if (a.starts_with("-") && a.size() > 1) fail(fmt::format("unknown option '{}'\n{}", a, usage));
+    else if (!o.prompt) o.prompt = std::string(a);
+    else fail(fmt::format("two prompts given ('{}' and '{}'); quote the prompt as one argument", *o.prompt, a));
+  }
+  if (o.prompt && o.token_ids) fail("give the prompt either as text or as --token-ids, not both");
+  if (!o.prompt && !o.token_ids) o.prompt = "The capital of France is";
+  return o;
+}
+
+std::vector<std::int32_t> parse_ids(const std::string& list) {
+  std::vector<std::int32_t> ids;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t end = std::min(list.find(',', start), list.size());
+    ids.push_back(static_cast<std::int32_t>(to_count("--token-ids", list.substr(start, end - start))));
+    start = end + 1;
+  }
+  return ids;
+}
+
+double ms_since(clock_type::time_point t) {
+  return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
+}
+
+void show_config(const tlm::gguf::file& f) {
+  fmt::print(stderr, "config {}: dim {}, heads {} (kv {}), head_dim {}, ffn {}, layers {}, vocab {}, context {}\n",
+             tlm::type_name<config>(), tlm::dim<config>, tlm::heads<config>, config::kv_heads, tlm::head_dim<config>,
+             config::ffn, config::layers, config::vocab, config::context);
+  fmt::print(stderr, "file {}: {} tensors, GGUF v{}, name '{}'\n", f.name(), f.tensors().size(), f.version(),
+             f.has("general.name") ? f.get_string("general.name") : "");
+}
+
+int run(const options& o) {
+  const auto t_load = clock_type::now();
+  tlm::model<config> m = tlm::model<config>::load(o.model, {.threads = o.threads});
+  const tlm::tokenizer tok = tlm::tokenizer::from_gguf(m.file());
+  const double load_ms = ms_since(t_load);
+  if (o.show_config) show_config(m.file());
+
+  std::vector<std::int32_t> prompt;
+  std::string prompt_text;
+  if (o.token_ids) {
+    prompt = parse_ids(*o.token_ids);
+  } else {
+    prompt_text = *o.prompt;
+    bool special = o.special;
+    if (o.chat) {
+      std::vector<tlm::chat_message> msgs;
+      if (o.system) msgs.push_back({"system", *o.system});
+      msgs.push_back({"user", prompt_text});
+      const std::string_view tmpl = m.file().has("tokenizer.chat_template") ? m.file().get_string("tokenizer.chat_template") : "";
+      prompt_text = tlm::apply_chat_template(tmpl, msgs, true);
+      special = true;  // the template's own markers are special tokens
+    }
+    prompt = tok.encode(prompt_text, {.add_bos = false, .parse_special = special});
+  }
+  if (prompt.empty()) fail("the prompt is empty after tokenization; give some text");
+  const std::size_t needed = prompt.size() + o.n;
+  const std::size_t capacity = o.ctx ? o.ctx : std::min(needed, config::context);
+  if (needed > capacity || needed > config::context) {
+    fail(fmt::format("the prompt ({} tokens) plus {} new tokens needs {} positions, but the KV cache holds {}{}; "
+                     "shorten the prompt, lower -n{}",
+                     prompt.size(), o.n, needed, std::min(capacity, config::context),
+                     o.ctx ? " (--ctx)" : fmt::format(" (the model's context)"),
+                     o.ctx && o.ctx < config::context ? fmt::format(", or raise --ctx (at most {})", config::context) : ""));
+  }
+  tlm::kv_cache<config> cache(capacity);
+
+  if (o.token_ids) fmt::print("{}", tok.decode(prompt));
+  else fmt::print("{}", o.chat ? prompt_text : *o.prompt);
+  std::fflush(stdout);
+
+  const auto t_prefill = clock_type::now();
+  std::vector<float> all;
+  auto logits = m.prefill(prompt, cache, o.dump_logits ? &all : nullptr);
+  const double prefill_ms = ms_since(t_prefill);
+  if (o.dump_logits) {
+    std::ofstream out(*o.dump_logits, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
+    if (!out) fail(fmt::format("cannot write the logits to {}", *o.dump_logits));
+  }
+
+  tlm::sampler pick(o.sampling);
+  tlm::stream_decoder stream(tok);
+  std::vector<std::int32_t> generated;
+  const auto t_decode = clock_type::now();
+  tlm::forward_trace<config> trace;
+  for (std::size_t i = 0; i < o.n; ++i) {
+    const std::int32_t next = pick(logits);
+    generated.push_back(next);
+    if (next == tok.eos()) break;
+    fmt::print("{}", stream.push(next));
+    std::fflush(stdout);
+    if (i + 1 == o.n) break;
+    if (o.trace) {
+      logits = m.forward_traced(next, cache, trace);
+      fmt::print(stderr, "\n[trace] token {} at position {}: logit max {:.3f}, entropy {:.3f} nats\n", next,
+                 cache.length() - 1, trace.logit_max, trace.logit_entropy);
+      for (std::size_t l = 0; l < config::layers; ++l) {
+        std::string ent;
+        for (float h : trace.attention_entropy[l]) ent += fmt::format(" {:.2f}", h);
+        fmt::print(stderr, "[trace]   layer {:2}: rms after attention {:.3f}, after mlp {:.3f}; attention entropy{}\n", l,
+                   trace.attn_residual_rms[l], trace.mlp_residual_rms[l], ent);
+      }
+    } else {
+      logits = m.forward(next, cache);
+    }
+  }
+  const double decode_ms = ms_since(t_decode);
+  fmt::print("{}\n", stream.flush());
+  if (o.print_ids) {
+    std::string ids;
+    for (std::size_t i = 0; i < generated.size(); ++i) ids += (i ? "," : "") + std::to_string(generated[i]);
+    fmt::print("{}\n", ids);
+  }
+  if (o.timing) {
+    const std::size_t decoded = generated.empty() ? 0 : generated.size() - 1;  // forward calls after the prefill
+    fmt::print(stderr, "load {:.1f} ms | prefill {} tokens in {:.1f} ms ({:.1f} tokens/s) | decode {} tokens, {:.2f} ms/token | "
+                       "{} threads, kernels {}\n",
+               load_ms, prompt.size(), prefill_ms, prompt.size() * 1000.0 / prefill_ms, decoded,
+               decoded ? decode_ms / static_cast<double>(decoded) : 0.0, m.threads(), tlm::kernels::kernel_level_name());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const options o = parse(argc, argv);
+  try {
+    return run(o);
+  } catch (const tlm::error& e) {
+    fail(e.what());
+  }
+}

@@ -1,0 +1,85 @@
+// The forward pass on SmolLM2-135M against the float64 reference
+// (tests/reference/ref_forward.py, fixtures in tests/fixtures/forward).
+#include <doctest/doctest.h>
+
+#include <tlm/model.hpp>
+#include <tlm/sampler.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "fixture.hpp"
+
+using C = tlm::smollm2_135m;
+
+namespace {
+tlm::model<C>& shared_model() {
+  if (!std::filesystem::exists(TLM_MODEL_PATH)) FAIL("model missing at " TLM_MODEL_PATH "; run scripts/fetch-model");
+  static tlm::model<C> m = tlm::model<C>::load(TLM_MODEL_PATH);
+  return m;
+}
+}  // namespace
+
+TEST_CASE("logits at every prompt position match the float64 reference to 1e-4") {
+  auto& m = shared_model();
+  const tlm_test::fixture fx(TLM_FIXTURES "/forward/logits.bin");
+  const int prompts = fx.scalar("n_prompts");
+  const int step = fx.scalar("stripe_step");
+  const int topk = fx.scalar("topk");
+  double worst = 0.0;
+  std::size_t positions = 0;
+  for (int p = 0; p < prompts; ++p) {
+    const std::string key = "p" + std::to_string(p) + ".";
+    const auto tokens = fx[key + "tokens"].ints();
+    tlm::kv_cache<C> cache(tokens.size());
+    std::vector<float> all;
+    m.prefill(tokens, cache, &all);
+    const auto& argmax = fx[key + "argmax"];
+    const auto& max_abs = fx[key + "max_abs"];
+    const auto& top_ids = fx[key + "top_ids"];
+    const auto& top_logits = fx[key + "top_logits"];
+    const auto& stripe = fx[key + "stripe"];
+    const std::size_t stripe_n = stripe.dims[1];
+    for (std::size_t t = 0; t < tokens.size(); ++t) {
+      const float* ours = all.data() + t * C::vocab;
+      double err = 0.0;
+      for (int k = 0; k < topk; ++k) {
+        const auto id = static_cast<std::size_t>(top_ids.values[t * topk + k]);
+        err = std::max(err, std::fabs(ours[id] - top_logits.values[t * topk + k]));
+      }
+      for (std::size_t s = 0; s < stripe_n; ++s) err = std::max(err, std::fabs(ours[s * step] - stripe.values[t * stripe_n + s]));
+      const double rel = err / max_abs.values[t];
+      worst = std::max(worst, rel);
+      CHECK_MESSAGE(rel <= 1e-4, "prompt ", p, " position ", t, ": relative logit error ", rel);
+      CHECK_MESSAGE(tlm::argmax({ours, C::vocab}) == static_cast<std::int32_t>(argmax.values[t]),
+                    "prompt ", p, " position ", t);
+      ++positions;
+    }
+  }
+  MESSAGE("worst relative logit error over ", positions, " positions: ", worst);
+  CHECK(positions >= 80);
+  CHECK(worst < 1e-5);  // the aim; the requirement above is 1e-4
+}
+
+TEST_CASE("greedy generation of 32 tokens matches the float64 reference on every prompt") {
+  auto& m = shared_model();
+  const tlm_test::fixture fx(TLM_FIXTURES "/forward/greedy.bin");
+  const int prompts = fx.scalar("n_prompts");
+  const int n = fx.scalar("n_generated");
+  const int checked = tlm_test::sanitized() ? 2 : prompts;  // all of them in the Release run
+  for (int p = 0; p < checked; ++p) {
+    const std::string key = "p" + std::to_string(p) + ".";
+    const auto tokens = fx[key + "tokens"].ints();
+    const auto want = fx[key + "ids"].ints();
+    tlm::kv_cache<C> cache(tokens.size() + static_cast<std::size_t>(n));
+    auto logits = m.prefill(tokens, cache);
+    std::vector<std::int32_t> got;
+    for (int i = 0; i < n; ++i) {
+      got.push_back(tlm::argmax(logits));
+      if (i + 1 < n) logits = m.forward(got.back(), cache);
+    }
+    CHECK_MESSAGE(got == want, "prompt ", p);
+  }
+  CHECK(prompts >= 12);
+}

@@ -1,0 +1,398 @@
+// Matrix-vector and matrix-matrix kernel speed on the shapes of SmolLM2-135M.
+//
+//   kernels [--rounds N] [--quick] [--out FILE]
+//
+// Every measurement runs in each of N rounds, interleaved with all the others, and
+// the median round is reported: the machine may be shared, and interleaving spreads
+// any disturbance over all rows instead of spoiling one.
+//
+// "hot" repeats one matrix, so it is served from cache after the first pass; "cold"
+// cycles through enough copies (>= 256 MiB) that every pass reads DRAM, as decoding
+// does (the model's ~96 MB of weights do not stay in cache between tokens). The
+// "decode sweep" runs every matrix product of one token of SmolLM2-135M on separate
+// buffers laid out like the model. "read" is a plain streaming sum, the bandwidth
+// ceiling the memory-bound kernels are compared with.
+#include <tlm/kernels.hpp>
+#include <tlm/quant.hpp>
+#include <tlm/thread_pool.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+using tlm::encoding;
+using clock_type = std::chrono::steady_clock;
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const auto p = line.find(':');
+      if (p != std::string::npos) return line.substr(p + 2);
+    }
+  }
+  return "unknown";
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+std::vector<std::byte> random_matrix(encoding enc, std::size_t rows, std::size_t cols, std::mt19937& rng) {
+  std::vector<float> row(cols);  // [cols]
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  const std::size_t rb = tlm::row_bytes(enc, cols);
+  std::vector<std::byte> out(rows * rb);  // [rows, rb]
+  // Quantizing a few distinct rows and repeating them keeps set-up fast; the data
+  // values do not change the speed of these kernels.
+  std::vector<std::byte> some(16 * rb);
+  for (std::size_t r = 0; r < 16; ++r) {
+    for (auto& v : row) v = normal(rng);
+    tlm::quantize_row(enc, row.data(), some.data() + r * rb, cols);
+  }
+  for (std::size_t r = 0; r < rows; ++r) std::memcpy(out.data() + r * rb, some.data() + (r % 16) * rb, rb);
+  return out;
+}
+
+struct measurement {
+  std::string group, label;
+  double bytes = 0, flops = 0;  // per call
+  std::function<void()> run;    // one call
+  std::size_t reps = 1;         // calls per timed sample
+  std::vector<double> seconds;  // per call, one entry per round
+  std::vector<double> cpu;      // calling thread's CPU time per call, one entry per round
+  std::size_t threads = 1;
+  double tokens = 0;            // tokens a call stands for (decode sweep: 1, prefill: 64)
+};
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double time_once(measurement& m, double* cpu = nullptr) {
+  const double c0 = thread_cpu_seconds();
+  const auto t0 = clock_type::now();
+  for (std::size_t i = 0; i < m.reps; ++i) m.run();
+  const double wall = std::chrono::duration<double>(clock_type::now() - t0).count() / static_cast<double>(m.reps);
+  if (cpu) *cpu = (thread_cpu_seconds() - c0) / static_cast<double>(m.reps);
+  return wall;
+}
+
+// Enough calls per sample for ~25 ms, so timer resolution and one-off stalls are small.
+void calibrate(measurement& m, double target) {
+  m.run();  // warm-up: page faults, first-touch
+  const double t = std::max(time_once(m), 1e-7);
+  m.reps = std::max<std::size_t>(1, static_cast<std::size_t>(target / t));
+}
+
+double read_sum_scalar(const float* p, std::size_t n) {
+  float s[8] = {};
+  for (std::size_t i = 0; i + 8 <= n; i += 8) {
+    for (std::size_t k = 0; k < 8; ++k) s[k] += p[i + k];
+  }
+  double t = 0;
+  for (float f : s) t += f;
+  return t;
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+[[gnu::target("avx2")]] double read_sum_avx2(const float* p, std::size_t n) {
+  __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps(), c = _mm256_setzero_ps(), d = _mm256_setzero_ps();
+  for (std::size_t i = 0; i + 32 <= n; i += 32) {
+    a = _mm256_add_ps(a, _mm256_loadu_ps(p + i));
+    b = _mm256_add_ps(b, _mm256_loadu_ps(p + i + 8));
+    c = _mm256_add_ps(c, _mm256_loadu_ps(p + i + 16));
+    d = _mm256_add_ps(d, _mm256_loadu_ps(p + i + 24));
+  }
+  alignas(32) float out[8];
+  _mm256_store_ps(out, _mm256_add_ps(_mm256_add_ps(a, b), _mm256_add_ps(c, d)));
+  double s = 0;
+  for (float f : out) s += f;
+  return s;
+}
+#endif
+
+// The bench itself must not assume AVX2 either.
+double read_sum(const float* p, std::size_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool avx2 = tlm::kernel_level_supported(tlm::kernel_level::avx2);
+  if (avx2) return read_sum_avx2(p, n);
+#endif
+  return read_sum_scalar(p, n);
+}
+
+volatile double sink = 0;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 7;
+  double target = 0.025;
+  std::string out_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--rounds" && i + 1 < argc) {
+      rounds = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--quick") {
+      rounds = 1;
+      target = 0.002;
+    } else if (a == "--out" && i + 1 < argc) {
+      out_path = argv[++i];
+    } else {
+      std::cerr << "usage: kernels [--rounds N] [--quick] [--out FILE]\n";
+      return 2;
+    }
+  }
+
+  namespace k = tlm::kernels;
+  std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
+  if (tlm::kernel_level_supported(tlm::kernel_level::avx2)) levels.push_back(tlm::kernel_level::avx2);
+  const std::size_t thread_counts[] = {1, 2};
+  std::vector<std::unique_ptr<tlm::thread_pool>> pools;
+  for (std::size_t t : thread_counts) pools.push_back(std::make_unique<tlm::thread_pool>(t));
+
+  std::mt19937 rng(2024);
+  std::vector<measurement> ms;
+  const std::size_t cold_bytes = std::size_t{256} << 20;
+
+  // Streaming read ceiling.
+  auto big = std::make_shared<std::vector<float>>(cold_bytes / sizeof(float), 1.0f);
+  for (std::size_t ti = 0; ti < pools.size(); ++ti) {
+    tlm::thread_pool* pool = pools[ti].get();
+    measurement m;
+    m.group = "read";
+    m.label = "stream read 256 MiB, " + std::to_string(pool->size()) + " thr";
+    m.bytes = static_cast<double>(cold_bytes);
+    m.threads = pool->size();
+    m.run = [big, pool] {
+      const std::size_t pages = big->size() / 4096;
+      std::atomic<double> total{0.0};
+      pool->parallel_for(pages, 64, [&](std::size_t b, std::size_t e) {
+        total.fetch_add(read_sum(big->data() + b * 4096, (e - b) * 4096));
+      });
+      sink = sink + total.load();
+    };
+    ms.push_back(std::move(m));
+  }
+
+  struct shape {
+    encoding enc;
+    std::size_t rows, cols;
+    const char* what;
+  };
+  const shape shapes[] = {{encoding::q4_1, 576, 576, "attn_q/o"},
+                          {encoding::q4_1, 1536, 576, "ffn_gate/up"},
+                          {encoding::q4_1, 576, 1536, "ffn_down"},
+                          {encoding::q8_0, 49152, 576, "output"}};
+
+  for (const auto& s : shapes) {
+    const std::size_t rb = tlm::row_bytes(s.enc, s.cols);
+    const std::size_t mat_bytes = s.rows * rb;
+    const std::size_t copies = std::max<std::size_t>(1, (cold_bytes + mat_bytes - 1) / mat_bytes);
+    auto one = random_matrix(s.enc, s.rows, s.cols, rng);
+    auto cold = std::make_shared<std::vector<std::byte>>(copies * mat_bytes);
+    for (std::size_t c = 0; c < copies; ++c) std::memcpy(cold->data() + c * mat_bytes, one.data(), mat_bytes);
+    auto x = std::make_shared<std::vector<float>>(s.cols, 0.5f);
+    auto y = std::make_shared<std::vector<float>>(s.rows);
+    for (bool hot : {true, false}) {
+      if (hot && s.rows == 49152) continue;  // 30 MB: never hot in practice
+      for (auto level : levels) {
+        for (std::size_t ti = 0; ti < pools.size(); ++ti) {
+          tlm::thread_pool* pool = pools[ti].get();
+          measurement m;
+          m.group = "matvec";
+          m.label = std::string(tlm::name(s.enc)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " (" +
+                    s.what + "), " + (hot ? "hot" : "cold") + ", " + std::string(tlm::kernel_level_name(level)) + ", " +
+                    std::to_string(pool->size()) + " thr";
+          m.bytes = static_cast<double>(mat_bytes);
+          m.threads = pool->size();
+          m.flops = 2.0 * static_cast<double>(s.rows * s.cols);
+          auto next = std::make_shared<std::size_t>(0);
+          m.run = [=] {
+            k::force_kernel_level(level);
+            const std::size_t c = hot ? 0 : (*next = (*next + 1) % copies);
+            k::matvec(s.enc, cold->data() + c * mat_bytes, x->data(), y->data(), s.rows, s.cols, pool);
+          };
+          ms.push_back(std::move(m));
+        }
+      }
+    }
+  }
+
+  // One token's matrix products, laid out as the model is: 30 layers of 7 Q4_1
+  // matrices each, then the Q8_0 output matrix.
+  {
+    const shape layer[] = {{encoding::q4_1, 576, 576, "q"},    {encoding::q4_1, 192, 576, "k"},
+                           {encoding::q4_1, 192, 576, "v"},    {encoding::q4_1, 576, 576, "o"},
+                           {encoding::q4_1, 1536, 576, "gate"}, {encoding::q4_1, 1536, 576, "up"},
+                           {encoding::q4_1, 576, 1536, "down"}};
+    struct product {
+      encoding enc;
+      std::size_t rows, cols, offset;
+    };
+    auto plan = std::make_shared<std::vector<product>>();
+    std::size_t total = 0;
+    double flops = 0;
+    for (int l = 0; l < 30; ++l) {
+      for (const auto& s : layer) {
+        plan->push_back({s.enc, s.rows, s.cols, total});
+        total += s.rows * tlm::row_bytes(s.enc, s.cols);
+        flops += 2.0 * static_cast<double>(s.rows * s.cols);
+      }
+    }
+    plan->push_back({encoding::q8_0, 49152, 576, total});
+    total += 49152 * tlm::row_bytes(encoding::q8_0, 576);
+    flops += 2.0 * 49152 * 576;
+    auto weights = std::make_shared<std::vector<std::byte>>(total);
+    for (const auto& p : *plan) {
+      auto m = random_matrix(p.enc, std::min<std::size_t>(p.rows, 64), p.cols, rng);
+      const std::size_t rb = tlm::row_bytes(p.enc, p.cols);
+      for (std::size_t r = 0; r < p.rows; ++r) std::memcpy(weights->data() + p.offset + r * rb, m.data() + (r % 64) * rb, rb);
+    }
+    auto x = std::make_shared<std::vector<float>>(1536, 0.25f);
+    auto y = std::make_shared<std::vector<float>>(49152);
+    for (auto level : levels) {
+      for (std::size_t ti = 0; ti < pools.size(); ++ti) {
+        tlm::thread_pool* pool = pools[ti].get();
+        measurement m;
+        m.group = "sweep";
+        m.label = "decode sweep, 211 matvecs (" + std::to_string(total >> 20) + " MiB), " +
+                  std::string(tlm::kernel_level_name(level)) + ", " + std::to_string(pool->size()) + " thr";
+        m.bytes = static_cast<double>(total);
+        m.threads = pool->size();
+        m.tokens = 1;
+        m.flops = flops;
+        m.run = [=] {
+          k::force_kernel_level(level);
+          for (const auto& p : *plan) k::matvec(p.enc, weights->data() + p.offset, x->data(), y->data(), p.rows, p.cols, pool);
+        };
+        ms.push_back(std::move(m));
+      }
+    }
+  }
+
+  // Prefill: 64 tokens through one matrix, against 64 separate matvecs.
+  {
+    const std::size_t batch = 64;
+    for (const auto& s : {shape{encoding::q4_1, 1536, 576, "ffn_gate/up"}, shape{encoding::q4_1, 576, 1536, "ffn_down"}}) {
+      auto w = std::make_shared<std::vector<std::byte>>(random_matrix(s.enc, s.rows, s.cols, rng));
+      auto x = std::make_shared<std::vector<float>>(batch * s.cols, 0.5f);
+      auto y = std::make_shared<std::vector<float>>(batch * s.rows);
+      for (auto level : levels) {
+        for (std::size_t ti = 0; ti < pools.size(); ++ti) {
+          tlm::thread_pool* pool = pools[ti].get();
+          for (bool as_matmul : {true, false}) {
+            measurement m;
+            m.group = "prefill";
+            m.label = std::string(tlm::name(s.enc)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                      " x 64 tokens, " + (as_matmul ? "matmul" : "64 x matvec") + ", " +
+                      std::string(tlm::kernel_level_name(level)) + ", " + std::to_string(pool->size()) + " thr";
+            m.bytes = static_cast<double>(w->size());
+            m.threads = pool->size();
+            m.tokens = static_cast<double>(batch);
+            m.flops = 2.0 * static_cast<double>(s.rows * s.cols * batch);
+            m.run = [=] {
+              k::force_kernel_level(level);
+              if (as_matmul) {
+                k::matmul(s.enc, w->data(), x->data(), y->data(), s.rows, s.cols, batch, pool);
+              } else {
+                for (std::size_t b = 0; b < batch; ++b)
+                  k::matvec(s.enc, w->data(), x->data() + b * s.cols, y->data() + b * s.rows, s.rows, s.cols, pool);
+              }
+            };
+            ms.push_back(std::move(m));
+          }
+        }
+      }
+    }
+  }
+
+  const std::string load_before = load_average();
+  for (auto& m : ms) calibrate(m, target);
+  for (int r = 0; r < rounds; ++r) {
+    for (auto& m : ms) {
+      double cpu = 0;
+      m.seconds.push_back(time_once(m, &cpu));
+      m.cpu.push_back(cpu);
+    }
+    std::cerr << "round " << r + 1 << "/" << rounds << " done\n";
+  }
+
+  std::ostringstream md;
+  md << "# Kernel benchmark\n\n";
+  md << "- CPU: " << cpu_model() << " (" << tlm::cpu_feature_string() << ")\n";
+  md << "- Threads: the pool size (1 = the calling thread only). Kernel level: scalar or avx2.\n";
+  md << "- Load average (1, 5, 15 min) before: " << load_before << "; after: " << load_average()
+     << " (the machine has " << std::thread::hardware_concurrency() << " CPUs).\n";
+  md << "- " << rounds << " interleaved rounds; the median round is shown, min..max in brackets (time per call).\n";
+  md << "- GB/s counts weight bytes read per call (10^9 bytes/s); GFLOP/s counts 2 per multiply-add.\n";
+  md << "- on-CPU columns (1-thread rows only): the same work over the calling thread's CPU time,\n"
+        "  i.e. the speed while the thread actually held a core; on a shared machine wall time\n"
+        "  also counts time spent waiting for a core.\n";
+  md << "- tokens/s: decode sweep = one token's matrix products; prefill = 64 tokens per call.\n";
+  md << "- Produced by `bench/kernels.cpp` (`kernels --out bench/results/kernels.md`).\n";
+  std::string group;
+  char buf[768];
+  for (auto& m : ms) {
+    if (m.group != group) {
+      group = m.group;
+      md << "\n| " << group
+         << " | time per call (min..max) | GB/s | GFLOP/s | tokens/s | on-CPU GB/s | on-CPU GFLOP/s |\n"
+            "|---|---|---|---|---|---|---|\n";
+    }
+    const double t = median(m.seconds);
+    const double lo = *std::min_element(m.seconds.begin(), m.seconds.end());
+    const double hi = *std::max_element(m.seconds.begin(), m.seconds.end());
+    const double c = median(m.cpu);
+    char flops[32] = "-", tokens[32] = "-", cpu_gb[32] = "-", cpu_flops[32] = "-";
+    if (m.flops > 0) std::snprintf(flops, sizeof flops, "%.2f", m.flops / t * 1e-9);
+    if (m.tokens > 0) std::snprintf(tokens, sizeof tokens, "%.1f", m.tokens / t);
+    if (m.threads == 1 && c > 0) {
+      std::snprintf(cpu_gb, sizeof cpu_gb, "%.2f", m.bytes / c * 1e-9);
+      if (m.flops > 0) std::snprintf(cpu_flops, sizeof cpu_flops, "%.2f", m.flops / c * 1e-9);
+    }
+    std::snprintf(buf, sizeof buf, "| %s | %.1f us (%.1f..%.1f) | %.2f | %s | %s | %s | %s |\n", m.label.c_str(),
+                  t * 1e6, lo * 1e6, hi * 1e6, m.bytes / t * 1e-9, flops, tokens, cpu_gb, cpu_flops);
+    md << buf;
+  }
+  std::cout << md.str();
+  if (!out_path.empty()) {
+    std::ofstream out(out_path);
+    if (!out) {
+      std::cerr << "cannot write " << out_path << "\n";
+      return 1;
+    }
+    out << md.str();
+  }
+  return 0;
+}

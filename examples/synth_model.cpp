@@ -1,0 +1,243 @@
+// synth_model: write a random-weight GGUF file with the exact shape of a SmolLM2
+// config, for tests and benchmarks of models too large to download here.
+//
+//   synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b --out PATH
+//               [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--tokenizer-from REAL.gguf]
+//
+// The tensor list comes from the one walk over tlm::model_weights<C>, so the file
+// has exactly the tensors the loader expects, named as it names them. Matrices are
+// N(0, 0.02) in --encoding (token_embd in --embd-encoding, as llama.cpp's quantizer
+// keeps it at Q8_0 when the row length is not a multiple of 256); norms are F32
+// near 1. The tokenizer.* keys are copied from --tokenizer-from, or else a byte-level
+// BPE vocabulary of the config's size is synthesized: 3 control tokens, the 256 byte
+// symbols, then two-symbol merges.
+#include <tlm/config.hpp>
+#include <tlm/gguf.hpp>
+#include <tlm/gguf_writer.hpp>
+#include <tlm/quant.hpp>
+#include <tlm/weights.hpp>
+
+#include <fmt/core.h>
+
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+struct options {
+  std::string config, out, tokenizer_from;
+  tlm::encoding enc = tlm::encoding::q4_1;
+  tlm::encoding embd_enc = tlm::encoding::q8_0;
+  std::uint64_t seed = 1;
+};
+
+tlm::encoding parse_encoding(std::string_view s) {
+  for (const auto e : {tlm::encoding::f32, tlm::encoding::f16, tlm::encoding::bf16, tlm::encoding::q8_0, tlm::encoding::q4_0,
+                       tlm::encoding::q4_1}) {
+    std::string n(tlm::name(e));
+    for (auto& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (n == s) return e;
+  }
+  throw tlm::error(fmt::format("unknown encoding '{}'; use f32, f16, bf16, q8_0, q4_0 or q4_1", s));
+}
+
+// llama.cpp's general.file_type for a model whose matrices are all `enc`.
+std::uint32_t file_type(tlm::encoding enc) {
+  switch (enc) {
+    case tlm::encoding::f32: return 0;
+    case tlm::encoding::f16: return 1;
+    case tlm::encoding::q4_0: return 2;
+    case tlm::encoding::q4_1: return 3;
+    case tlm::encoding::q8_0: return 7;
+    case tlm::encoding::bf16: return 32;
+    default: return 0;
+  }
+}
+
+// A seed per tensor name, so a tensor's values do not depend on the order of the walk.
+std::uint64_t tensor_seed(std::uint64_t seed, const std::string& name) {
+  std::uint64_t h = 1469598103934665603ull ^ seed;  // FNV-1a
+  for (const char c : name) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+void append_utf8(std::string& s, std::uint32_t cp) {
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xc0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3f));
+  } else {
+    s += static_cast<char>(0xe0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    s += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+}
+
+// GPT-2's byte-level symbols: printable bytes stand for themselves, the rest map to U+0100 onwards.
+std::vector<std::string> byte_symbols() {
+  std::vector<std::string> out(256);
+  std::uint32_t next = 256;
+  for (std::uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae);
+    append_utf8(out[b], printable ? b : next++);
+  }
+  return out;
+}
+
+void synthesize_tokenizer(tlm::gguf::writer& w, std::size_t vocab) {
+  const auto bytes = byte_symbols();
+  std::vector<std::string> tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  std::vector<std::int32_t> types(tokens.size(), 3);  // control
+  for (const auto& b : bytes) {
+    tokens.push_back(b);
+    types.push_back(1);
+  }
+  std::vector<std::string> merges;
+  for (std::size_t i = 0; i < 256 && tokens.size() < vocab; ++i) {
+    for (std::size_t j = 0; j < 256 && tokens.size() < vocab; ++j) {
+      tokens.push_back(bytes[i] + bytes[j]);
+      types.push_back(1);
+      merges.push_back(bytes[i] + " " + bytes[j]);
+    }
+  }
+  if (tokens.size() != vocab) throw tlm::error(fmt::format("cannot synthesize a vocabulary of {} tokens (at most {})", vocab, tokens.size()));
+  w.set("tokenizer.ggml.model", "gpt2");
+  w.set("tokenizer.ggml.pre", "smollm");
+  w.set_string_array("tokenizer.ggml.tokens", tokens);
+  w.set_array("tokenizer.ggml.token_type", types);
+  w.set_string_array("tokenizer.ggml.merges", merges);
+  w.set("tokenizer.ggml.bos_token_id", std::uint32_t{1});
+  w.set("tokenizer.ggml.eos_token_id", std::uint32_t{2});
+  w.set("tokenizer.ggml.unknown_token_id", std::uint32_t{0});
+  w.set("tokenizer.ggml.padding_token_id", std::uint32_t{2});
+  w.set("tokenizer.ggml.add_bos_token", false);
+}
+
+template <tlm::LlamaConfig C>
+int synthesize(const options& o) {
+  tlm::gguf::writer w;
+  w.set("general.architecture", "llama");
+  w.set("general.type", "model");
+  w.set("general.name", fmt::format("synthetic {} (random weights, seed {})", o.config, o.seed));
+  w.set("llama.block_count", static_cast<std::uint32_t>(C::layers));
+  w.set("llama.context_length", static_cast<std::uint32_t>(C::context));
+  w.set("llama.embedding_length", static_cast<std::uint32_t>(tlm::dim<C>));
+  w.set("llama.feed_forward_length", static_cast<std::uint32_t>(C::ffn));
+  w.set("llama.attention.head_count", static_cast<std::uint32_t>(tlm::heads<C>));
+  w.set("llama.attention.head_count_kv", static_cast<std::uint32_t>(C::kv_heads));
+  w.set("llama.rope.freq_base", static_cast<float>(C::rope_theta));
+  w.set("llama.attention.layer_norm_rms_epsilon", static_cast<float>(C::rms_eps));
+  w.set("general.file_type", file_type(o.enc));
+  w.set("llama.vocab_size", static_cast<std::uint32_t>(C::vocab));
+  w.set("llama.rope.dimension_count", static_cast<std::uint32_t>(tlm::head_dim<C>));
+
+  // The source file stays open until write() returns, so copied values stay valid.
+  std::optional<tlm::gguf::file> tok;
+  if (!o.tokenizer_from.empty()) {
+    tok.emplace(o.tokenizer_from);
+    std::size_t copied = 0;
+    for (const auto& e : tok->metadata()) {
+      if (e.key.starts_with("tokenizer.")) {
+        w.set_value(e.key, e.val);
+        ++copied;
+      }
+    }
+    const auto n = tok->get_string_array("tokenizer.ggml.tokens").size();
+    if (n != C::vocab) {
+      throw tlm::model_mismatch(fmt::format("{}: its vocabulary has {} tokens but {} needs {}; take the tokenizer from a file of the same family",
+                                            o.tokenizer_from, n, o.config, C::vocab));
+    }
+    fmt::print("copied {} tokenizer keys from {}\n", copied, o.tokenizer_from);
+  } else {
+    synthesize_tokenizer(w, C::vocab);
+  }
+  w.set("general.quantization_version", std::uint32_t{2});
+
+  std::uint64_t params = 0;
+  tlm::model_weights<C> weights;
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name& name, auto& t) {
+        using T = std::remove_cvref_t<decltype(t)>;
+        const std::string n = name.str();
+        const std::size_t rows = T::rows, cols = T::cols;
+        params += rows * cols;
+        const bool is_vec = T::rank == 1;
+        const tlm::encoding enc = is_vec ? tlm::encoding::f32 : (n == "token_embd.weight" ? o.embd_enc : o.enc);
+        if (tlm::row_bytes(enc, cols) == 0) {
+          throw tlm::shape_error(fmt::format("{}: rows of {} values do not fit {} blocks; choose another --encoding", n, cols, tlm::name(enc)));
+        }
+        std::vector<std::uint64_t> dims = is_vec ? std::vector<std::uint64_t>{cols} : std::vector<std::uint64_t>{cols, rows};
+        const std::uint64_t seed = tensor_seed(o.seed, n);
+        w.add_tensor_generated(n, std::move(dims), enc, [=](std::span<std::byte> out) {
+          std::mt19937_64 rng(seed);
+          std::normal_distribution<float> dist(is_vec ? 1.0f : 0.0f, is_vec ? 0.1f : 0.02f);
+          std::vector<float> row(cols);
+          const std::size_t rb = tlm::row_bytes(enc, cols);
+          for (std::size_t r = 0; r < rows; ++r) {
+            for (auto& v : row) v = dist(rng);
+            tlm::quantize_row(enc, row.data(), out.data() + r * rb, cols);
+          }
+        });
+      },
+      weights);
+
+  const auto start = std::chrono::steady_clock::now();
+  w.write(o.out);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print("wrote {}: {} ({} tensors, {} parameters, matrices {}, token_embd {}) in {:.1f} s\n", o.out, o.config, w.tensor_count(),
+             params, tlm::name(o.enc), tlm::name(o.embd_enc), secs);
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw tlm::error(fmt::format("option {} needs a value", a));
+      return argv[++i];
+    };
+    if (a == "--config") o.config = next();
+    else if (a == "--out") o.out = next();
+    else if (a == "--encoding") o.enc = parse_encoding(next());
+    else if (a == "--embd-encoding") o.embd_enc = parse_encoding(next());
+    else if (a == "--seed") o.seed = std::stoull(next());
+    else if (a == "--tokenizer-from") o.tokenizer_from = next();
+    else throw tlm::error(fmt::format("unknown option '{}'", a));
+  }
+  if (o.config.empty() || o.out.empty()) {
+    fmt::print(stderr,
+               "usage: synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b --out PATH\n"
+               "                   [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--tokenizer-from REAL.gguf]\n");
+    return 2;
+  }
+  if (o.config == "smollm2_135m") return synthesize<tlm::smollm2_135m>(o);
+  if (o.config == "smollm2_360m") return synthesize<tlm::smollm2_360m>(o);
+  if (o.config == "smollm2_1_7b") return synthesize<tlm::smollm2_1_7b>(o);
+  throw tlm::error(fmt::format("unknown config '{}'; use smollm2_135m, smollm2_360m or smollm2_1_7b", o.config));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const tlm::error& e) {
+    fmt::print(stderr, "synth_model: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "synth_model: {}\n", e.what());
+    return 1;
+  }
+}

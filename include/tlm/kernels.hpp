@@ -1,0 +1,270 @@
+#pragma once
+// Matrix kernels on raw tensor bytes with run-time sizes. The typed API (shape.hpp)
+// checks shapes at compile time and calls these; the kernels check only what types
+// cannot: the encoding and that a row is a whole number of blocks.
+//
+// Conventions: W is [rows, cols], row-major, each row row_bytes(enc, cols) bytes of
+// encoding enc; a row is an output and a column an input. Nothing is assumed about
+// alignment: GGUF tensors are 32-byte aligned at best, and 18/20/34-byte blocks put
+// most blocks at odd addresses.
+//
+// Dispatch: one table of function pointers per kernel level (cpu.hpp), chosen at
+// first use from the CPU and TLM_KERNELS; force_kernel_level() switches it for tests
+// and benchmarks. Every level computes in float32 from float32 activations; levels
+// differ only in summation order (tolerances in tests/test_kernels.cpp).
+#include <tlm/cpu.hpp>
+#include <tlm/encoding.hpp>
+#include <tlm/error.hpp>
+#include <tlm/kernels/avx2.hpp>
+#include <tlm/kernels/scalar.hpp>
+#include <tlm/quant.hpp>
+#include <tlm/thread_pool.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tlm::kernels {
+
+namespace detail {
+
+// Encodings that have a matrix kernel, as table slots.
+inline constexpr encoding table_encodings[] = {encoding::f32,  encoding::f16,  encoding::bf16,
+                                               encoding::q8_0, encoding::q4_0, encoding::q4_1,
+                                               encoding::q4_k, encoding::q5_k, encoding::q6_k};
+inline constexpr std::size_t table_size = std::size(table_encodings);
+
+constexpr int slot(encoding enc) {
+  for (std::size_t i = 0; i < table_size; ++i) {
+    if (table_encodings[i] == enc) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+struct kernel_table {
+  kernel_level level;
+  matvec_rows_fn matvec[table_size];
+  prepare_x_fn prepare[table_size];  // null: matvec takes x as it is
+  matmul_rows_fn matmul[table_size];
+  float (*dot)(const float*, const float*, std::size_t);
+  void (*axpy)(float, const float*, float*, std::size_t);
+};
+
+inline const kernel_table& scalar_table() {
+  static const kernel_table t = [] {
+    kernel_table k{};
+    k.level = kernel_level::scalar;
+    for (std::size_t i = 0; i < table_size; ++i) {
+      k.matvec[i] = &matvec_rows_scalar;
+      k.matmul[i] = &matmul_rows_scalar;
+    }
+    k.dot = &dot_scalar;
+    k.axpy = &axpy_scalar;
+    return k;
+  }();
+  return t;
+}
+
+#ifdef TLM_HAVE_AVX2_KERNELS
+template <encoding E>
+constexpr void set_avx2(kernel_table& k) {
+  k.matvec[slot(E)] = &avx2::matvec_rows<E>;
+  k.matmul[slot(E)] = &avx2::matmul_rows<&avx2::decode_row<E>>;
+}
+
+// Decode-speed matvec with the block scales factored out (avx2.hpp); matmul decodes.
+template <encoding E>
+constexpr void set_avx2_q4(kernel_table& k) {
+  k.matvec[slot(E)] = &avx2::matvec_rows_q4<E>;
+  k.prepare[slot(E)] = &avx2::prepare_q4_x<E>;
+  k.matmul[slot(E)] = &avx2::matmul_rows<&avx2::decode_row<E>>;
+}
+
+inline const kernel_table& avx2_table() {
+  static const kernel_table t = [] {
+    kernel_table k{};
+    k.level = kernel_level::avx2;
+    set_avx2<encoding::f32>(k);
+    set_avx2<encoding::f16>(k);
+    set_avx2<encoding::bf16>(k);
+    set_avx2_q4<encoding::q4_0>(k);
+    set_avx2_q4<encoding::q4_1>(k);
+    k.matvec[slot(encoding::q8_0)] = &avx2::matvec_rows_q8;
+    k.matmul[slot(encoding::q8_0)] = &avx2::matmul_rows<&avx2::decode_row<encoding::q8_0>>;
+    for (encoding e : {encoding::q4_k, encoding::q5_k, encoding::q6_k}) {
+      k.matvec[slot(e)] = &avx2::matvec_rows_generic;
+      k.matmul[slot(e)] = &avx2::matmul_rows<&avx2::decode_row_generic>;
+    }
+    k.dot = &avx2::dot;
+    k.axpy = &avx2::axpy;
+    return k;
+  }();
+  return t;
+}
+#endif
+
+inline const kernel_table& table_for(kernel_level l) {
+#ifdef TLM_HAVE_AVX2_KERNELS
+  if (l == kernel_level::avx2) return avx2_table();
+#endif
+  (void)l;
+  return scalar_table();
+}
+
+// The active table. Initialized once (function-local static, thread-safe); only
+// force_kernel_level changes it afterwards.
+inline std::atomic<const kernel_table*>& active() {
+  static std::atomic<const kernel_table*> t{&table_for(startup_kernel_level())};
+  return t;
+}
+
+inline const kernel_table& table() { return *active().load(std::memory_order_acquire); }
+
+// Returns the table slot of `enc` after checking everything a kernel relies on.
+inline std::size_t check_args(const char* what, encoding enc, const std::byte* w, const float* x, const float* y,
+                              std::size_t rows, std::size_t cols) {
+  const int s = slot(enc);
+  if (s < 0) {
+    throw shape_error(std::string(what) + ": no matrix kernel for encoding " + std::string(name(enc)) + " (ggml type " +
+                      std::to_string(static_cast<std::uint32_t>(enc)) +
+                      "); convert the tensor to F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K");
+  }
+  const std::size_t bv = traits(enc).block_values;
+  if (cols % bv != 0) {
+    throw shape_error(std::string(what) + ": " + std::to_string(cols) + " columns is not a multiple of the " +
+                      std::string(name(enc)) + " block size " + std::to_string(bv) +
+                      "; a quantized row must be whole blocks (check the tensor's dims)");
+  }
+  if (rows != 0 && cols != 0 && (w == nullptr || x == nullptr || y == nullptr)) {
+    throw error(std::string(what) + ": null weight, input or output pointer for a " + std::to_string(rows) + "x" +
+                std::to_string(cols) + " product");
+  }
+  return static_cast<std::size_t>(s);
+}
+
+// Rows per chunk handed to a thread: about 32K weights, so a chunk outlasts the cost
+// of claiming it (under a microsecond).
+inline std::size_t row_grain(std::size_t cols) { return std::max<std::size_t>(1, 32768 / std::max<std::size_t>(cols, 1)); }
+
+}  // namespace detail
+
+// The kernel level in use, and its name for --timing output.
+inline kernel_level active_kernel_level() { return detail::table().level; }
+inline std::string_view kernel_level_name() { return tlm::kernel_level_name(active_kernel_level()); }
+
+// Switches every kernel to level `l` (tests, benchmarks) and returns the previous
+// level. Throws if this CPU cannot run `l`. Not meant to race with running kernels:
+// a kernel already started finishes on the level it started with.
+inline kernel_level force_kernel_level(kernel_level l) {
+  if (!kernel_level_supported(l)) {
+    throw error("force_kernel_level(" + std::string(tlm::kernel_level_name(l)) +
+                "): this CPU lacks the instructions that level needs (AVX2, FMA and F16C); use scalar");
+  }
+  return detail::active().exchange(&detail::table_for(l), std::memory_order_acq_rel)->level;
+}
+
+// y[r] = sum_c W[r,c] * x[c].   W [rows, cols] in `enc`, x [cols], y [rows].
+// y must not overlap x or W. Results do not depend on the pool or its size: each row is summed by one thread in
+// a fixed order.
+inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows, std::size_t cols,
+                   thread_pool* pool = nullptr) {
+  const std::size_t s = detail::check_args("matvec", enc, w, x, y, rows, cols);
+  if (rows == 0) return;
+  if (cols == 0) {
+    std::fill(y, y + rows, 0.0f);
+    return;
+  }
+  const auto& t = detail::table();
+  const auto fn = t.matvec[s];
+  const std::size_t rb = row_bytes(enc, cols);
+  std::vector<float> prepared;
+  if (t.prepare[s] != nullptr) {
+    t.prepare[s](x, cols, prepared);
+    x = prepared.data();
+  }
+  if (pool == nullptr) {
+    fn(enc, w, rb, x, y, 0, rows, cols);
+    return;
+  }
+  pool->parallel_for(rows, detail::row_grain(cols),
+                     [&](std::size_t r0, std::size_t r1) { fn(enc, w, rb, x, y, r0, r1, cols); });
+}
+
+// Y[b, r] = sum_c W[r,c] * X[b,c] for b < batch (prompt prefill).
+//   W [rows, cols] in `enc`, X [batch, cols], Y [batch, rows]; Y must not overlap X or W.
+// Each decoded weight row is reused across the batch, so this is much faster than
+// `batch` calls of matvec. Results do not depend on the pool or its size.
+inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows, std::size_t cols,
+                   std::size_t batch, thread_pool* pool = nullptr) {
+  const std::size_t s = detail::check_args("matmul", enc, w, x, y, rows, cols);
+  if (rows == 0 || batch == 0) return;
+  if (cols == 0) {
+    std::fill(y, y + rows * batch, 0.0f);
+    return;
+  }
+  if (batch == 1) {
+    // One activation row: the decode-speed matvec kernels are the faster path.
+    matvec(enc, w, x, y, rows, cols, pool);
+    return;
+  }
+  const auto& t = detail::table();
+  const auto fn = t.matmul[s];
+  const std::size_t rb = row_bytes(enc, cols);
+  if (pool == nullptr) {
+    fn(enc, w, rb, x, y, 0, rows, rows, cols, batch);
+    return;
+  }
+  pool->parallel_for(rows, detail::row_grain(cols),
+                     [&](std::size_t r0, std::size_t r1) { fn(enc, w, rb, x, y, r0, r1, rows, cols, batch); });
+}
+
+// The definitions the fast kernels are tested against: dequantize the whole row with
+// dequantize_row, then a plain loop summing in double. Single-threaded; `pool` is
+// accepted so the signatures match and is ignored.
+inline void matvec_reference(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows,
+                             std::size_t cols, thread_pool* /*pool*/ = nullptr) {
+  detail::check_args("matvec_reference", enc, w, x, y, rows, cols);
+  const std::size_t rb = row_bytes(enc, cols);
+  std::vector<float> row(cols);  // [cols]
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (cols != 0) dequantize_row(enc, w + r * rb, row.data(), cols);
+    double s = 0;
+    for (std::size_t c = 0; c < cols; ++c) s += static_cast<double>(row[c]) * static_cast<double>(x[c]);
+    y[r] = static_cast<float>(s);
+  }
+}
+
+inline void matmul_reference(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows,
+                             std::size_t cols, std::size_t batch, thread_pool* /*pool*/ = nullptr) {
+  detail::check_args("matmul_reference", enc, w, x, y, rows, cols);
+  const std::size_t rb = row_bytes(enc, cols);
+  std::vector<float> row(cols);  // [cols]
+  for (std::size_t r = 0; r < rows; ++r) {
+    if (cols != 0) dequantize_row(enc, w + r * rb, row.data(), cols);
+    for (std::size_t b = 0; b < batch; ++b) {
+      const float* xb = x + b * cols;
+      double s = 0;
+      for (std::size_t c = 0; c < cols; ++c) s += static_cast<double>(row[c]) * static_cast<double>(xb[c]);
+      y[b * rows + r] = static_cast<float>(s);
+    }
+  }
+}
+
+// sum_i a[i] * b[i] in float32.
+inline float dot(const float* a, const float* b, std::size_t n) { return detail::table().dot(a, b, n); }
+inline float dot_reference(const float* a, const float* b, std::size_t n) {
+  double s = 0;
+  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * static_cast<double>(b[i]);
+  return static_cast<float>(s);
+}
+
+// y += a * x.
+inline void axpy(float a, const float* x, float* y, std::size_t n) { detail::table().axpy(a, x, y, n); }
+inline void axpy_reference(float a, const float* x, float* y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace tlm::kernels

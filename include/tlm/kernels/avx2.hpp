@@ -1,0 +1,461 @@
+#pragma once
+// AVX2 + FMA + F16C kernels. Every function here carries a target attribute instead
+// of relying on -mavx2, so the rest of the program stays baseline x86-64; they are
+// only reached through the table in kernels.hpp after cpu.hpp has checked the CPU.
+//
+// Numerics: activations stay float32 (never quantized) and every sum is a float32
+// FMA chain in independent accumulators. matmul and the float encodings decode
+// weights to float32 bit for bit as dequantize_row does (each product of a half scale
+// and a small integer is exact, so an FMA with the min rounds once, as the reference
+// does). matvec on Q4_0 / Q4_1 / Q8_0 factors the block scale out of the sum instead
+// (see "Fast matvec" below): the same sum in a different order.
+#if defined(__x86_64__) || defined(__i386__)
+#define TLM_HAVE_AVX2_KERNELS 1
+
+#include <tlm/blocks.hpp>
+#include <tlm/encoding.hpp>
+#include <tlm/kernels/scalar.hpp>
+#include <tlm/quant.hpp>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#define TLM_AVX2_FN [[gnu::target("avx2,fma,f16c")]]
+#define TLM_AVX2_INLINE [[gnu::target("avx2,fma,f16c"), gnu::always_inline]]
+
+namespace tlm::kernels::avx2 {
+
+TLM_AVX2_INLINE inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+TLM_AVX2_INLINE inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+// 8 halves or 8 bfloat16 values at an arbitrary byte address.
+TLM_AVX2_INLINE inline __m256 load8_f16(const std::byte* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+TLM_AVX2_INLINE inline __m256 load8_bf16(const std::byte* p) {
+  const __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+}
+
+// Broadcast of the half-precision scale at p (blocks are not aligned: memcpy load).
+TLM_AVX2_INLINE inline __m256 half_scale(const std::byte* p) { return _mm256_set1_ps(_cvtsh_ss(load_u16(p))); }
+
+// The 32 nibbles of a Q4 block as floats in value order: v[0], v[1] from the low
+// nibbles (values 0..15), v[2], v[3] from the high nibbles (values 16..31). With
+// Offset = 8 the codes become -8..7 in the integer domain, so (q - 8) * d is one
+// exact multiply whose zero carries the sign of d, as in dequantize_row.
+template <int Offset>
+TLM_AVX2_INLINE inline void nibbles(const std::byte* qs, __m256 (&v)[4]) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  __m128i lo = _mm_and_si128(b, mask);
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+  if constexpr (Offset != 0) {
+    const __m128i off = _mm_set1_epi8(static_cast<char>(Offset));
+    lo = _mm_sub_epi8(lo, off);
+    hi = _mm_sub_epi8(hi, off);
+    v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+    v[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
+  } else {
+    v[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    v[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(lo, lo)));
+    v[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    v[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpackhi_epi64(hi, hi)));
+  }
+}
+
+// Decodes one 32-value block at p into w (values 0..31 in order), bit for bit equal
+// to dequantize_row (see quant.hpp for why each step is exact or rounds once).
+template <encoding E>
+TLM_AVX2_INLINE inline void decode32(const std::byte* p, __m256 (&w)[4]) {
+  if constexpr (E == encoding::q8_0) {
+    const __m256 d = half_scale(p);
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 + 8 * k));
+      w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
+  } else if constexpr (E == encoding::q4_0) {
+    const __m256 d = half_scale(p);
+    nibbles<8>(p + 2, w);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) w[k] = _mm256_mul_ps(w[k], d);
+  } else if constexpr (E == encoding::q4_1) {
+    const __m256 d = half_scale(p);
+    const __m256 m = half_scale(p + 2);
+    nibbles<0>(p + 4, w);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(w[k], d, m);
+  } else if constexpr (E == encoding::f16) {
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) w[k] = load8_f16(p + 16 * k);
+  } else if constexpr (E == encoding::bf16) {
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) w[k] = load8_bf16(p + 16 * k);
+  } else {
+    static_assert(E == encoding::f32);
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) w[k] = _mm256_loadu_ps(reinterpret_cast<const float*>(p) + 8 * k);
+  }
+}
+
+// Bytes that hold 32 consecutive values.
+template <encoding E>
+constexpr std::size_t bytes32() {
+  return row_bytes(E, 32);
+}
+
+TLM_AVX2_FN inline float dot(const float* a, const float* b, std::size_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(load8(a + i), load8(b + i), s0);
+    s1 = _mm256_fmadd_ps(load8(a + i + 8), load8(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(load8(a + i + 16), load8(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(load8(a + i + 24), load8(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load8(a + i), load8(b + i), s0);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+TLM_AVX2_FN inline void axpy(float a, const float* x, float* y, std::size_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load8(x + i), load8(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+// Values past the last multiple of 32 in a row of a plain-float encoding (F32, F16,
+// BF16 rows may have any length); read with memcpy since rows may be unaligned.
+template <encoding E>
+inline float tail_dot(const std::byte* row, const float* x, std::size_t from, std::size_t cols) {
+  float s = 0;
+  for (std::size_t c = from; c < cols; ++c) {
+    float w;
+    if constexpr (E == encoding::f32) {
+      std::memcpy(&w, row + 4 * c, 4);
+    } else if constexpr (E == encoding::f16) {
+      w = fp16_to_f32(load_u16(row + 2 * c));
+    } else {
+      w = bf16_to_f32(load_u16(row + 2 * c));
+    }
+    s += w * x[c];
+  }
+  return s;
+}
+
+// One row of W times x: four accumulators, one per group of 8 values in a block of 32.
+template <encoding E>
+TLM_AVX2_FN inline float row_dot(const std::byte* row, const float* x, std::size_t cols) {
+  constexpr std::size_t bb = bytes32<E>();
+  const std::size_t blocks = cols / 32;
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    __m256 w[4];
+    decode32<E>(row + b * bb, w);
+    const float* xb = x + 32 * b;
+    a0 = _mm256_fmadd_ps(w[0], load8(xb), a0);
+    a1 = _mm256_fmadd_ps(w[1], load8(xb + 8), a1);
+    a2 = _mm256_fmadd_ps(w[2], load8(xb + 16), a2);
+    a3 = _mm256_fmadd_ps(w[3], load8(xb + 24), a3);
+  }
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  if constexpr (E == encoding::f32 || E == encoding::f16 || E == encoding::bf16) {
+    if (blocks * 32 < cols) s += tail_dot<E>(row, x, blocks * 32, cols);
+  }
+  return s;
+}
+
+template <encoding E>
+TLM_AVX2_FN inline void matvec_rows(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
+                                    std::size_t r0, std::size_t r1, std::size_t cols) {
+  // One row at a time: the weights are then read as one sequential stream. Two rows
+  // per pass (sharing x loads) measured up to 2x slower from DRAM for long rows, as
+  // two interleaved streams 1-6 KiB apart defeat the hardware prefetcher.
+  for (std::size_t r = r0; r < r1; ++r) y[r] = row_dot<E>(w + r * rb, x, cols);
+}
+
+// ---- Fast matvec for Q4_0 / Q4_1 / Q8_0 ------------------------------------------
+//
+// For matvec (decode) the weights stream from memory once per token and each block
+// is used once, so the cost that matters is per block. Instead of decoding every
+// weight (q*d + m, one FMA per value) the scale and min are factored out of the block:
+//   sum_j (q_j d + m) x_j = d * sum_j q_j x_j + m * sum_j x_j
+// with sum_j x_j computed once per block of x for all rows. This is the same sum in
+// another order (error within the tolerance stated in tests/test_kernels.cpp).
+
+// Nibbles of a Q4 block as integer codes 0..15 in four registers, in the order
+//   e_k = values [4k, 4k+4) in the low lane, [16+4k, 16+4k+4) in the high lane,
+// which needs one byte shuffle per register. x is permuted to match (prepare_q4_x).
+TLM_AVX2_INLINE inline void q4_codes(const std::byte* qs, __m256 (&e)[4]) {
+  __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  // Low lane keeps the low nibbles (values 0..15), high lane takes the high nibbles.
+  b = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
+  const __m256i s0 = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,  //
+                                      0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1);
+  const __m256i four = _mm256_set1_epi32(4);
+  const __m256i s1 = _mm256_add_epi32(s0, four), s2 = _mm256_add_epi32(s1, four), s3 = _mm256_add_epi32(s2, four);
+  e[0] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, s0));
+  e[1] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, s1));
+  e[2] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, s2));
+  e[3] = _mm256_cvtepi32_ps(_mm256_shuffle_epi8(b, s3));
+}
+
+// x in q4_codes order, 32 floats per block, followed by one 4-float vector per block
+// holding the coefficients of the scale pair: Q4_1 [0, sum x, 0, 0] (pairs with
+// [d, m]), Q4_0 [-8 sum x, 0, 0, 0] (pairs with [d, 0]: (q - 8) d = q d - 8 d).
+template <encoding E>
+inline void prepare_q4_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
+  const std::size_t blocks = cols / 32;
+  prepared.resize(cols + 4 * blocks);  // [cols] permuted x, then [blocks, 4]
+  float* out = prepared.data();
+  float* sums = out + cols;  // [blocks, 4]
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const float* s = x + 32 * b;
+    float* d = out + 32 * b;
+    for (std::size_t k = 0; k < 4; ++k) {
+      for (std::size_t i = 0; i < 4; ++i) {
+        d[8 * k + i] = s[4 * k + i];
+        d[8 * k + 4 + i] = s[16 + 4 * k + i];
+      }
+    }
+    float t = 0;
+    for (std::size_t i = 0; i < 32; ++i) t += s[i];
+    float* v = sums + 4 * b;
+    v[0] = E == encoding::q4_0 ? -8.0f * t : 0.0f;
+    v[1] = E == encoding::q4_0 ? 0.0f : t;
+    v[2] = 0.0f;
+    v[3] = 0.0f;
+  }
+}
+
+// [d, m, 0, 0] of a Q4_1 block, [d, 0, 0, 0] of a Q4_0 block (only its 2 bytes read).
+template <encoding E>
+TLM_AVX2_INLINE inline __m128 q4_scales(const std::byte* p) {
+  std::uint32_t bits = 0;
+  if constexpr (E == encoding::q4_1) {
+    std::memcpy(&bits, p, 4);  // d and m are adjacent little-endian halves
+  } else {
+    bits = load_u16(p);
+  }
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits)));
+}
+
+// One block of one row: acc += d * (codes . x), mins += [d, m] * [coefficients].
+template <encoding E>
+TLM_AVX2_INLINE inline void q4_block(const std::byte* p, const __m256 (&xv)[4], __m128 xs, __m256& acc, __m128& mins) {
+  constexpr std::size_t head = E == encoding::q4_1 ? 4 : 2;
+  const __m128 dm = q4_scales<E>(p);
+  __m256 e[4];
+  q4_codes(p + head, e);
+  __m256 t = _mm256_mul_ps(e[0], xv[0]);
+  t = _mm256_fmadd_ps(e[1], xv[1], t);
+  t = _mm256_fmadd_ps(e[2], xv[2], t);
+  t = _mm256_fmadd_ps(e[3], xv[3], t);
+  acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), t, acc);
+  mins = _mm_fmadd_ps(dm, xs, mins);
+}
+
+TLM_AVX2_INLINE inline float finish_q4(__m256 acc, __m128 mins) {
+  mins = _mm_add_ps(mins, _mm_movehdup_ps(mins));  // lane 0: mins[0] + mins[1]
+  return hsum(acc) + _mm_cvtss_f32(mins);
+}
+
+// x here is the output of prepare_q4_x, done once per matvec by the caller.
+template <encoding E>
+TLM_AVX2_FN inline void matvec_rows_q4(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
+                                       std::size_t r0, std::size_t r1, std::size_t cols) {
+  constexpr std::size_t bb = bytes32<E>();
+  const std::size_t blocks = cols / 32;
+  const float* xp = x;          // [cols] in q4_codes order (prepare_q4_x)
+  const float* xs = x + cols;   // [blocks, 4] coefficients
+  // One row at a time, one sequential stream of weights (see matvec_rows).
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::byte* row = w + r * rb;
+    __m256 acc = _mm256_setzero_ps();
+    __m128 mins = _mm_setzero_ps();
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const float* xb = xp + 32 * b;
+      const __m256 xv[4] = {load8(xb), load8(xb + 8), load8(xb + 16), load8(xb + 24)};
+      q4_block<E>(row + b * bb, xv, _mm_loadu_ps(xs + 4 * b), acc, mins);
+    }
+    y[r] = finish_q4(acc, mins);
+  }
+}
+
+// Q8_0: acc += d * (codes . x); the scale multiplies once per block, not per value.
+TLM_AVX2_INLINE inline void q8_block(const std::byte* p, const __m256 (&xv)[4], __m256& acc) {
+  const __m256 d = half_scale(p);
+  __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2)))), xv[0]);
+#pragma GCC unroll 4
+  for (int k = 1; k < 4; ++k) {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 2 + 8 * k));
+    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), xv[k], t);
+  }
+  acc = _mm256_fmadd_ps(d, t, acc);
+}
+
+TLM_AVX2_FN inline void matvec_rows_q8(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
+                                       std::size_t r0, std::size_t r1, std::size_t cols) {
+  constexpr std::size_t bb = bytes32<encoding::q8_0>();
+  const std::size_t blocks = cols / 32;
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::byte* row = w + r * rb;
+    __m256 acc = _mm256_setzero_ps();
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const float* xb = x + 32 * b;
+      const __m256 xv[4] = {load8(xb), load8(xb + 8), load8(xb + 16), load8(xb + 24)};
+      q8_block(row + b * bb, xv, acc);
+    }
+    y[r] = hsum(acc);
+  }
+}
+
+// Encodings without a SIMD decoder here (the K-quants): dequantize a chunk of the
+// row with dequantize_row into a stack buffer, then a SIMD dot.
+TLM_AVX2_FN inline void matvec_rows_generic(encoding enc, const std::byte* w, std::size_t rb, const float* x,
+                                            float* y, std::size_t r0, std::size_t r1, std::size_t cols) {
+  const auto t = traits(enc);
+  float buf[detail::chunk_values];  // [chunk_values]
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::byte* row = w + r * rb;
+    float s = 0;
+    for (std::size_t c = 0; c < cols; c += detail::chunk_values) {
+      const std::size_t n = std::min(detail::chunk_values, cols - c);
+      dequantize_row(enc, row + c / t.block_values * t.block_bytes, buf, n);
+      s += dot(buf, x + c, n);
+    }
+    y[r] = s;
+  }
+}
+
+// Decodes a whole row to float32 (SIMD where there is a decoder).
+template <encoding E>
+TLM_AVX2_FN inline void decode_row(encoding, const std::byte* row, float* out, std::size_t cols) {
+  constexpr std::size_t bb = bytes32<E>();
+  const std::size_t blocks = cols / 32;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    __m256 w[4];
+    decode32<E>(row + b * bb, w);
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + 32 * b + 8 * k, w[k]);
+  }
+  for (std::size_t c = blocks * 32; c < cols; ++c) {
+    if constexpr (E == encoding::f32) {
+      std::memcpy(out + c, row + 4 * c, 4);
+    } else if constexpr (E == encoding::f16) {
+      out[c] = fp16_to_f32(load_u16(row + 2 * c));
+    } else if constexpr (E == encoding::bf16) {
+      out[c] = bf16_to_f32(load_u16(row + 2 * c));
+    }
+  }
+}
+
+inline void decode_row_generic(encoding enc, const std::byte* row, float* out, std::size_t cols) {
+  dequantize_row(enc, row, out, cols);
+}
+
+// An RT x BT tile of Y over columns [0, len): RT decoded weight rows (w + i*ldw) times
+// BT activation rows (x + j*ldx); RT*BT accumulators live in registers, so each weight
+// load feeds BT FMAs and each activation load feeds RT. Adds to y when `accumulate`
+// (a later slice of the columns), else stores.
+// noinline: inlined into matmul_rows at -O3, GCC 12 keeps a memory copy of `acc` and
+// stores all 12 accumulators every iteration (measured 2.4x slower).
+template <int RT, int BT>
+[[gnu::noinline]] TLM_AVX2_FN inline void tile(const float* w, std::size_t ldw, const float* x, std::size_t ldx, std::size_t len,
+                             float* y, std::size_t ldy, bool accumulate) {
+  __m256 acc[RT][BT];
+#pragma GCC unroll 4
+  for (int i = 0; i < RT; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < BT; ++j) acc[i][j] = _mm256_setzero_ps();
+  std::size_t c = 0;
+  for (; c + 8 <= len; c += 8) {
+    __m256 xv[BT];
+#pragma GCC unroll 4
+    for (int j = 0; j < BT; ++j) xv[j] = load8(x + j * ldx + c);
+#pragma GCC unroll 4
+    for (int i = 0; i < RT; ++i) {
+      const __m256 wv = load8(w + i * ldw + c);
+#pragma GCC unroll 4
+      for (int j = 0; j < BT; ++j) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < RT; ++i) {
+    for (int j = 0; j < BT; ++j) {
+      float s = hsum(acc[i][j]);
+      for (std::size_t t = c; t < len; ++t) s += w[i * ldw + t] * x[j * ldx + t];
+      float& out = y[static_cast<std::size_t>(j) * ldy + static_cast<std::size_t>(i)];
+      out = accumulate ? out + s : s;
+    }
+  }
+}
+
+template <int RT>
+TLM_AVX2_FN inline void tile_rows(const float* w, std::size_t ldw, const float* x, std::size_t ldx, std::size_t len,
+                                  float* y, std::size_t ldy, std::size_t batch, bool accumulate) {
+  constexpr std::size_t bt = 3;
+  std::size_t b = 0;
+  for (; b + bt <= batch; b += bt) tile<RT, bt>(w, ldw, x + b * ldx, ldx, len, y + b * ldy, ldy, accumulate);
+  switch (batch - b) {
+    case 2: tile<RT, 2>(w, ldw, x + b * ldx, ldx, len, y + b * ldy, ldy, accumulate); break;
+    case 1: tile<RT, 1>(w, ldw, x + b * ldx, ldx, len, y + b * ldy, ldy, accumulate); break;
+    default: break;
+  }
+}
+
+// Prefill: decode 4 rows of W once per slice of the batch and reuse them for every
+// activation row in the slice. Blocking: a slice of 64 activation rows by 512
+// columns (128 KiB) stays in L2 and 4 weight rows by 512 columns (8 KiB) in L1 while
+// the tile loop runs over the slice.
+template <void (*Decode)(encoding, const std::byte*, float*, std::size_t)>
+TLM_AVX2_FN inline void matmul_rows(encoding enc, const std::byte* w, std::size_t rb, const float* x, float* y,
+                                    std::size_t r0, std::size_t r1, std::size_t rows, std::size_t cols,
+                                    std::size_t batch) {
+  constexpr std::size_t rt = 4;
+  constexpr std::size_t slice = 64;
+  constexpr std::size_t kc = 512;
+  std::vector<float> buf(rt * cols);  // [rt, cols]
+  for (std::size_t b0 = 0; b0 < batch; b0 += slice) {
+    const std::size_t nb = std::min(slice, batch - b0);
+    const float* xs = x + b0 * cols;  // [nb, cols]
+    float* ys = y + b0 * rows;        // [nb, rows]
+    for (std::size_t r = r0; r < r1; r += rt) {
+      const std::size_t nr = std::min(rt, r1 - r);
+      for (std::size_t i = 0; i < nr; ++i) Decode(enc, w + (r + i) * rb, buf.data() + i * cols, cols);
+      for (std::size_t k0 = 0; k0 < cols; k0 += kc) {
+        const std::size_t len = std::min(kc, cols - k0);
+        const float* wk = buf.data() + k0;
+        const bool acc = k0 != 0;
+        switch (nr) {
+          case 4: tile_rows<4>(wk, cols, xs + k0, cols, len, ys + r, rows, nb, acc); break;
+          case 3: tile_rows<3>(wk, cols, xs + k0, cols, len, ys + r, rows, nb, acc); break;
+          case 2: tile_rows<2>(wk, cols, xs + k0, cols, len, ys + r, rows, nb, acc); break;
+          default: tile_rows<1>(wk, cols, xs + k0, cols, len, ys + r, rows, nb, acc); break;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tlm::kernels::avx2
+
+#undef TLM_AVX2_FN
+#undef TLM_AVX2_INLINE
+
+#endif

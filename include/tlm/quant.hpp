@@ -1,0 +1,289 @@
+#pragma once
+// Scalar conversion between float32 and the block encodings found in GGUF files.
+//
+// dequantize_row is the reference every SIMD kernel is tested against, and it is
+// itself checked bit for bit against gguf-py's `gguf.quants.dequantize`
+// (tests/reference/check_gguf.py). quantize_row follows gguf-py's
+// `gguf.quants.quantize` (which in turn follows ggml's reference quantizers), so a
+// file we write holds the same bytes gguf-py would write.
+//
+// Why the float arithmetic is safe to reorder here: every scale is a half (11
+// significant bits) times a small integer (at most 8 bits), and a quant has at most
+// 6 bits, so each product below is exact in float32. Only the final add or subtract
+// of a min rounds, once, which makes the result independent of FMA contraction and
+// of the order of the multiplications.
+#include <tlm/blocks.hpp>
+#include <tlm/encoding.hpp>
+#include <tlm/error.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace tlm {
+
+namespace detail {
+
+template <class Block>
+inline Block load_block(const std::byte* src, std::size_t index) {
+  Block b;
+  std::memcpy(&b, src + index * sizeof(Block), sizeof(Block));
+  return b;
+}
+
+template <class Block>
+inline void store_block(std::byte* dst, std::size_t index, const Block& b) {
+  std::memcpy(dst + index * sizeof(Block), &b, sizeof(Block));
+}
+
+inline void check_row_length(encoding enc, std::size_t n, const char* what) {
+  const auto t = traits(enc);
+  if (t.block_values == 0) {
+    throw shape_error(std::string(what) + ": unsupported encoding id " +
+                      std::to_string(static_cast<std::uint32_t>(enc)) + "; use one of the encodings in encoding.hpp");
+  }
+  if (n % t.block_values != 0) {
+    throw shape_error(std::string(what) + ": row of " + std::to_string(n) + " values is not a multiple of the " +
+                      std::string(t.name) + " block size " + std::to_string(t.block_values) +
+                      "; pad the row or choose an encoding with a smaller block");
+  }
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K super-block.
+inline void k_scale_min(const std::uint8_t* q, int j, std::uint8_t& sc, std::uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<std::uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<std::uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// a + b rounded once to float32, computed in double: the double sum rounded to float
+// equals the float sum (53 >= 2*24 + 2), and the conversion keeps a compiler from
+// fusing a preceding float multiply into an FMA, which would change the result.
+inline float add_rounded(float a, float b) {
+  return static_cast<float>(static_cast<double>(a) + static_cast<double>(b));
+}
+
+inline void check_finite(const float* src, std::size_t n, encoding enc) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(src[i])) {
+      throw numeric_error("quantize_row: value " + std::to_string(i) + " is not finite; " +
+                          std::string(traits(enc).name) + " blocks cannot hold NaN or infinity; store the tensor as F32 or F16");
+    }
+  }
+}
+
+}  // namespace detail
+
+// src holds row_bytes(enc, n) bytes; dst receives n floats.
+inline void dequantize_row(encoding enc, const std::byte* src, float* dst, std::size_t n) {
+  detail::check_row_length(enc, n, "dequantize_row");
+  switch (enc) {
+    case encoding::f32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    case encoding::f16:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(load_u16(src + 2 * i));
+      return;
+    case encoding::bf16:
+      for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16(src + 2 * i));
+      return;
+    case encoding::q8_0:
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        const auto blk = detail::load_block<block_q8_0>(src, b);
+        const float d = fp16_to_f32(blk.d);
+        for (int j = 0; j < 32; ++j) dst[b * 32 + j] = static_cast<float>(blk.qs[j]) * d;
+      }
+      return;
+    case encoding::q4_0:
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        const auto blk = detail::load_block<block_q4_0>(src, b);
+        const float d = fp16_to_f32(blk.d);
+        float* y = dst + b * 32;
+        for (int j = 0; j < 16; ++j) {
+          y[j] = d * static_cast<float>((blk.qs[j] & 15) - 8);
+          y[j + 16] = d * static_cast<float>((blk.qs[j] >> 4) - 8);
+        }
+      }
+      return;
+    case encoding::q4_1:
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        const auto blk = detail::load_block<block_q4_1>(src, b);
+        const float d = fp16_to_f32(blk.d);
+        const float m = fp16_to_f32(blk.m);
+        float* y = dst + b * 32;
+        for (int j = 0; j < 16; ++j) {
+          y[j] = detail::add_rounded(d * static_cast<float>(blk.qs[j] & 15), m);
+          y[j + 16] = detail::add_rounded(d * static_cast<float>(blk.qs[j] >> 4), m);
+        }
+      }
+      return;
+    case encoding::q4_k:
+      for (std::size_t b = 0; b < n / 256; ++b) {
+        const auto blk = detail::load_block<block_q4_k>(src, b);
+        const float d = fp16_to_f32(blk.d);
+        const float dmin = fp16_to_f32(blk.dmin);
+        float* y = dst + b * 256;
+        // 4 chunks of 32 bytes; low nibbles are sub-block 2c, high nibbles 2c+1.
+        for (int c = 0; c < 4; ++c) {
+          std::uint8_t sc0, m0, sc1, m1;
+          detail::k_scale_min(blk.scales, 2 * c, sc0, m0);
+          detail::k_scale_min(blk.scales, 2 * c + 1, sc1, m1);
+          const float d0 = d * sc0, dm0 = dmin * m0, d1 = d * sc1, dm1 = dmin * m1;
+          for (int l = 0; l < 32; ++l) {
+            const std::uint8_t q = blk.qs[32 * c + l];
+            y[64 * c + l] = detail::add_rounded(d0 * static_cast<float>(q & 15), -dm0);
+            y[64 * c + 32 + l] = detail::add_rounded(d1 * static_cast<float>(q >> 4), -dm1);
+          }
+        }
+      }
+      return;
+    case encoding::q5_k:
+      for (std::size_t b = 0; b < n / 256; ++b) {
+        const auto blk = detail::load_block<block_q5_k>(src, b);
+        const float d = fp16_to_f32(blk.d);
+        const float dmin = fp16_to_f32(blk.dmin);
+        float* y = dst + b * 256;
+        // Sub-block s: low 4 bits as in Q4_K, the fifth bit is bit s of qh[l].
+        for (int s = 0; s < 8; ++s) {
+          std::uint8_t sc, m;
+          detail::k_scale_min(blk.scales, s, sc, m);
+          const float ds = d * sc, dm = dmin * m;
+          for (int l = 0; l < 32; ++l) {
+            const int lo = (blk.qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 15;
+            const int hi = (blk.qh[l] >> s) & 1;
+            y[32 * s + l] = detail::add_rounded(ds * static_cast<float>(lo | (hi << 4)), -dm);
+          }
+        }
+      }
+      return;
+    case encoding::q6_k:
+      for (std::size_t b = 0; b < n / 256; ++b) {
+        const auto blk = detail::load_block<block_q6_k>(src, b);
+        const float d = fp16_to_f32(blk.d);
+        float* y = dst + b * 256;
+        // Two halves of 128 values; in half h, value h*128 + 32*t + l takes its low
+        // bits from ql[h*64 + l (+32 if t odd)] (nibble t/2) and its high bits from
+        // qh[h*32 + l] (bits 2t, 2t+1).
+        for (int h = 0; h < 2; ++h) {
+          for (int t = 0; t < 4; ++t) {
+            for (int l = 0; l < 32; ++l) {
+              const int p = 128 * h + 32 * t + l;
+              const int lo = (blk.ql[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 15;
+              const int hi = (blk.qh[32 * h + l] >> (2 * t)) & 3;
+              const float ds = d * static_cast<float>(blk.scales[p / 16]);
+              y[p] = ds * static_cast<float>((lo | (hi << 4)) - 32);
+            }
+          }
+        }
+      }
+      return;
+    default:
+      throw shape_error("dequantize_row: no dequantizer for " + std::string(traits(enc).name) +
+                        " (it is used for activations only); convert the tensor to a weight encoding");
+  }
+}
+
+// src holds n floats; dst receives row_bytes(enc, n) bytes. Quantized encodings
+// reject non-finite input with numeric_error.
+inline void quantize_row(encoding enc, const float* src, std::byte* dst, std::size_t n) {
+  detail::check_row_length(enc, n, "quantize_row");
+  switch (enc) {
+    case encoding::f32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
+    case encoding::f16:
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint16_t h = f32_to_fp16(src[i]);
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      return;
+    case encoding::bf16:
+      // Round to nearest even on the upper 16 bits; NaN stays a quiet NaN (as ggml does).
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint32_t u = std::bit_cast<std::uint32_t>(src[i]);
+        std::uint16_t h;
+        if ((u & 0x7fffffffu) > 0x7f800000u) {
+          h = static_cast<std::uint16_t>((u >> 16) | 64u);
+        } else {
+          h = static_cast<std::uint16_t>((static_cast<std::uint64_t>(u) + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+        std::memcpy(dst + 2 * i, &h, 2);
+      }
+      return;
+    case encoding::q8_0:
+      detail::check_finite(src, n, enc);
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        const float* x = src + b * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        block_q8_0 blk{};
+        blk.d = f32_to_fp16(d);
+        for (int j = 0; j < 32; ++j) blk.qs[j] = static_cast<std::int8_t>(std::round(x[j] * id));  // half away from zero
+        detail::store_block(dst, b, blk);
+      }
+      return;
+    case encoding::q4_0:
+      detail::check_finite(src, n, enc);
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        const float* x = src + b * 32;
+        // The signed value of largest magnitude (the first one on ties) maps to -8.
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+          if (std::fabs(x[j]) > amax) {
+            amax = std::fabs(x[j]);
+            max = x[j];
+          }
+        }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        block_q4_0 blk{};
+        blk.d = f32_to_fp16(d);
+        // gguf-py evaluates x*id + 8.5 in double, rounds to float, then truncates; the
+        // double product of two floats is exact, so this is what an FMA would give.
+        auto q = [&](int j) {
+          const float v = static_cast<float>(static_cast<double>(x[j]) * static_cast<double>(id) + 8.5);
+          return static_cast<std::uint8_t>(std::min(15.0f, std::trunc(v)));
+        };
+        for (int j = 0; j < 16; ++j) blk.qs[j] = static_cast<std::uint8_t>(q(j) | (q(j + 16) << 4));
+        detail::store_block(dst, b, blk);
+      }
+      return;
+    case encoding::q4_1:
+      detail::check_finite(src, n, enc);
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        const float* x = src + b * 32;
+        float mn = x[0], mx = x[0];
+        for (int j = 1; j < 32; ++j) {
+          mn = std::min(mn, x[j]);
+          mx = std::max(mx, x[j]);
+        }
+        const float d = (mx - mn) / 15.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        block_q4_1 blk{};
+        blk.d = f32_to_fp16(d);
+        blk.m = f32_to_fp16(mn);
+        auto q = [&](int j) {
+          const float v = detail::add_rounded((x[j] - mn) * id, 0.5f);
+          return static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, 15.0f));
+        };
+        for (int j = 0; j < 16; ++j) blk.qs[j] = static_cast<std::uint8_t>(q(j) | (q(j + 16) << 4));
+        detail::store_block(dst, b, blk);
+      }
+      return;
+    default:
+      throw shape_error("quantize_row: no quantizer for " + std::string(traits(enc).name) +
+                        "; write the tensor as F32, F16, BF16, Q8_0, Q4_0 or Q4_1");
+  }
+}
+
+}  // namespace tlm

@@ -1,0 +1,472 @@
+// The fast kernels against their scalar references, for every encoding, level, size,
+// batch, misalignment and thread count.
+//
+// Tolerance: for each output y[r] = sum_c W[r,c] x[c] (reference summed in double),
+//   |y_fast - y_ref| <= 1e-5 * sum_c |W[r,c] x[c]|.
+// The fast kernels sum at most a few thousand float32 products in 4..8 independent
+// accumulators; the rounding error of such a sum is a small multiple of
+// sqrt(n) * 2^-24 times sum |terms| in practice, far inside 1e-5. Decoded weights are
+// exact (bit for bit equal to dequantize_row, checked below), so only summation order
+// differs.
+#include <doctest/doctest.h>
+
+#include <tlm/kernels.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using tlm::encoding;
+namespace k = tlm::kernels;
+
+constexpr double rel_tol = 1e-5;
+
+const encoding all_encodings[] = {encoding::f32,  encoding::f16,  encoding::bf16, encoding::q8_0, encoding::q4_0,
+                                  encoding::q4_1, encoding::q4_k, encoding::q5_k, encoding::q6_k};
+
+std::vector<tlm::kernel_level> testable_levels() {
+  std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
+  if (tlm::kernel_level_supported(tlm::kernel_level::avx2)) levels.push_back(tlm::kernel_level::avx2);
+  return levels;
+}
+
+// Restores the start-up level when a test case ends, even on failure.
+struct level_guard {
+  tlm::kernel_level saved = k::active_kernel_level();
+  ~level_guard() { k::force_kernel_level(saved); }
+};
+
+void put_half(std::byte* p, float v) {
+  const std::uint16_t h = tlm::f32_to_fp16(v);
+  std::memcpy(p, &h, 2);
+}
+
+// Random but valid tensor bytes: quant bytes uniformly random (every code occurs),
+// scales set to finite halves of realistic size.
+std::vector<std::byte> random_rows(encoding enc, std::size_t rows, std::size_t cols, std::mt19937& rng) {
+  const auto t = tlm::traits(enc);
+  const std::size_t bytes = rows * tlm::row_bytes(enc, cols);
+  std::vector<std::byte> out(bytes);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : out) b = static_cast<std::byte>(byte(rng));
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(0.002f, 0.05f);
+  const std::size_t blocks = rows * cols / t.block_values;
+  for (std::size_t i = 0; i < blocks; ++i) {
+    std::byte* p = out.data() + i * t.block_bytes;
+    switch (enc) {
+      case encoding::f32: {
+        const float v = unit(rng);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case encoding::f16: put_half(p, unit(rng)); break;
+      case encoding::bf16: {
+        const float v = unit(rng);
+        std::uint32_t u;
+        std::memcpy(&u, &v, 4);
+        const auto h = static_cast<std::uint16_t>(u >> 16);
+        std::memcpy(p, &h, 2);
+        break;
+      }
+      case encoding::q8_0:
+      case encoding::q4_0: put_half(p, scale(rng) * (byte(rng) & 1 ? 1.0f : -1.0f)); break;
+      case encoding::q4_1:
+      case encoding::q4_k:
+      case encoding::q5_k:
+        put_half(p, scale(rng));
+        put_half(p + 2, enc == encoding::q4_1 ? -8.0f * scale(rng) : scale(rng));
+        break;
+      case encoding::q6_k: put_half(p + 208, scale(rng) * 0.1f); break;
+      default: FAIL("random_rows: no generator for " << tlm::name(enc));
+    }
+  }
+  return out;
+}
+
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& f : v) f = unit(rng);
+  return v;
+}
+
+// sum_c |W[r,c] x[c]| for every row, from the reference decoder.
+std::vector<double> abs_sums(encoding enc, const std::byte* w, const float* x, std::size_t rows, std::size_t cols) {
+  std::vector<double> out(rows);
+  std::vector<float> row(cols);
+  const std::size_t rb = tlm::row_bytes(enc, cols);
+  for (std::size_t r = 0; r < rows; ++r) {
+    tlm::dequantize_row(enc, w + r * rb, row.data(), cols);
+    double s = 0;
+    for (std::size_t c = 0; c < cols; ++c) s += std::fabs(static_cast<double>(row[c]) * x[c]);
+    out[r] = s;
+  }
+  return out;
+}
+
+// Worst |fast - ref| / (rel_tol * sum|w x|) seen, so a run can report its margin.
+double worst_ratio = 0;
+
+// Checks y_fast against y_ref row by row; returns the number of rows out of tolerance
+// and reports the first one.
+int compare(const float* fast, const float* ref, const std::vector<double>& sums, std::size_t n, std::size_t stride_rows,
+            const std::string& where) {
+  int bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double s = sums[i % stride_rows];
+    const double err = std::fabs(static_cast<double>(fast[i]) - static_cast<double>(ref[i]));
+    const double allowed = rel_tol * s + 1e-30;
+    worst_ratio = std::max(worst_ratio, err / allowed);
+    if (!(err <= allowed)) {
+      if (bad == 0) {
+        INFO(where);
+        INFO("output " << i << ": fast " << fast[i] << " ref " << ref[i] << " sum|wx| " << s);
+        CHECK(err <= allowed);
+      }
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+std::vector<std::size_t> cols_for(encoding enc) {
+  const std::size_t bv = tlm::traits(enc).block_values;
+  if (bv == 1) return {1, 3, 7, 8, 9, 15, 31, 32, 33, 64, 100, 257, 576, 1536};
+  if (bv == 32) return {32, 64, 96, 128, 160, 192, 224, 256, 288, 576, 1536};
+  return {256, 512, 768, 1024, 1280, 1536, 2304};
+}
+
+const std::size_t row_counts[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 33, 64, 67};
+
+// A copy of `src` placed `offset` bytes into a fresh buffer, so the data's address
+// has the requested misalignment.
+struct placed_bytes {
+  std::vector<std::byte> storage;
+  std::byte* data;
+  placed_bytes(const std::vector<std::byte>& src, std::size_t offset) : storage(src.size() + offset + 64) {
+    data = storage.data() + offset;
+    std::memcpy(data, src.data(), src.size());
+  }
+};
+struct placed_floats {
+  std::vector<float> storage;
+  float* data;
+  placed_floats(const std::vector<float>& src, std::size_t offset) : storage(src.size() + offset + 16, -777.0f) {
+    data = storage.data() + offset;
+    for (std::size_t i = 0; i < src.size(); ++i) data[i] = src[i];
+  }
+};
+
+}  // namespace
+
+TEST_CASE("reference matvec on a hand-computed Q4_1 block") {
+  // d = 0.5, m = -1, every byte 0x21: values 0..15 are 1*0.5-1 = -0.5, values 16..31 are 2*0.5-1 = 0.
+  std::vector<std::byte> blk(20);
+  put_half(blk.data(), 0.5f);
+  put_half(blk.data() + 2, -1.0f);
+  for (int j = 0; j < 16; ++j) blk[4 + j] = std::byte{0x21};
+  std::vector<float> x(32, 1.0f);
+  x[0] = 3.0f;   // weight -0.5 -> contributes -1.5
+  x[31] = 5.0f;  // weight 0 -> contributes 0
+  float y = 0;
+  k::matvec_reference(encoding::q4_1, blk.data(), x.data(), &y, 1, 32);
+  CHECK(y == doctest::Approx(-0.5 * (15 + 3)));
+  for (auto level : testable_levels()) {
+    level_guard g;
+    k::force_kernel_level(level);
+    float yf = 0;
+    k::matvec(encoding::q4_1, blk.data(), x.data(), &yf, 1, 32);
+    CHECK(yf == -9.0f);
+  }
+}
+
+TEST_CASE("matvec: every level and encoding against the reference, across sizes and misalignments") {
+  level_guard g;
+  std::mt19937 rng(1234);
+  std::size_t cases = 0;
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (encoding enc : all_encodings) {
+      for (std::size_t cols : cols_for(enc)) {
+        for (std::size_t rows : row_counts) {
+          const auto wsrc = random_rows(enc, rows, cols, rng);
+          const auto xsrc = random_floats(cols, rng);
+          const std::size_t woff = (rows * 7 + cols) % 8;  // 0..7 bytes, odd ones included
+          const std::size_t xoff = rows % 4, yoff = (rows + cols) % 4;
+          placed_bytes w(wsrc, woff);
+          placed_floats x(xsrc, xoff);
+          placed_floats y(std::vector<float>(rows, 0.0f), yoff);
+          std::vector<float> ref(rows);
+          k::matvec(enc, w.data, x.data, y.data, rows, cols);
+          k::matvec_reference(enc, w.data, x.data, ref.data(), rows, cols);
+          const auto sums = abs_sums(enc, w.data, x.data, rows, cols);
+          const std::string where = std::string(tlm::kernel_level_name(level)) + " " + std::string(tlm::name(enc)) +
+                                    " rows " + std::to_string(rows) + " cols " + std::to_string(cols) +
+                                    " offsets w/x/y " + std::to_string(woff) + "/" + std::to_string(xoff) + "/" +
+                                    std::to_string(yoff);
+          CHECK_MESSAGE(compare(y.data, ref.data(), sums, rows, rows, where) == 0, where);
+          // Nothing written outside y.
+          CHECK(std::all_of(y.storage.begin(), y.storage.begin() + static_cast<std::ptrdiff_t>(yoff),
+                            [](float v) { return v == -777.0f; }));
+          CHECK(std::all_of(y.storage.begin() + static_cast<std::ptrdiff_t>(yoff + rows), y.storage.end(),
+                            [](float v) { return v == -777.0f; }));
+          ++cases;
+        }
+      }
+    }
+  }
+  MESSAGE("matvec cases: " << cases << ", worst error / tolerance: " << worst_ratio);
+  CHECK(cases > 1000);
+}
+
+TEST_CASE("matvec: misalignment of every byte offset gives the same result") {
+  level_guard g;
+  std::mt19937 rng(99);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (encoding enc : all_encodings) {
+      const std::size_t cols = tlm::traits(enc).block_values == 256 ? 512 : 576, rows = 5;
+      const auto wsrc = random_rows(enc, rows, cols, rng);
+      const auto xsrc = random_floats(cols, rng);
+      placed_bytes w0(wsrc, 0);
+      placed_floats x0(xsrc, 0);
+      std::vector<float> y0(rows);
+      k::matvec(enc, w0.data, x0.data, y0.data(), rows, cols);
+      for (std::size_t woff = 1; woff < 8; ++woff) {
+        for (std::size_t xoff = 1; xoff < 4; ++xoff) {
+          placed_bytes w(wsrc, woff);
+          placed_floats x(xsrc, xoff);
+          placed_floats y(std::vector<float>(rows, 0.0f), 4 - xoff);
+          k::matvec(enc, w.data, x.data, y.data, rows, cols);
+          // Same arithmetic in the same order: bitwise equal, whatever the addresses.
+          for (std::size_t r = 0; r < rows; ++r) CHECK(y.data[r] == y0[r]);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul: every level and encoding against the reference, batch 1..9 and more") {
+  level_guard g;
+  std::mt19937 rng(777);
+  worst_ratio = 0;
+  std::size_t cases = 0;
+  const std::size_t batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 64, 67};
+  const std::size_t mm_rows[] = {1, 3, 4, 5, 8, 13, 67};
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (encoding enc : all_encodings) {
+      const auto all_cols = cols_for(enc);
+      for (std::size_t ci = 0; ci < all_cols.size(); ci += 2) {
+        const std::size_t cols = all_cols[ci];
+        for (std::size_t rows : mm_rows) {
+          for (std::size_t batch : batches) {
+            if (batch > 9 && (rows > 13 || cols > 600)) continue;  // keep the big batches cheap
+            const auto wsrc = random_rows(enc, rows, cols, rng);
+            const auto xsrc = random_floats(batch * cols, rng);
+            const std::size_t woff = (batch + rows) % 8, xoff = batch % 4, yoff = (batch + 1) % 4;
+            placed_bytes w(wsrc, woff);
+            placed_floats x(xsrc, xoff);
+            placed_floats y(std::vector<float>(batch * rows, 0.0f), yoff);
+            std::vector<float> ref(batch * rows);
+            k::matmul(enc, w.data, x.data, y.data, rows, cols, batch);
+            k::matmul_reference(enc, w.data, x.data, ref.data(), rows, cols, batch);
+            // Tolerance per output (b, r) uses row r and activation row b.
+            int bad = 0;
+            for (std::size_t b = 0; b < batch; ++b) {
+              const auto sums = abs_sums(enc, w.data, x.data + b * cols, rows, cols);
+              const std::string where = std::string(tlm::kernel_level_name(level)) + " " +
+                                        std::string(tlm::name(enc)) + " rows " + std::to_string(rows) + " cols " +
+                                        std::to_string(cols) + " batch " + std::to_string(batch) + " b " +
+                                        std::to_string(b);
+              bad += compare(y.data + b * rows, ref.data() + b * rows, sums, rows, rows, where);
+            }
+            CHECK(bad == 0);
+            CHECK(std::all_of(y.storage.begin() + static_cast<std::ptrdiff_t>(yoff + batch * rows), y.storage.end(),
+                              [](float v) { return v == -777.0f; }));
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  MESSAGE("matmul cases: " << cases << ", worst error / tolerance: " << worst_ratio);
+  CHECK(cases > 500);
+}
+
+TEST_CASE("matmul row b agrees with matvec of activation row b") {
+  level_guard g;
+  std::mt19937 rng(5);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (encoding enc : {encoding::q4_1, encoding::q8_0}) {
+      const std::size_t rows = 37, cols = 576, batch = 7;
+      const auto w = random_rows(enc, rows, cols, rng);
+      const auto x = random_floats(batch * cols, rng);
+      std::vector<float> y(batch * rows), yv(rows);
+      k::matmul(enc, w.data(), x.data(), y.data(), rows, cols, batch);
+      for (std::size_t b = 0; b < batch; ++b) {
+        k::matvec(enc, w.data(), x.data() + b * cols, yv.data(), rows, cols);
+        const auto sums = abs_sums(enc, w.data(), x.data() + b * cols, rows, cols);
+        CHECK(compare(y.data() + b * rows, yv.data(), sums, rows, rows, "matmul vs matvec") == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("thread pools of 1, 2 and 3 threads give bitwise the single-threaded result") {
+  level_guard g;
+  std::mt19937 rng(31337);
+  tlm::thread_pool p1(1), p2(2), p3(3);
+  tlm::thread_pool* pools[] = {&p1, &p2, &p3};
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (encoding enc : all_encodings) {
+      const std::size_t cols = tlm::traits(enc).block_values == 256 ? 768 : 576;
+      for (std::size_t rows : {std::size_t{1}, std::size_t{3}, std::size_t{67}, std::size_t{1536}}) {
+        const auto w = random_rows(enc, rows, cols, rng);
+        const std::size_t batch = 5;
+        const auto x = random_floats(batch * cols, rng);
+        std::vector<float> y0(rows), m0(batch * rows);
+        k::matvec(enc, w.data(), x.data(), y0.data(), rows, cols);
+        k::matmul(enc, w.data(), x.data(), m0.data(), rows, cols, batch);
+        for (auto* pool : pools) {
+          std::vector<float> y(rows, -1.0f), m(batch * rows, -1.0f);
+          k::matvec(enc, w.data(), x.data(), y.data(), rows, cols, pool);
+          k::matmul(enc, w.data(), x.data(), m.data(), rows, cols, batch, pool);
+          INFO(tlm::name(enc) << " rows " << rows << " threads " << pool->size());
+          CHECK(std::memcmp(y.data(), y0.data(), rows * sizeof(float)) == 0);
+          CHECK(std::memcmp(m.data(), m0.data(), batch * rows * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("SIMD decoders are bit for bit dequantize_row") {
+#ifdef TLM_HAVE_AVX2_KERNELS
+  if (!tlm::kernel_level_supported(tlm::kernel_level::avx2)) {
+    CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx2), tlm::error);
+    return;
+  }
+  std::mt19937 rng(4242);
+  const std::size_t cols = 1536 + 32;
+  auto check = [&](encoding enc, auto decode) {
+    const auto w = random_rows(enc, 3, cols, rng);
+    const std::size_t rb = tlm::row_bytes(enc, cols);
+    for (std::size_t r = 0; r < 3; ++r) {
+      std::vector<float> a(cols), b(cols);
+      tlm::dequantize_row(enc, w.data() + r * rb, a.data(), cols);
+      decode(enc, w.data() + r * rb, b.data(), cols);
+      INFO(tlm::name(enc));
+      CHECK(std::memcmp(a.data(), b.data(), cols * sizeof(float)) == 0);
+    }
+  };
+  namespace a2 = tlm::kernels::avx2;
+  check(encoding::f32, a2::decode_row<encoding::f32>);
+  check(encoding::f16, a2::decode_row<encoding::f16>);
+  check(encoding::bf16, a2::decode_row<encoding::bf16>);
+  check(encoding::q8_0, a2::decode_row<encoding::q8_0>);
+  check(encoding::q4_0, a2::decode_row<encoding::q4_0>);
+  check(encoding::q4_1, a2::decode_row<encoding::q4_1>);
+#else
+  CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx2), tlm::error);
+#endif
+}
+
+TEST_CASE("dot and axpy against their references, with misaligned operands") {
+  level_guard g;
+  std::mt19937 rng(8);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (std::size_t n = 0; n <= 130; ++n) {
+      for (std::size_t off = 0; off < 4; ++off) {
+        const auto a = random_floats(n, rng), b = random_floats(n, rng);
+        placed_floats pa(a, off), pb(b, 3 - off);
+        const float d = k::dot(pa.data, pb.data, n);
+        const float dr = k::dot_reference(pa.data, pb.data, n);
+        double s = 0;
+        for (std::size_t i = 0; i < n; ++i) s += std::fabs(static_cast<double>(a[i]) * b[i]);
+        CHECK(std::fabs(static_cast<double>(d) - dr) <= rel_tol * s);
+
+        placed_floats y1(b, off), y2(b, off);
+        k::axpy(0.375f, pa.data, y1.data, n);
+        k::axpy_reference(0.375f, pa.data, y2.data, n);
+        // One rounding per element either way (FMA or multiply-then-add): within 1 ulp of |y|+|a x|.
+        for (std::size_t i = 0; i < n; ++i) {
+          const double mag = std::fabs(static_cast<double>(b[i])) + std::fabs(0.375 * a[i]);
+          CHECK(std::fabs(static_cast<double>(y1.data[i]) - y2.data[i]) <= mag * 1.2e-7);
+        }
+        CHECK(y1.storage[off + n] == -777.0f);
+      }
+    }
+  }
+}
+
+TEST_CASE("bad arguments are reported, not computed") {
+  std::vector<std::byte> w(1024);
+  std::vector<float> x(64), y(64);
+  CHECK_THROWS_AS(k::matvec(encoding::q4_1, w.data(), x.data(), y.data(), 2, 48), tlm::shape_error);
+  CHECK_THROWS_AS(k::matmul(encoding::q8_0, w.data(), x.data(), y.data(), 2, 33, 2), tlm::shape_error);
+  CHECK_THROWS_AS(k::matvec(encoding::q4_k, w.data(), x.data(), y.data(), 1, 32), tlm::shape_error);
+  CHECK_THROWS_AS(k::matvec(encoding::q8_1, w.data(), x.data(), y.data(), 1, 32), tlm::shape_error);
+  CHECK_THROWS_AS(k::matvec(encoding::q8_k, w.data(), x.data(), y.data(), 1, 256), tlm::shape_error);
+  CHECK_THROWS_AS(k::matvec(static_cast<encoding>(77), w.data(), x.data(), y.data(), 1, 32), tlm::shape_error);
+  CHECK_THROWS_AS(k::matvec_reference(encoding::q4_0, w.data(), x.data(), y.data(), 1, 20), tlm::shape_error);
+  CHECK_THROWS_AS(k::matvec(encoding::f32, nullptr, x.data(), y.data(), 1, 4), tlm::error);
+  try {
+    k::matvec(encoding::q4_1, w.data(), x.data(), y.data(), 2, 48);
+    FAIL("no exception");
+  } catch (const tlm::shape_error& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("48") != std::string::npos);
+    CHECK(msg.find("Q4_1") != std::string::npos);
+  }
+  // Zero columns: the empty sum.
+  std::fill(y.begin(), y.end(), 5.0f);
+  k::matvec(encoding::f32, w.data(), x.data(), y.data(), 3, 0);
+  CHECK(y[0] == 0.0f);
+  CHECK(y[2] == 0.0f);
+  CHECK(y[3] == 5.0f);
+}
+
+TEST_CASE("kernel level override: force_kernel_level and TLM_KERNELS") {
+  level_guard g;
+  const auto prev = k::force_kernel_level(tlm::kernel_level::scalar);
+  CHECK(k::active_kernel_level() == tlm::kernel_level::scalar);
+  CHECK(k::kernel_level_name() == "scalar");
+  CHECK(k::force_kernel_level(prev) == tlm::kernel_level::scalar);
+  CHECK(k::active_kernel_level() == prev);
+
+  CHECK(tlm::parse_kernel_level("scalar") == tlm::kernel_level::scalar);
+  CHECK(tlm::parse_kernel_level("avx2") == tlm::kernel_level::avx2);
+  CHECK_THROWS_AS(tlm::parse_kernel_level("avx512"), tlm::error);
+  CHECK_THROWS_AS(tlm::parse_kernel_level(""), tlm::error);
+
+  const char* old = std::getenv("TLM_KERNELS");
+  const std::string saved = old ? old : "";
+  ::setenv("TLM_KERNELS", "scalar", 1);
+  CHECK(tlm::startup_kernel_level() == tlm::kernel_level::scalar);
+  ::setenv("TLM_KERNELS", "sse9", 1);
+  CHECK_THROWS_AS(tlm::startup_kernel_level(), tlm::error);
+  ::unsetenv("TLM_KERNELS");
+  CHECK(tlm::startup_kernel_level() == tlm::best_kernel_level());
+  if (old) ::setenv("TLM_KERNELS", saved.c_str(), 1);
+
+  // The start-up choice never exceeds what the CPU supports.
+  CHECK(tlm::kernel_level_supported(tlm::best_kernel_level()));
+  if (tlm::cpu().avx2 && tlm::cpu().fma && tlm::cpu().f16c) {
+    CHECK(tlm::best_kernel_level() == tlm::kernel_level::avx2);
+  } else {
+    CHECK(tlm::best_kernel_level() == tlm::kernel_level::scalar);
+    CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx2), tlm::error);
+  }
+  MESSAGE("cpu features: " << tlm::cpu_feature_string() << "; start-up level " << k::kernel_level_name());
+}

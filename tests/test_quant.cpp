@@ -1,0 +1,301 @@
+// Block encodings: hand-built blocks with known values, half-float edge cases,
+// quantize/dequantize round trips within their error bounds, and the errors for
+// rows that do not fit an encoding. Bit-exact agreement with gguf-py is checked
+// live by tests/reference/check_gguf.py.
+#include <tlm/quant.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+template <class Block>
+std::vector<std::byte> bytes_of(const Block& b) {
+  std::vector<std::byte> out(sizeof b);
+  std::memcpy(out.data(), &b, sizeof b);
+  return out;
+}
+
+std::vector<float> dequant(tlm::encoding enc, const std::vector<std::byte>& src, std::size_t n) {
+  std::vector<float> out(n);
+  tlm::dequantize_row(enc, src.data(), out.data(), n);
+  return out;
+}
+
+std::vector<std::byte> quant(tlm::encoding enc, const std::vector<float>& x) {
+  std::vector<std::byte> out(tlm::row_bytes(enc, x.size()));
+  tlm::quantize_row(enc, x.data(), out.data(), x.size());
+  return out;
+}
+
+std::vector<float> normal_values(std::size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> x(n);
+  for (auto& v : x) v = dist(rng);
+  return x;
+}
+
+}  // namespace
+
+TEST_CASE("fp16 conversions: edge cases") {
+  CHECK(tlm::fp16_to_f32(0x0000) == 0.0f);
+  CHECK(std::signbit(tlm::fp16_to_f32(0x8000)));
+  CHECK(tlm::fp16_to_f32(0x3c00) == 1.0f);
+  CHECK(tlm::fp16_to_f32(0xc000) == -2.0f);
+  CHECK(tlm::fp16_to_f32(0x0001) == std::ldexp(1.0f, -24));  // smallest subnormal
+  CHECK(tlm::fp16_to_f32(0x03ff) == std::ldexp(1023.0f, -24));  // largest subnormal
+  CHECK(tlm::fp16_to_f32(0x0400) == std::ldexp(1.0f, -14));  // smallest normal
+  CHECK(tlm::fp16_to_f32(0x7bff) == 65504.0f);
+  CHECK(std::isinf(tlm::fp16_to_f32(0x7c00)));
+  CHECK(tlm::fp16_to_f32(0xfc00) < 0.0f);
+  CHECK(std::isnan(tlm::fp16_to_f32(0x7e00)));
+
+  CHECK(tlm::f32_to_fp16(65504.0f) == 0x7bff);
+  CHECK(tlm::f32_to_fp16(65519.0f) == 0x7bff);  // below the halfway point to 65536
+  CHECK(tlm::f32_to_fp16(65520.0f) == 0x7c00);  // halfway rounds to even, which overflows
+  CHECK(tlm::f32_to_fp16(std::ldexp(1.0f, -25)) == 0x0000);  // halfway to the smallest subnormal: even is 0
+  CHECK(tlm::f32_to_fp16(std::ldexp(1.5f, -25)) == 0x0001);
+  CHECK(tlm::f32_to_fp16(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);        // tie, rounds to even
+  CHECK(tlm::f32_to_fp16(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);    // tie, rounds up to even
+  CHECK(std::isnan(tlm::fp16_to_f32(tlm::f32_to_fp16(std::nanf("")))));
+}
+
+TEST_CASE("fp16 conversions: every finite half survives a round trip") {
+  int checked = 0;
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const auto half = static_cast<std::uint16_t>(h);
+    if ((half & 0x7c00) == 0x7c00 && (half & 0x03ff) != 0) continue;  // NaN payloads are not preserved exactly
+    REQUIRE(tlm::f32_to_fp16(tlm::fp16_to_f32(half)) == half);
+    ++checked;
+  }
+  CHECK(checked == 65536 - 2 * 1023);
+}
+
+TEST_CASE("Q4_0 fixed block") {
+  tlm::block_q4_0 b{};
+  b.d = 0x3c00;  // 1.0
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | ((15 - j) << 4));
+  const auto y = dequant(tlm::encoding::q4_0, bytes_of(b), 32);
+  for (int j = 0; j < 16; ++j) {
+    CHECK(y[j] == static_cast<float>(j - 8));
+    CHECK(y[j + 16] == static_cast<float>(7 - j));
+  }
+}
+
+TEST_CASE("Q4_1 fixed block") {
+  tlm::block_q4_1 b{};
+  b.d = 0x3800;  // 0.5
+  b.m = 0xbc00;  // -1.0
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | ((15 - j) << 4));
+  const auto y = dequant(tlm::encoding::q4_1, bytes_of(b), 32);
+  for (int j = 0; j < 16; ++j) {
+    CHECK(y[j] == 0.5f * static_cast<float>(j) - 1.0f);
+    CHECK(y[j + 16] == 0.5f * static_cast<float>(15 - j) - 1.0f);
+  }
+}
+
+TEST_CASE("Q8_0 fixed block") {
+  tlm::block_q8_0 b{};
+  b.d = 0x3400;  // 0.25
+  for (int j = 0; j < 32; ++j) b.qs[j] = static_cast<std::int8_t>(j * 8 - 128);
+  const auto y = dequant(tlm::encoding::q8_0, bytes_of(b), 32);
+  for (int j = 0; j < 32; ++j) CHECK(y[j] == static_cast<float>(j * 8 - 128) / 4.0f);
+}
+
+TEST_CASE("Q4_K fixed block: 6-bit scales and mins, including their high bits") {
+  tlm::block_q4_k b{};
+  b.d = 0x3c00;
+  b.dmin = 0x3c00;
+  const std::uint8_t sc[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::uint8_t mn[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (int j = 0; j < 4; ++j) {
+    b.scales[j] = sc[j];
+    b.scales[j + 4] = mn[j];
+    b.scales[j + 8] = static_cast<std::uint8_t>(sc[j + 4] | (mn[j + 4] << 4));
+  }
+  std::fill(std::begin(b.qs), std::end(b.qs), std::uint8_t{0x21});  // low nibble 1, high nibble 2
+  // Sub-block 2c uses the low nibble (1), 2c+1 the high nibble (2): value = sc*q - m.
+  const float expect[8] = {1, 3, 1, 5, 1, 7, 1, 9};
+  auto y = dequant(tlm::encoding::q4_k, bytes_of(b), 256);
+  for (int s = 0; s < 8; ++s) {
+    for (int l = 0; l < 32; ++l) REQUIRE(y[32 * s + l] == expect[s]);
+  }
+  // The top two bits of bytes 0..3 extend the scales of sub-blocks 4..7, those of
+  // bytes 4..7 extend their mins.
+  b.scales[0] |= 0x40;  // sc[4] = 5 + 16 = 21
+  b.scales[4] |= 0x80;  // mn[4] = 4 + 32 = 36
+  b.d = 0x4000;         // 2.0
+  y = dequant(tlm::encoding::q4_k, bytes_of(b), 256);
+  CHECK(y[0] == 2.0f * 1 * 1 - 0);
+  CHECK(y[32 * 4] == 2.0f * 21 * 1 - 36);
+  CHECK(y[32 * 5] == 2.0f * 6 * 2 - 5);
+}
+
+TEST_CASE("Q5_K fixed block: the fifth bit of sub-block s is bit s of qh") {
+  tlm::block_q5_k b{};
+  b.d = 0x3c00;
+  b.dmin = 0x3800;  // 0.5
+  for (int j = 0; j < 4; ++j) {
+    b.scales[j] = 1;
+    b.scales[j + 4] = 2;
+    b.scales[j + 8] = static_cast<std::uint8_t>(1 | (2 << 4));
+  }
+  std::fill(std::begin(b.qs), std::end(b.qs), std::uint8_t{0x73});  // low 3, high 7
+  b.qh[5] = 0b00000101;  // value 5 of sub-blocks 0 and 2 gets +16
+  const auto y = dequant(tlm::encoding::q5_k, bytes_of(b), 256);
+  for (int s = 0; s < 8; ++s) {
+    const float q = (s % 2 == 0) ? 3.0f : 7.0f;
+    for (int l = 0; l < 32; ++l) {
+      const float extra = (l == 5 && (s == 0 || s == 2)) ? 16.0f : 0.0f;
+      REQUIRE(y[32 * s + l] == (q + extra) - 1.0f);  // dmin * m = 0.5 * 2
+    }
+  }
+}
+
+TEST_CASE("Q6_K fixed block: low nibbles, high bit pairs and signed scales") {
+  tlm::block_q6_k b{};
+  b.d = 0x3c00;
+  std::fill(std::begin(b.scales), std::end(b.scales), std::int8_t{1});
+  b.scales[6] = -2;          // values 96..111
+  b.ql[0] = 0x35;            // value 0: low 5; value 64: low 3
+  b.qh[0] = 0b11000001;      // value 0: high 1; value 32: high 0; value 64: high 0; value 96: high 3
+  b.ql[64 + 32 + 1] = 0xf0;  // second half: value 128 + 32 + 1 low 0, value 128 + 96 + 1 low 15
+  const auto y = dequant(tlm::encoding::q6_k, bytes_of(b), 256);
+  CHECK(y[0] == (5 + 16) - 32);
+  CHECK(y[32] == -32);
+  CHECK(y[64] == 3 - 32);
+  CHECK(y[96] == -2.0f * (48 - 32));
+  CHECK(y[97] == -2.0f * -32);
+  CHECK(y[128 + 33] == -32);
+  CHECK(y[128 + 97] == 15 - 32);
+  CHECK(y[255] == -32);
+}
+
+TEST_CASE("F16 and BF16 rows") {
+  const std::vector<float> x = {1.0f, -2.5f, 65504.0f, std::ldexp(1.0f, -24), 0.1f, 3.14159f, -0.0f, 1e-3f};
+  const auto h = quant(tlm::encoding::f16, x);
+  const auto yh = dequant(tlm::encoding::f16, h, x.size());
+  const auto b = quant(tlm::encoding::bf16, x);
+  const auto yb = dequant(tlm::encoding::bf16, b, x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    CHECK(yh[i] == tlm::fp16_to_f32(tlm::f32_to_fp16(x[i])));
+    CHECK(std::fabs(yb[i] - x[i]) <= std::fabs(x[i]) * std::ldexp(1.0f, -8));
+  }
+  CHECK(yh[0] == 1.0f);
+  CHECK(yh[2] == 65504.0f);
+  CHECK(yb[1] == -2.5f);
+  // bf16 rounds to nearest even on the dropped 16 bits.
+  const std::vector<float> ties = {std::bit_cast<float>(0x3f808000u), std::bit_cast<float>(0x3f818000u)};
+  const auto bt = dequant(tlm::encoding::bf16, quant(tlm::encoding::bf16, ties), 2);
+  CHECK(std::bit_cast<std::uint32_t>(bt[0]) == 0x3f800000u);
+  CHECK(std::bit_cast<std::uint32_t>(bt[1]) == 0x3f820000u);
+}
+
+TEST_CASE("Q8_0, Q4_0 and Q4_1 round trips stay within their error bounds") {
+  const std::size_t n = 32 * 256;
+  for (const unsigned seed : {1u, 2u, 3u}) {
+    const auto x = normal_values(n, seed, seed == 3 ? 1e-3f : 1.0f);
+    for (const auto enc : {tlm::encoding::q8_0, tlm::encoding::q4_0, tlm::encoding::q4_1}) {
+      CAPTURE(tlm::name(enc));
+      const auto y = dequant(enc, quant(enc, x), n);
+      double err2 = 0, sig2 = 0;
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        float lo = x[b * 32], hi = lo, amax = 0;
+        for (int j = 0; j < 32; ++j) {
+          lo = std::min(lo, x[b * 32 + j]);
+          hi = std::max(hi, x[b * 32 + j]);
+          amax = std::max(amax, std::fabs(x[b * 32 + j]));
+        }
+        // Half a step, plus the rounding of the fp16 scale (and min) times the largest quant;
+        // the absolute term covers scales that are fp16 subnormals (seed 3: d ~ 2e-5).
+        const float sub = std::ldexp(1.0f, -25);
+        float bound = 0;
+        if (enc == tlm::encoding::q8_0) bound = amax / 127 * 0.5f + amax * std::ldexp(1.0f, -10) + 128 * sub;
+        if (enc == tlm::encoding::q4_0) bound = amax / 8 * 1.0f + amax * std::ldexp(1.0f, -9) + 8 * sub;  // the clipped +8 step costs a whole step
+        if (enc == tlm::encoding::q4_1) bound = (hi - lo) / 15 * 0.5f + (std::fabs(hi) + std::fabs(lo)) * std::ldexp(1.0f, -9) + 16 * sub;
+        for (int j = 0; j < 32; ++j) {
+          const std::size_t i = b * 32 + j;
+          REQUIRE(std::fabs(y[i] - x[i]) <= bound);
+          err2 += double(y[i] - x[i]) * double(y[i] - x[i]);
+          sig2 += double(x[i]) * double(x[i]);
+        }
+      }
+      const double rel = std::sqrt(err2 / sig2);
+      MESSAGE(tlm::name(enc), " relative rms error ", rel);
+      CHECK(rel < (enc == tlm::encoding::q8_0 ? 0.01 : 0.15));
+      CHECK(rel > 0.0);
+    }
+  }
+}
+
+TEST_CASE("values already on the grid survive exactly") {
+  std::vector<float> x(32);
+  for (int j = 0; j < 32; ++j) x[j] = -2.0f + 0.5f * static_cast<float>(j % 16);  // Q4_1 grid: m = -2, d = 0.5
+  CHECK(dequant(tlm::encoding::q4_1, quant(tlm::encoding::q4_1, x), 32) == x);
+  std::vector<float> q8(32);
+  for (int j = 0; j < 32; ++j) q8[j] = static_cast<float>(j * 4 - 127);  // max 127: d = 1, exact
+  CHECK(dequant(tlm::encoding::q8_0, quant(tlm::encoding::q8_0, q8), 32) == q8);
+  std::vector<float> q4(32);
+  for (int j = 0; j < 32; ++j) q4[j] = static_cast<float>(j % 16 - 8);  // the first -8 sets d = 1
+  CHECK(dequant(tlm::encoding::q4_0, quant(tlm::encoding::q4_0, q4), 32) == q4);
+}
+
+TEST_CASE("quantizers follow ggml's reference choices") {
+  // Q4_0: the signed value of largest magnitude maps to -8 (d = max / -8).
+  std::vector<float> x(32, 0.0f);
+  x[3] = -4.0f;
+  x[7] = 2.0f;
+  auto bytes = quant(tlm::encoding::q4_0, x);
+  tlm::block_q4_0 b;
+  std::memcpy(&b, bytes.data(), sizeof b);
+  CHECK(tlm::fp16_to_f32(b.d) == 0.5f);
+  CHECK((b.qs[3] & 15) == 0);   // -4 / 0.5 = -8, stored as 0
+  CHECK((b.qs[7] & 15) == 12);  // 2 / 0.5 = 4, stored as 12
+  CHECK((b.qs[0] & 15) == 8);   // zero
+  // Q8_0 rounds half away from zero: with amax 127, d = 1 and 2.5 -> 3, -2.5 -> -3.
+  std::vector<float> y(32, 0.0f);
+  y[0] = 127.0f;
+  y[1] = 2.5f;
+  y[2] = -2.5f;
+  bytes = quant(tlm::encoding::q8_0, y);
+  tlm::block_q8_0 q;
+  std::memcpy(&q, bytes.data(), sizeof q);
+  CHECK(q.qs[1] == 3);
+  CHECK(q.qs[2] == -3);
+  // An all-zero block has scale 0 and decodes to zeros.
+  const std::vector<float> zeros(32, 0.0f);
+  for (const auto enc : {tlm::encoding::q8_0, tlm::encoding::q4_0, tlm::encoding::q4_1}) {
+    CHECK(dequant(enc, quant(enc, zeros), 32) == zeros);
+  }
+}
+
+TEST_CASE("rows that do not fit an encoding are rejected") {
+  std::vector<std::byte> buf(1024);
+  std::vector<float> x(64, 1.0f);
+  CHECK_THROWS_AS(tlm::dequantize_row(tlm::encoding::q4_0, buf.data(), x.data(), 33), tlm::shape_error);
+  CHECK_THROWS_AS(tlm::dequantize_row(tlm::encoding::q4_k, buf.data(), x.data(), 64), tlm::shape_error);
+  CHECK_THROWS_AS(tlm::dequantize_row(tlm::encoding::q8_1, buf.data(), x.data(), 32), tlm::shape_error);
+  CHECK_THROWS_AS(tlm::dequantize_row(static_cast<tlm::encoding>(77), buf.data(), x.data(), 32), tlm::shape_error);
+  CHECK_THROWS_AS(tlm::quantize_row(tlm::encoding::q4_1, x.data(), buf.data(), 48), tlm::shape_error);
+  CHECK_THROWS_AS(tlm::quantize_row(tlm::encoding::q4_k, x.data(), buf.data(), 64), tlm::shape_error);
+  x[5] = std::nanf("");
+  CHECK_THROWS_AS(tlm::quantize_row(tlm::encoding::q8_0, x.data(), buf.data(), 64), tlm::numeric_error);
+  x[5] = INFINITY;
+  CHECK_THROWS_AS(tlm::quantize_row(tlm::encoding::q4_1, x.data(), buf.data(), 64), tlm::numeric_error);
+  try {
+    tlm::dequantize_row(tlm::encoding::q4_0, buf.data(), x.data(), 33);
+    FAIL("expected a shape_error");
+  } catch (const tlm::shape_error& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("33") != std::string::npos);
+    CHECK(msg.find("Q4_0") != std::string::npos);
+    CHECK(msg.find("32") != std::string::npos);
+  }
+}

@@ -181,7 +181,8 @@ def main(argv=None) -> int:
                        f"ref top1-top2 margin there {margin}); got {n} tokens")
                 print(f"{p:>2} {msg}")
                 failures.append(msg)
-        print(f"greedy: {agree}/{n_greedy} prompts identical over {n_gen} tokens")
+        print(f"greedy: {agree}/{n_greedy} prompts identical over {n_gen} tokens "
+              f"(or up to the end-of-generation token where the generator stopped)")
 
     print(f"\ntotal {time.time() - t0:.1f}s")
     if failures:

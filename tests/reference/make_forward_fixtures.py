@@ -138,7 +138,6 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
 
-    import gguf
     import llama_cpp
     tok = tokenizer(model_path)
     spec = load_prompts()

@@ -396,7 +396,11 @@ template <int RT, int BT>
       for (int j = 0; j < BT; ++j) acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
     }
   }
+  // Unrolled, so every acc index is a constant: with a run-time index here GCC keeps
+  // `acc` in memory and stores all RT*BT accumulators on every iteration above.
+#pragma GCC unroll 4
   for (int i = 0; i < RT; ++i) {
+#pragma GCC unroll 4
     for (int j = 0; j < BT; ++j) {
       float s = hsum(acc[i][j]);
       for (std::size_t t = c; t < len; ++t) s += w[i * ldw + t] * x[j * ldx + t];

@@ -57,7 +57,7 @@ def run_tlm(build, model, threads, prompt, n):
     # A fresh process per run so its peak RSS is its own: measured with /usr/bin/time if present.
     wrapped = ["/usr/bin/time", "-f", "MAXRSS %M"] + cmd if os.path.exists("/usr/bin/time") else cmd
     p = subprocess.run(wrapped, capture_output=True, text=True, check=True)
-    m = re.search(r"load ([\d.]+) ms \| prefill (\d+) tokens in ([\d.]+) ms \(([\d.]+) tokens/s\) \| decode (\d+) tokens, ([\d.]+) ms/token", p.stderr)
+    m = re.search(r"load ([\d.]+) ms, tokenizer [\d.]+ ms \| prefill (\d+) tokens in ([\d.]+) ms \(([\d.]+) tokens/s\) \| decode (\d+) tokens, ([\d.]+) ms/token", p.stderr)
     if not m:
         sys.exit("cannot parse generate --timing output:\n" + p.stderr)
     rss = re.search(r"MAXRSS (\d+)", p.stderr)

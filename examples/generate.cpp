@@ -148,8 +148,10 @@ void show_config(const tlm::gguf::file& f) {
 int run(const options& o) {
   const auto t_load = clock_type::now();
   tlm::model<config> m = tlm::model<config>::load(o.model, {.threads = o.threads});
-  const tlm::tokenizer tok = tlm::tokenizer::from_gguf(m.file());
   const double load_ms = ms_since(t_load);
+  const auto t_tok = clock_type::now();
+  const tlm::tokenizer tok = tlm::tokenizer::from_gguf(m.file());
+  const double tokenizer_ms = ms_since(t_tok);
   if (o.show_config) show_config(m.file());
 
   std::vector<std::int32_t> prompt;
@@ -230,9 +232,9 @@ int run(const options& o) {
   }
   if (o.timing) {
     const std::size_t decoded = generated.empty() ? 0 : generated.size() - 1;  // forward calls after the prefill
-    fmt::print(stderr, "load {:.1f} ms | prefill {} tokens in {:.1f} ms ({:.1f} tokens/s) | decode {} tokens, {:.2f} ms/token | "
+    fmt::print(stderr, "load {:.1f} ms, tokenizer {:.1f} ms | prefill {} tokens in {:.1f} ms ({:.1f} tokens/s) | decode {} tokens, {:.2f} ms/token | "
                        "{} threads, kernels {}\n",
-               load_ms, prompt.size(), prefill_ms, prompt.size() * 1000.0 / prefill_ms, decoded,
+               load_ms, tokenizer_ms, prompt.size(), prefill_ms, prompt.size() * 1000.0 / prefill_ms, decoded,
                decoded ? decode_ms / static_cast<double>(decoded) : 0.0, m.threads(), tlm::kernels::kernel_level_name());
   }
   return 0;

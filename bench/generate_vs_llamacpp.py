@@ -6,6 +6,8 @@ Reports decode ms/token at 1 and 2 threads, prefill tokens/s on a 64-token promp
 load + first token wall time, and peak RSS; writes bench/results/generate.md.
 
   .venv/bin/python bench/generate_vs_llamacpp.py --build build [--model GGUF] [--rounds 3]
+  # larger shapes, on synthetic files (examples/synth_model):
+  .venv/bin/python bench/generate_vs_llamacpp.py --model build/synthetic-smollm2_360m.gguf --config smollm2_360m
 """
 import argparse
 import json
@@ -51,8 +53,8 @@ def child_rss_mib(before):
     return (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
 
 
-def run_tlm(build, model, threads, prompt, n):
-    cmd = [os.path.join(build, "examples", "generate"), "--model", model, "--threads", str(threads),
+def run_tlm(build, model, config, threads, prompt, n):
+    cmd = [os.path.join(build, "examples", "generate"), "--model", model, "--config", config, "--threads", str(threads),
            "--token-ids", ",".join(map(str, prompt)), "-n", str(n + 1), "--timing"]
     # A fresh process per run so its peak RSS is its own: measured with /usr/bin/time if present.
     wrapped = ["/usr/bin/time", "-f", "MAXRSS %M"] + cmd if os.path.exists("/usr/bin/time") else cmd
@@ -80,10 +82,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--config", default="smollm2_135m", help="config type for tlm (synthetic files of the larger shapes)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode", type=int, default=64)
-    ap.add_argument("--out", default="bench/results/generate.md")
+    ap.add_argument("--out", default=None, help="default: bench/results/generate-<config>.md")
     args = ap.parse_args()
+    if args.out is None:
+        args.out = f"bench/results/generate-{args.config}.md"
     # 64 prompt tokens: a fixed English passage's ids, repeated ids are fine for timing.
     prompt = [504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 6557, 314, 18532, 30, 378, 3575, 282,
               5545, 314, 9893, 30, 378, 3575, 282, 10617, 314, 20521, 30] * 3
@@ -91,7 +96,7 @@ def main():
     results = {}
     for r in range(args.rounds):
         for threads in (1, 2):
-            for name, fn in (("tlm", lambda: run_tlm(args.build, args.model, threads, prompt, args.decode)),
+            for name, fn in (("tlm", lambda: run_tlm(args.build, args.model, args.config, threads, prompt, args.decode)),
                              ("llama.cpp", lambda: run_llama(args.model, threads, prompt, args.decode))):
                 res = fn()
                 results.setdefault((name, threads), []).append(res)
@@ -104,7 +109,7 @@ def main():
         "# Generation: tlm vs llama.cpp, same file, same run",
         "",
         f"- Machine: {cpu}, {os.cpu_count()} CPUs ({simd}); load average {load[0]:.2f} at the end; shared and noisy.",
-        f"- Model: `{os.path.basename(args.model)}`; prompt 64 tokens; decode {args.decode} tokens greedy; "
+        f"- Model: `{os.path.basename(args.model)}` (tlm config `{args.config}`); prompt 64 tokens; decode {args.decode} tokens greedy; "
         f"{args.rounds} interleaved rounds, medians shown.",
         "- llama.cpp: llama-cpp-python 0.3.36 (built from source by pip, native CPU flags), `n_batch=256`; its RSS includes the Python interpreter and numpy (~50 MiB).",
         "- tlm: `examples/generate --timing`; load + first token = load + prefill of the 64-token prompt.",

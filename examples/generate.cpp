@@ -1,7 +1,7 @@
-// Generates text with SmolLM2-135M (or any GGUF file of that shape), streaming
-// the continuation token by token.
+// Generates text with a SmolLM2 model (SmolLM2-135M by default; --config binds the
+// file to another shipped config type), streaming the continuation token by token.
 //
-//   generate [--model PATH] [--prompt TEXT | TEXT] [-n N] [--threads T] [--ctx N]
+//   generate [--model PATH] [--config NAME] [--prompt TEXT | TEXT] [-n N] [--threads T] [--ctx N]
 //            [--chat] [--system TEXT] [--special] [--temperature X] [--top-k K] [--top-p P] [--seed S]
 //            [--token-ids 1,2,3] [--print-ids] [--dump-logits FILE] [--show-config] [--timing] [--trace]
 #include <tlm/chat.hpp>
@@ -22,11 +22,11 @@
 
 namespace {
 
-using config = tlm::smollm2_135m;
 using clock_type = std::chrono::steady_clock;
 
 constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
   --model PATH        GGUF file (default: $TLM_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)
+  --config NAME       the config type to bind the file to: smollm2_135m (default), smollm2_360m, smollm2_1_7b
   --prompt TEXT       the prompt (or give it as the last argument)
   -n N                tokens to generate (default 32); stops early at end-of-sequence
   --threads T         threads for the matrix kernels (default: all cores)
@@ -46,6 +46,7 @@ constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
 
 struct options {
   std::string model;
+  std::string config = "smollm2_135m";
   std::optional<std::string> prompt;
   std::optional<std::string> token_ids;
   std::optional<std::string> system;
@@ -96,6 +97,7 @@ options parse(int argc, char** argv) {
       fmt::print("{}", usage);
       std::exit(0);
     } else if (a == "--model") o.model = value();
+    else if (a == "--config") o.config = value();
     else if (a == "--prompt") o.prompt = value();
     else if (a == "-n") o.n = to_count(a, value());
     else if (a == "--threads") o.threads = to_count(a, value());
@@ -137,6 +139,7 @@ double ms_since(clock_type::time_point t) {
   return std::chrono::duration<double, std::milli>(clock_type::now() - t).count();
 }
 
+template <tlm::LlamaConfig config>
 void show_config(const tlm::gguf::file& f) {
   fmt::print(stderr, "config {}: dim {}, heads {} (kv {}), head_dim {}, ffn {}, layers {}, vocab {}, context {}\n",
              tlm::type_name<config>(), tlm::dim<config>, tlm::heads<config>, config::kv_heads, tlm::head_dim<config>,
@@ -145,6 +148,7 @@ void show_config(const tlm::gguf::file& f) {
              f.has("general.name") ? f.get_string("general.name") : "");
 }
 
+template <tlm::LlamaConfig config>
 int run(const options& o) {
   const auto t_load = clock_type::now();
   tlm::model<config> m = tlm::model<config>::load(o.model, {.threads = o.threads});
@@ -152,7 +156,7 @@ int run(const options& o) {
   const auto t_tok = clock_type::now();
   const tlm::tokenizer tok = tlm::tokenizer::from_gguf(m.file());
   const double tokenizer_ms = ms_since(t_tok);
-  if (o.show_config) show_config(m.file());
+  if (o.show_config) show_config<config>(m.file());
 
   std::vector<std::int32_t> prompt;
   std::string prompt_text;
@@ -245,7 +249,10 @@ int run(const options& o) {
 int main(int argc, char** argv) {
   const options o = parse(argc, argv);
   try {
-    return run(o);
+    if (o.config == "smollm2_135m") return run<tlm::smollm2_135m>(o);
+    if (o.config == "smollm2_360m") return run<tlm::smollm2_360m>(o);
+    if (o.config == "smollm2_1_7b") return run<tlm::smollm2_1_7b>(o);
+    fail(fmt::format("unknown --config '{}'; known: smollm2_135m, smollm2_360m, smollm2_1_7b", o.config));
   } catch (const tlm::error& e) {
     fail(e.what());
   }

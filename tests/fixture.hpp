@@ -2,6 +2,7 @@
 // Reader for the TLMFIX01 fixture container written by tests/reference
 // (format in tests/fixtures/forward/README.md).
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <stdexcept>
@@ -75,6 +76,17 @@ constexpr bool sanitized() {
 #else
   return false;
 #endif
+}
+
+// The real model, mapped once per test program. Fails the test, with what to do,
+// when the file has not been fetched.
+template <class Model>
+Model& shared_model() {
+  if (!std::filesystem::exists(TLM_MODEL_PATH)) {
+    throw std::runtime_error("model missing at " TLM_MODEL_PATH "; run scripts/fetch-model");
+  }
+  static Model m = Model::load(TLM_MODEL_PATH);
+  return m;
 }
 
 }  // namespace tlm_test

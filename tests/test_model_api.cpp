@@ -10,15 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "fixture.hpp"
+
 using C = tlm::smollm2_135m;
 
 namespace {
-tlm::model<C>& shared_model() {
-  if (!std::filesystem::exists(TLM_MODEL_PATH)) FAIL("model missing at " TLM_MODEL_PATH "; run scripts/fetch-model");
-  static tlm::model<C> m = tlm::model<C>::load(TLM_MODEL_PATH);
-  return m;
-}
-
 double max_rel_diff(std::span<const float> a, std::span<const float> b) {
   double err = 0, scale = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -32,7 +28,7 @@ const std::vector<std::int32_t> prompt = {504, 3575, 282, 4649, 314};  // "The c
 }  // namespace
 
 TEST_CASE("the 135M file binds to smollm2_135m and every tensor is a view into the mapping") {
-  auto& m = shared_model();
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
   const auto bytes = m.file().bytes();
   std::size_t n = 0;
   tlm::for_each_tensor(
@@ -73,7 +69,7 @@ TEST_CASE("binding the 135M file to smollm2_360m reports every mismatch at once"
 }
 
 TEST_CASE("prefill in one batch equals feeding the prompt token by token") {
-  auto& m = shared_model();
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
   tlm::kv_cache<C> a(16), b(16);
   std::vector<float> batched_all;
   const auto batched = m.prefill(prompt, a, &batched_all);
@@ -91,7 +87,7 @@ TEST_CASE("prefill in one batch equals feeding the prompt token by token") {
 }
 
 TEST_CASE("the typed cache gives the same logits as the run-time cache") {
-  auto& m = shared_model();
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
   tlm::kv_cache<C> run(8);
   std::vector<float> want;
   for (auto t : prompt) {
@@ -109,7 +105,7 @@ TEST_CASE("the typed cache gives the same logits as the run-time cache") {
 }
 
 TEST_CASE("bad input to the model is an error that loses nothing") {
-  auto& m = shared_model();
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
   tlm::kv_cache<C> cache(6);
   m.prefill(prompt, cache);
   CHECK(cache.length() == 5);

@@ -13,16 +13,9 @@
 
 using C = tlm::smollm2_135m;
 
-namespace {
-tlm::model<C>& shared_model() {
-  if (!std::filesystem::exists(TLM_MODEL_PATH)) FAIL("model missing at " TLM_MODEL_PATH "; run scripts/fetch-model");
-  static tlm::model<C> m = tlm::model<C>::load(TLM_MODEL_PATH);
-  return m;
-}
-}  // namespace
 
 TEST_CASE("logits at every prompt position match the float64 reference to 1e-4") {
-  auto& m = shared_model();
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
   const tlm_test::fixture fx(TLM_FIXTURES "/forward/logits.bin");
   const int prompts = fx.scalar("n_prompts");
   const int step = fx.scalar("stripe_step");
@@ -63,7 +56,7 @@ TEST_CASE("logits at every prompt position match the float64 reference to 1e-4")
 }
 
 TEST_CASE("greedy generation of 32 tokens matches the float64 reference on every prompt") {
-  auto& m = shared_model();
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
   const tlm_test::fixture fx(TLM_FIXTURES "/forward/greedy.bin");
   const int prompts = fx.scalar("n_prompts");
   const int n = fx.scalar("n_generated");

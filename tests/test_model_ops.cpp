@@ -17,12 +17,6 @@ constexpr std::size_t D = tlm::dim<C>, K = tlm::kv_dim<C>, F = C::ffn, E = tlm::
 
 namespace {
 
-tlm::model<C>& shared_model() {
-  if (!std::filesystem::exists(TLM_MODEL_PATH)) FAIL("model missing at " TLM_MODEL_PATH "; run scripts/fetch-model");
-  static tlm::model<C> m = tlm::model<C>::load(TLM_MODEL_PATH);
-  return m;
-}
-
 // Row t of a [T, N] fixture array as f32.
 template <std::size_t N>
 tlm::vec<N> row(const tlm_test::array& a, std::size_t t) {
@@ -48,7 +42,7 @@ struct rel_error {
 }  // namespace
 
 TEST_CASE("layer 0 and the last layer, op by op") {
-  auto& m = shared_model();
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
   const tlm_test::fixture fx(TLM_FIXTURES "/forward/layer_trace.bin");
   const auto tokens = fx["tokens"].ints();
   const std::size_t T = tokens.size();
@@ -124,7 +118,7 @@ TEST_CASE("layer 0 and the last layer, op by op") {
 }
 
 TEST_CASE("the traced forward records the residual RMS of every block") {
-  auto& m = shared_model();
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
   const tlm_test::fixture fx(TLM_FIXTURES "/forward/residual_rms.bin");
   const auto tokens = fx["tokens"].ints();
   const auto& rms = fx["rms"];  // [2L+1, T]

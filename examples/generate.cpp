@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,10 +57,13 @@ struct options {
   tlm::sampling sampling;
 };
 
-[[noreturn]] void fail(const std::string& msg) {
-  fmt::print(stderr, "generate: {}\n", msg);
-  std::exit(1);
-}
+// A mistake on the command line. Thrown rather than exiting on the spot, so the
+// model, its threads and the mapping are released in order on every error path.
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(const std::string& msg) { throw usage_error(msg); }
 
 std::size_t to_count(std::string_view flag, const std::string& v) {
   try {
@@ -247,13 +251,14 @@ int run(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const options o = parse(argc, argv);
   try {
+    const options o = parse(argc, argv);
     if (o.config == "smollm2_135m") return run<tlm::smollm2_135m>(o);
     if (o.config == "smollm2_360m") return run<tlm::smollm2_360m>(o);
     if (o.config == "smollm2_1_7b") return run<tlm::smollm2_1_7b>(o);
     fail(fmt::format("unknown --config '{}'; known: smollm2_135m, smollm2_360m, smollm2_1_7b", o.config));
-  } catch (const tlm::error& e) {
-    fail(e.what());
+  } catch (const std::exception& e) {  // tlm::error and usage_error: both say what to do
+    fmt::print(stderr, "generate: {}\n", e.what());
+    return 1;
   }
 }

@@ -180,7 +180,9 @@ inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, s
   const auto& t = detail::table();
   const auto fn = t.matvec[s];
   const std::size_t rb = row_bytes(enc, cols);
-  std::vector<float> prepared;
+  // Reused across calls, so decoding a token allocates nothing here; one per thread
+  // because callers on different threads may multiply at the same time.
+  thread_local std::vector<float> prepared;
   if (t.prepare[s] != nullptr) {
     t.prepare[s](x, cols, prepared);
     x = prepared.data();

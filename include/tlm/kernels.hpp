@@ -151,6 +151,10 @@ inline std::size_t row_grain(std::size_t cols) { return std::max<std::size_t>(1,
 
 }  // namespace detail
 
+// Whether matvec and matmul accept weights in `enc`: the one list of such encodings,
+// which binding a file also consults.
+constexpr bool has_matrix_kernel(encoding enc) { return detail::slot(enc) >= 0; }
+
 // The kernel level in use, and its name for --timing output.
 inline kernel_level active_kernel_level() { return detail::table().level; }
 inline std::string_view kernel_level_name() { return tlm::kernel_level_name(active_kernel_level()); }

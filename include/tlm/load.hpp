@@ -13,6 +13,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "gguf.hpp"
+#include "kernels.hpp"
 #include "weights.hpp"
 
 namespace tlm {
@@ -35,17 +36,6 @@ struct bind_error : model_mismatch {
  private:
   std::vector<std::string> problems_;
 };
-
-// Encodings the engine multiplies by (every one with a kernel); norm gains must be F32.
-constexpr bool matrix_encoding_supported(encoding e) {
-  switch (e) {
-    case encoding::f32: case encoding::f16: case encoding::bf16: case encoding::q8_0: case encoding::q4_0:
-    case encoding::q4_1: case encoding::q4_k: case encoding::q5_k: case encoding::q6_k:
-      return true;
-    default:
-      return false;
-  }
-}
 
 namespace detail {
 
@@ -133,7 +123,8 @@ model_weights<C, mapped> bind(const gguf::file& f) {
                              detail::dims_string(info->dims.data(), info->n_dims));
           return;
         }
-        const bool enc_ok = T::rank == 1 ? info->enc == encoding::f32 : matrix_encoding_supported(info->enc);
+        // Matrices need an encoding some kernel multiplies by; norm gains must be F32.
+        const bool enc_ok = T::rank == 1 ? info->enc == encoding::f32 : kernels::has_matrix_kernel(info->enc);
         if (!enc_ok) {
           problems.push_back(name + ": encoding " + std::string(tlm::name(info->enc)) + " is not supported here (" +
                              (T::rank == 1 ? "norm gains must be F32" : "no kernel multiplies by it") + ")");

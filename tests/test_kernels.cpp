@@ -32,7 +32,8 @@ const encoding all_encodings[] = {encoding::f32,  encoding::f16,  encoding::bf16
 
 std::vector<tlm::kernel_level> testable_levels() {
   std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
-  if (tlm::kernel_level_supported(tlm::kernel_level::avx2)) levels.push_back(tlm::kernel_level::avx2);
+  for (auto l : {tlm::kernel_level::avx2, tlm::kernel_level::avx512})
+    if (tlm::kernel_level_supported(l)) levels.push_back(l);
   return levels;
 }
 

@@ -30,6 +30,9 @@ struct cpu_features {
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512dq = false;
+  bool avx512vnni = false;
+  bool avx512bf16 = false;
+  bool avxvnni = false;  // the VEX-encoded VNNI of Alder Lake / Sapphire Rapids
 };
 
 // Detected once; __builtin_cpu_supports also checks that the OS saves the YMM/ZMM
@@ -53,20 +56,30 @@ inline const cpu_features& cpu() {
     f.avx512bw = __builtin_cpu_supports("avx512bw");
     f.avx512vl = __builtin_cpu_supports("avx512vl");
     f.avx512dq = __builtin_cpu_supports("avx512dq");
+    f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+    {
+      // CPUID leaf 7 sub-leaf 1: EAX bit 4 AVX-VNNI, bit 5 AVX512_BF16 (neither has a
+      // __builtin_cpu_supports name in GCC 12 and Clang 14).
+      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+      if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0) {
+        f.avxvnni = f.avx2 && ((eax >> 4) & 1u) != 0;
+        f.avx512bf16 = f.avx512f && ((eax >> 5) & 1u) != 0;
+      }
+    }
 #endif
     return f;
   }();
   return features;
 }
 
-// The kernel families that exist. AVX-512 kernels are future work: they cannot be
-// tested on the development machine, and untested SIMD code is not shipped.
-enum class kernel_level { scalar = 0, avx2 = 1 };
+// The kernel families, in increasing order of what they need from the CPU.
+enum class kernel_level { scalar = 0, avx2 = 1, avx512 = 2 };
 
 constexpr std::string_view kernel_level_name(kernel_level l) {
   switch (l) {
     case kernel_level::scalar: return "scalar";
     case kernel_level::avx2: return "avx2";
+    case kernel_level::avx512: return "avx512";
   }
   return "?";
 }
@@ -83,19 +96,30 @@ inline bool kernel_level_supported(kernel_level l) {
       return false;
 #endif
     }
+    case kernel_level::avx512: {
+      // AVX-512 F, BW, VL and DQ, on top of everything the avx2 level needs.
+#if defined(__x86_64__) || defined(__i386__)
+      const auto& f = cpu();
+      return kernel_level_supported(kernel_level::avx2) && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+#else
+      return false;
+#endif
+    }
   }
   return false;
 }
 
 inline kernel_level best_kernel_level() {
-  return kernel_level_supported(kernel_level::avx2) ? kernel_level::avx2 : kernel_level::scalar;
+  for (kernel_level l : {kernel_level::avx512, kernel_level::avx2})
+    if (kernel_level_supported(l)) return l;
+  return kernel_level::scalar;
 }
 
 inline kernel_level parse_kernel_level(std::string_view s) {
   if (s == "scalar") return kernel_level::scalar;
   if (s == "avx2") return kernel_level::avx2;
-  throw error("TLM_KERNELS=" + std::string(s) +
-              ": unknown kernel level; use scalar or avx2 (AVX-512 kernels are not implemented), or unset it");
+  if (s == "avx512") return kernel_level::avx512;
+  throw error("TLM_KERNELS=" + std::string(s) + ": unknown kernel level; use scalar, avx2 or avx512, or unset it");
 }
 
 // The level chosen at start-up: TLM_KERNELS if set, else the best the CPU supports.
@@ -105,7 +129,8 @@ inline kernel_level startup_kernel_level() {
   const kernel_level l = parse_kernel_level(env);
   if (!kernel_level_supported(l)) {
     throw error("TLM_KERNELS=" + std::string(env) +
-                ": this CPU lacks the instructions that level needs (AVX2, FMA and F16C); use TLM_KERNELS=scalar or unset it");
+                ": this CPU lacks the instructions that level needs (avx2: AVX2, FMA and F16C; avx512: also AVX-512 "
+                "F/BW/VL/DQ); choose a lower level or unset it");
   }
   return l;
 }
@@ -128,6 +153,9 @@ inline std::string cpu_feature_string() {
   add(f.avx512bw, "avx512bw");
   add(f.avx512vl, "avx512vl");
   add(f.avx512dq, "avx512dq");
+  add(f.avx512vnni, "avx512vnni");
+  add(f.avx512bf16, "avx512bf16");
+  add(f.avxvnni, "avxvnni");
   return s.empty() ? std::string("none") : s;
 }
 

@@ -104,11 +104,23 @@ inline const kernel_table& avx2_table() {
   }();
   return t;
 }
+
+// Until AVX-512 matrix kernels exist, that level runs the AVX2 ones (other kernels,
+// such as the training GEMM, have AVX-512 versions of their own).
+inline const kernel_table& avx512_table() {
+  static const kernel_table t = [] {
+    kernel_table k = avx2_table();
+    k.level = kernel_level::avx512;
+    return k;
+  }();
+  return t;
+}
 #endif
 
 inline const kernel_table& table_for(kernel_level l) {
 #ifdef TLM_HAVE_AVX2_KERNELS
   if (l == kernel_level::avx2) return avx2_table();
+  if (l == kernel_level::avx512) return avx512_table();
 #endif
   (void)l;
   return scalar_table();
@@ -165,7 +177,7 @@ inline std::string_view kernel_level_name() { return tlm::kernel_level_name(acti
 inline kernel_level force_kernel_level(kernel_level l) {
   if (!kernel_level_supported(l)) {
     throw error("force_kernel_level(" + std::string(tlm::kernel_level_name(l)) +
-                "): this CPU lacks the instructions that level needs (AVX2, FMA and F16C); use scalar");
+                "): this CPU lacks the instructions that level needs; choose a lower level");
   }
   return detail::active().exchange(&detail::table_for(l), std::memory_order_acq_rel)->level;
 }

@@ -38,7 +38,7 @@ TEST_CASE("an untied model has an output matrix, visited last") {
 }
 
 TEST_CASE("a lockstep walk pairs each parameter with the same tensor of the others") {
-  tlm::model_weights<C, tlm::owned> params, grads, moments;
+  tlm::model_weights<C, tlm::owned<>> params, grads, moments;
   // Mark each parameter tensor with its index, then check the pairing sees it.
   std::size_t index = 0;
   tlm::for_each_tensor([&](const tlm::tensor_name&, auto& p) { p.data()[0] = static_cast<float>(++index); }, params);
@@ -57,7 +57,7 @@ TEST_CASE("a lockstep walk pairs each parameter with the same tensor of the othe
 }
 
 TEST_CASE("owned tensors start at zero and hold f32 values; mapped tensors check their bytes") {
-  tlm::mat<3, 4, tlm::owned> m;
+  tlm::mat<3, 4, tlm::owned<>> m;
   for (float v : m.values()) CHECK(v == 0.0f);
   m(2, 3) = 5.0f;
   CHECK(m.row(2)[3] == 5.0f);

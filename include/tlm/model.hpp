@@ -28,6 +28,7 @@
 #include "kv.hpp"
 #include "linalg.hpp"
 #include "load.hpp"
+#include "block.hpp"
 #include "ops.hpp"
 #include "quant.hpp"
 #include "thread_pool.hpp"
@@ -55,7 +56,7 @@ struct forward_trace {
 
 template <LlamaConfig C>
 class model {
-  static constexpr std::size_t D = dim<C>, K = kv_dim<C>, F = C::ffn, V = C::vocab, E = head_dim<C>, H = heads<C>;
+  static constexpr std::size_t D = dim<C>, V = C::vocab, H = heads<C>;
 
  public:
   using config = C;
@@ -66,10 +67,13 @@ class model {
   }
 
   model(gguf::file f, model_options opt = {})
-      : file_(std::move(f)), weights_(bind<C>(file_)), opt_(opt), pool_(std::make_unique<thread_pool>(thread_count(opt))) {}
+      : file_(std::move(f)), weights_(bind<C>(file_)), opt_(opt), pool_(std::make_unique<thread_pool>(thread_count(opt))) {
+    reserve(1);
+  }
 
   const model_weights<C>& weights() const { return weights_; }
   const gguf::file& file() const { return file_; }
+  const model_options& options() const { return opt_; }
   std::size_t threads() const { return pool_->size(); }
 
   // One token at the cache's next position. Returns the logits [V], valid until the
@@ -77,16 +81,14 @@ class model {
   std::span<const float, V> forward(std::int32_t token, kv_cache<C>& cache) {
     check_token(token);
     cache.push();
-    step<false>(token, cache.length() - 1, cache.storage(), nullptr);
-    return logits_;
+    return run(std::span<const std::int32_t>(&token, 1), cache.length() - 1, cache.storage(), nullptr, nullptr);
   }
 
   // The same, recording per-layer statistics into `trace`.
   std::span<const float, V> forward_traced(std::int32_t token, kv_cache<C>& cache, forward_trace<C>& trace) {
     check_token(token);
     cache.push();
-    step<true>(token, cache.length() - 1, cache.storage(), &trace);
-    return logits_;
+    return run(std::span<const std::int32_t>(&token, 1), cache.length() - 1, cache.storage(), nullptr, &trace);
   }
 
   // The typed form: position T of a kv<C, Cap, T> that has room, returning the
@@ -96,8 +98,8 @@ class model {
   std::pair<std::span<const float, V>, kv<C, Cap, T + 1>> forward(std::int32_t token, kv<C, Cap, T>&& cache) {
     check_token(token);
     auto next = std::move(cache).push();
-    step<false>(token, T, next.storage(), nullptr);
-    return {std::span<const float, V>(logits_), std::move(next)};
+    auto logits = run(std::span<const std::int32_t>(&token, 1), T, next.storage(), nullptr, nullptr);
+    return {logits, std::move(next)};
   }
 
   // Runs the prompt through the model in one batch: every weight is read once per
@@ -116,8 +118,7 @@ class model {
     }
     const std::size_t pos0 = cache.length();
     for (std::size_t i = 0; i < n; ++i) cache.push();
-    run_batch(tokens, pos0, cache.storage(), all_logits);
-    return logits_;
+    return run(tokens, pos0, cache.storage(), all_logits, nullptr);
   }
 
  private:
@@ -133,12 +134,6 @@ class model {
     }
   }
 
-  void embed(std::int32_t token, float* out) const {
-    const auto& e = weights_.token_embd;
-    const std::size_t rb = row_bytes(e.enc(), D);
-    dequantize_row(e.enc(), e.bytes().data() + static_cast<std::size_t>(token) * rb, out, D);
-  }
-
   const auto& output_matrix() const {
     if constexpr (C::tied_embeddings) return weights_.token_embd;
     else return weights_.output;
@@ -148,120 +143,51 @@ class model {
     return static_cast<float>(std::sqrt(static_cast<double>(sum_squares(x.data(), D)) / D));
   }
 
-  // One token at position pos; the cache already holds the slot for pos.
-  template <bool Traced>
-  void step(std::int32_t token, std::size_t pos, kv_storage<C>& store, forward_trace<C>* trace) {
+  // Grows the workspace to n rows. Only a batch longer than any before allocates;
+  // decoding a token after the first allocates nothing.
+  void reserve(std::size_t n) {
+    ws_.reserve(n);
+    final_.reserve(n);
+    entropy_.reserve(1);
+    if (angles_.size() < n) angles_.resize(n);
+  }
+
+  // The n tokens at positions pos0 .. pos0+n-1 through every block, with the cache
+  // slots already claimed. Returns the logits of the last token.
+  std::span<const float, V> run(std::span<const std::int32_t> tokens, std::size_t pos0, kv_storage<C>& store,
+                                std::vector<float>* all_logits, forward_trace<C>* trace) {
     thread_pool* pool = pool_.get();
-    embed(token, x_.data());
-    const rope_angles<C> angles(pos);
-    if (scores_.size() < pos + 1) scores_.resize(std::max<std::size_t>(pos + 1, 2 * scores_.size()));
-    for (std::size_t l = 0; l < C::layers; ++l) {
-      const auto& w = weights_.layers[l];
-      rmsnorm<D>(x_, w.attn_norm.f32(), C::rms_eps, norm_);
-      matvec(w.attn_q, std::span<const float, D>(norm_), std::span<float, D>(q_), pool);
-      matvec(w.attn_k, std::span<const float, D>(norm_), std::span<float, K>(k_), pool);
-      matvec(w.attn_v, std::span<const float, D>(norm_), std::span<float, K>(v_), pool);
-      rope<C, D>(q_, angles, opt_.pairing);
-      rope<C, K>(k_, angles, opt_.pairing);
-      for (std::size_t g = 0; g < C::kv_heads; ++g) {
-        std::copy_n(k_.data() + g * E, E, store.key(l, g, pos));
-        std::copy_n(v_.data() + g * E, E, store.value(l, g, pos));
-      }
-      for (std::size_t h = 0; h < H; ++h) {
-        const std::size_t g = kv_head_of<C>(h);
-        const std::span<float> scores(scores_.data(), pos + 1);
-        attend<C>(std::span<const float, E>(q_.data() + h * E, E), store.keys(l, g, pos + 1), store.values(l, g, pos + 1),
-                  scores, std::span<float, E>(att_.data() + h * E, E));
-        if constexpr (Traced) trace->attention_entropy[l][h] = static_cast<float>(entropy(scores));
-      }
-      matvec(w.attn_output, std::span<const float, D>(att_), std::span<float, D>(tmp_), pool);
-      add_to<D>(x_, tmp_);
-      if constexpr (Traced) trace->attn_residual_rms[l] = rms(x_);
-      rmsnorm<D>(x_, w.ffn_norm.f32(), C::rms_eps, norm_);
-      matvec(w.ffn_gate, std::span<const float, D>(norm_), std::span<float, F>(gate_), pool);
-      matvec(w.ffn_up, std::span<const float, D>(norm_), std::span<float, F>(up_), pool);
-      swiglu<F>(gate_, up_, hidden_);
-      matvec(w.ffn_down, std::span<const float, F>(hidden_), std::span<float, D>(tmp_), pool);
-      add_to<D>(x_, tmp_);
-      if constexpr (Traced) trace->mlp_residual_rms[l] = rms(x_);
+    const std::size_t n = tokens.size();
+    reserve(n);
+    ws_.x.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      embed(weights_.token_embd, tokens[i], ws_.x.row(i));
+      angles_[i] = rope_angles<C>(pos0 + i);
     }
-    rmsnorm<D>(x_, weights_.output_norm.f32(), C::rms_eps, norm_);
-    matvec(output_matrix(), std::span<const float, D>(norm_), std::span<float, V>(logits_), pool);
-    if constexpr (Traced) {
-      const auto [h, top] = logit_entropy(std::span<const float, V>(logits_));
+    block_context<C, float> ctx{{1, n, pos0}, angles_.data(), opt_.pairing, trace ? &entropy_ : nullptr};
+    for (std::size_t l = 0; l < C::layers; ++l) {
+      block_forward(weights_.layers[l], ws_, ws_.x, ctx, kv_from_cache<C>{&store, l}, pool);
+      if (trace) {
+        trace->attn_residual_rms[l] = rms(ws_.x_mid.row(n - 1));
+        trace->mlp_residual_rms[l] = rms(ws_.x.row(n - 1));
+        for (std::size_t h = 0; h < H; ++h) trace->attention_entropy[l][h] = entropy_.data()[(n - 1) * H + h];
+      }
+    }
+    // Only the rows whose logits are wanted go through the final norm and the
+    // largest matrix of the model.
+    const std::size_t first = all_logits ? 0 : n - 1;
+    final_.resize(n - first);
+    const auto gain = weights_.output_norm.f32();
+    for (std::size_t i = first; i < n; ++i) rmsnorm<D>(ws_.x.row(i), gain, C::rms_eps, final_.row(i - first));
+    matmul(output_matrix(), final_, logits_, pool);
+    if (all_logits) all_logits->assign(logits_.data(), logits_.data() + n * V);
+    const std::span<const float, V> last = logits_.row(logits_.count() - 1);
+    if (trace) {
+      const auto [h, top] = logit_entropy(last);
       trace->logit_entropy = h;
       trace->logit_max = top;
     }
-  }
-
-  // A batch of n tokens at positions pos0 .. pos0+n-1, whose cache slots are claimed.
-  void run_batch(std::span<const std::int32_t> tokens, std::size_t pos0, kv_storage<C>& store,
-                 std::vector<float>* all_logits) {
-    thread_pool* pool = pool_.get();
-    const std::size_t n = tokens.size();
-    bx_.resize(n * D);     // [n, D] residual stream
-    bn_.resize(n * D);     // [n, D] normed
-    bq_.resize(n * D);     // [n, D] queries
-    bk_.resize(n * K);     // [n, K] keys
-    bv_.resize(n * K);     // [n, K] values
-    ba_.resize(n * D);     // [n, D] attention outputs
-    bt_.resize(n * D);     // [n, D] block outputs
-    bg_.resize(n * F);     // [n, F] gate
-    bu_.resize(n * F);     // [n, F] up, then hidden
-    if (scores_.size() < pos0 + n) scores_.resize(pos0 + n);
-    for (std::size_t i = 0; i < n; ++i) embed(tokens[i], bx_.data() + i * D);
-    std::vector<rope_angles<C>> angles;
-    angles.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) angles.emplace_back(pos0 + i);
-    auto row = [](std::vector<float>& b, std::size_t i, auto width) {
-      return std::span<float, decltype(width)::value>(b.data() + i * decltype(width)::value, decltype(width)::value);
-    };
-    using d_t = std::integral_constant<std::size_t, D>;
-    using k_t = std::integral_constant<std::size_t, K>;
-    using f_t = std::integral_constant<std::size_t, F>;
-    for (std::size_t l = 0; l < C::layers; ++l) {
-      const auto& w = weights_.layers[l];
-      for (std::size_t i = 0; i < n; ++i) rmsnorm<D>(row(bx_, i, d_t{}), w.attn_norm.f32(), C::rms_eps, row(bn_, i, d_t{}));
-      matmul(w.attn_q, bn_, bq_, n, pool);
-      matmul(w.attn_k, bn_, bk_, n, pool);
-      matmul(w.attn_v, bn_, bv_, n, pool);
-      for (std::size_t i = 0; i < n; ++i) {
-        rope<C, D>(row(bq_, i, d_t{}), angles[i], opt_.pairing);
-        rope<C, K>(row(bk_, i, k_t{}), angles[i], opt_.pairing);
-        for (std::size_t g = 0; g < C::kv_heads; ++g) {
-          std::copy_n(bk_.data() + i * K + g * E, E, store.key(l, g, pos0 + i));
-          std::copy_n(bv_.data() + i * K + g * E, E, store.value(l, g, pos0 + i));
-        }
-      }
-      // Causal: token i attends to positions 0 .. pos0 + i.
-      pool->parallel_for(n * H, 1, [&](std::size_t b, std::size_t e) {
-        std::vector<float> scores(pos0 + n);
-        for (std::size_t j = b; j < e; ++j) {
-          const std::size_t i = j / H, h = j % H, g = kv_head_of<C>(h), len = pos0 + i + 1;
-          attend<C>(std::span<const float, E>(bq_.data() + i * D + h * E, E), store.keys(l, g, len),
-                    store.values(l, g, len), std::span<float>(scores.data(), len),
-                    std::span<float, E>(ba_.data() + i * D + h * E, E));
-        }
-      });
-      matmul(w.attn_output, ba_, bt_, n, pool);
-      for (std::size_t i = 0; i < n; ++i) add_to<D>(row(bx_, i, d_t{}), row(bt_, i, d_t{}));
-      for (std::size_t i = 0; i < n; ++i) rmsnorm<D>(row(bx_, i, d_t{}), w.ffn_norm.f32(), C::rms_eps, row(bn_, i, d_t{}));
-      matmul(w.ffn_gate, bn_, bg_, n, pool);
-      matmul(w.ffn_up, bn_, bu_, n, pool);
-      for (std::size_t i = 0; i < n; ++i) swiglu<F>(row(bg_, i, f_t{}), row(bu_, i, f_t{}), row(bu_, i, f_t{}));
-      matmul(w.ffn_down, bu_, bt_, n, pool);
-      for (std::size_t i = 0; i < n; ++i) add_to<D>(row(bx_, i, d_t{}), row(bt_, i, d_t{}));
-    }
-    const std::size_t first = all_logits ? 0 : n - 1;
-    for (std::size_t i = first; i < n; ++i)
-      rmsnorm<D>(row(bx_, i, d_t{}), weights_.output_norm.f32(), C::rms_eps, row(bn_, i, d_t{}));
-    if (all_logits) {
-      all_logits->resize(n * V);
-      matmul(output_matrix(), bn_, *all_logits, n, pool);
-      std::copy_n(all_logits->data() + (n - 1) * V, V, logits_.data());
-    } else {
-      matvec(output_matrix(), std::span<const float, D>(bn_.data() + (n - 1) * D, D), std::span<float, V>(logits_), pool);
-    }
+    return last;
   }
 
   gguf::file file_;
@@ -269,13 +195,12 @@ class model {
   model_options opt_;
   std::unique_ptr<thread_pool> pool_;
 
-  // Workspace, allocated once: decoding a token allocates nothing.
-  vec<D> x_, norm_, q_, att_, tmp_;  // [D]
-  vec<K> k_, v_;                     // [K]
-  vec<F> gate_, up_, hidden_;        // [F]
-  vec<V> logits_;                    // [V]
-  std::vector<float> scores_;        // [positions] attention weights of one head
-  std::vector<float> bx_, bn_, bq_, bk_, bv_, ba_, bt_, bg_, bu_;  // prefill batch buffers, see run_batch
+  // Workspace, sized by the longest batch so far (see reserve).
+  block_activations<C, float> ws_;   // one layer's activations, reused by every layer; ws_.x is the stream
+  rows<D> final_;                    // [n, D] final-normed rows whose logits are wanted
+  rows<V> logits_;                   // [n, V] logits of those rows
+  rows<H> entropy_;                  // [n, H] attention entropy, traced forward only
+  std::vector<rope_angles<C>> angles_;  // [n] rotation angles of each row's position
 };
 
 }  // namespace tlm

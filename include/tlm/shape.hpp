@@ -4,11 +4,13 @@
 //
 //   vec<N, S>     N values                      (a row of length N)
 //   mat<R, C, S>  R rows (outputs) of C columns (inputs)
+//   rows<N, T>    a batch: a run-time count of rows of N values each, [n, N]
 //
 // S is the storage: `mapped` views encoded bytes owned by someone else (a file
-// mapping); `owned` holds zero-initialised f32 values (activations, training
-// master weights, gradients, optimizer moments). vec defaults to owned, mat to
-// mapped, because that is how each is used most.
+// mapping); `owned<T>` holds zero-initialised values of T = float or double
+// (activations, trainable weights, gradients, optimizer moments; double for
+// gradient checks). vec defaults to owned<float>, mat to mapped, because that is
+// how each is used most.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -26,45 +28,73 @@
 namespace tlm {
 
 struct mapped {};
-struct owned {};
+template <class T = float>
+struct owned {
+  using value_type = T;
+};
+
+// The element types an owned tensor may hold: float for training and inference,
+// double for gradient checks against finite differences.
+template <class T>
+concept Element = std::same_as<T, float> || std::same_as<T, double>;
 
 template <class S>
-concept Storage = std::same_as<S, mapped> || std::same_as<S, owned>;
+inline constexpr bool is_owned_v = false;
+template <class T>
+inline constexpr bool is_owned_v<owned<T>> = Element<T>;
+
+template <class S>
+concept Storage = std::same_as<S, mapped> || is_owned_v<S>;
+
+// The value type of an owned storage; float for mapped (what its kernels produce).
+template <class S>
+struct storage_value {
+  using type = float;
+};
+template <class T>
+struct storage_value<owned<T>> {
+  using type = T;
+};
+template <class S>
+using storage_value_t = typename storage_value<S>::type;
 
 namespace detail {
 
-// 64-byte aligned, zero-initialised float storage with value semantics.
-class f32_buffer {
+// 64-byte aligned, zero-initialised storage of T with value semantics.
+template <class T>
+class buffer {
  public:
-  f32_buffer() = default;
-  explicit f32_buffer(std::size_t n) : n_(n) {
+  buffer() = default;
+  explicit buffer(std::size_t n) : n_(n) {
     if (n == 0) return;
-    const std::size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
-    p_.reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    const std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
+    p_.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
     if (!p_) throw std::bad_alloc();
-    std::memset(p_.get(), 0, bytes);
+    std::memset(static_cast<void*>(p_.get()), 0, bytes);
   }
-  f32_buffer(const f32_buffer& o) : f32_buffer(o.n_) {
-    if (n_) std::memcpy(p_.get(), o.p_.get(), n_ * sizeof(float));
+  buffer(const buffer& o) : buffer(o.n_) {
+    if (n_) std::memcpy(static_cast<void*>(p_.get()), o.p_.get(), n_ * sizeof(T));
   }
-  f32_buffer& operator=(const f32_buffer& o) {
-    if (this != &o) *this = f32_buffer(o);
+  buffer& operator=(const buffer& o) {
+    if (this != &o) *this = buffer(o);
     return *this;
   }
-  f32_buffer(f32_buffer&&) noexcept = default;
-  f32_buffer& operator=(f32_buffer&&) noexcept = default;
+  buffer(buffer&&) noexcept = default;
+  buffer& operator=(buffer&&) noexcept = default;
 
-  float* data() { return p_.get(); }
-  const float* data() const { return p_.get(); }
+  T* data() { return p_.get(); }
+  const T* data() const { return p_.get(); }
   std::size_t size() const { return n_; }
 
  private:
   struct free_deleter {
-    void operator()(float* p) const { std::free(p); }
+    void operator()(T* p) const { std::free(p); }
   };
-  std::unique_ptr<float[], free_deleter> p_;
+  std::unique_ptr<T[], free_deleter> p_;
   std::size_t n_ = 0;
 };
+
+using f32_buffer = buffer<float>;
 
 // The storage half of a tensor, shared by vec and mat. Elements = Rows * Cols.
 template <std::size_t Rows, std::size_t Cols, class S>
@@ -107,25 +137,30 @@ class tensor_store<Rows, Cols, mapped> {
   std::size_t size_ = 0;
 };
 
-template <std::size_t Rows, std::size_t Cols>
-class tensor_store<Rows, Cols, owned> {
+template <std::size_t Rows, std::size_t Cols, class T>
+class tensor_store<Rows, Cols, owned<T>> {
  public:
   tensor_store() : values_(Rows * Cols) {}
 
   constexpr bool bound() const { return true; }
-  constexpr encoding enc() const { return encoding::f32; }
-  std::span<const std::byte> bytes() const {
+  // Float tensors are F32 bytes to the kernels; double ones have no file encoding.
+  constexpr encoding enc() const
+    requires std::same_as<T, float>
+  {
+    return encoding::f32;
+  }
+  std::span<const std::byte> bytes() const
+    requires std::same_as<T, float>
+  {
     return {reinterpret_cast<const std::byte*>(values_.data()), Rows * Cols * sizeof(float)};
   }
-  float* data() { return values_.data(); }
-  const float* data() const { return values_.data(); }
-  std::span<float, Rows * Cols> values() { return std::span<float, Rows * Cols>(values_.data(), Rows * Cols); }
-  std::span<const float, Rows * Cols> values() const {
-    return std::span<const float, Rows * Cols>(values_.data(), Rows * Cols);
-  }
+  T* data() { return values_.data(); }
+  const T* data() const { return values_.data(); }
+  std::span<T, Rows * Cols> values() { return std::span<T, Rows * Cols>(values_.data(), Rows * Cols); }
+  std::span<const T, Rows * Cols> values() const { return std::span<const T, Rows * Cols>(values_.data(), Rows * Cols); }
 
  private:
-  f32_buffer values_;
+  buffer<T> values_;
 };
 
 }  // namespace detail
@@ -140,7 +175,7 @@ class mat;
 template <class A, class B>
 concept shapes_agree = A::rank == B::rank && A::rows == B::rows && A::cols == B::cols;
 
-template <std::size_t N, Storage S = owned>
+template <std::size_t N, Storage S = owned<>>
 class vec : public detail::tensor_store<1, N, S> {
  public:
   static constexpr std::size_t rank = 1;
@@ -161,23 +196,25 @@ class vec : public detail::tensor_store<1, N, S> {
     requires shapes_agree<vec, vec<M, S2>> && (!std::same_as<vec, vec<M, S2>>)
   vec& operator=(const vec<M, S2>&) = delete;  // mapped <-> owned: copy values explicitly
 
-  float& operator[](std::size_t i)
-    requires std::same_as<S, owned>
+  using value_type = storage_value_t<S>;
+
+  value_type& operator[](std::size_t i)
+    requires is_owned_v<S>
   {
     return this->data()[i];
   }
-  float operator[](std::size_t i) const
-    requires std::same_as<S, owned>
+  value_type operator[](std::size_t i) const
+    requires is_owned_v<S>
   {
     return this->data()[i];
   }
-  operator std::span<float, N>()
-    requires std::same_as<S, owned>
+  operator std::span<value_type, N>()
+    requires is_owned_v<S>
   {
     return this->values();
   }
-  operator std::span<const float, N>() const
-    requires std::same_as<S, owned>
+  operator std::span<const value_type, N>() const
+    requires is_owned_v<S>
   {
     return this->values();
   }
@@ -209,26 +246,28 @@ class mat : public detail::tensor_store<R, C, S> {
     requires shapes_agree<mat, mat<R2, C2, S2>> && (!std::same_as<mat, mat<R2, C2, S2>>)
   mat& operator=(const mat<R2, C2, S2>&) = delete;  // mapped <-> owned: copy values explicitly
 
-  float& operator()(std::size_t r, std::size_t c)
-    requires std::same_as<S, owned>
+  using value_type = storage_value_t<S>;
+
+  value_type& operator()(std::size_t r, std::size_t c)
+    requires is_owned_v<S>
   {
     return this->data()[r * C + c];
   }
-  float operator()(std::size_t r, std::size_t c) const
-    requires std::same_as<S, owned>
+  value_type operator()(std::size_t r, std::size_t c) const
+    requires is_owned_v<S>
   {
     return this->data()[r * C + c];
   }
   // Row r of an owned matrix: [C]
-  std::span<float, C> row(std::size_t r)
-    requires std::same_as<S, owned>
+  std::span<value_type, C> row(std::size_t r)
+    requires is_owned_v<S>
   {
-    return std::span<float, C>(this->data() + r * C, C);
+    return std::span<value_type, C>(this->data() + r * C, C);
   }
-  std::span<const float, C> row(std::size_t r) const
-    requires std::same_as<S, owned>
+  std::span<const value_type, C> row(std::size_t r) const
+    requires is_owned_v<S>
   {
-    return std::span<const float, C>(this->data() + r * C, C);
+    return std::span<const value_type, C>(this->data() + r * C, C);
   }
 };
 
@@ -248,5 +287,62 @@ concept Tensor = is_vec_v<std::remove_cvref_t<T>> || is_mat_v<std::remove_cvref_
 // Same rank and extents; storage may differ (a file view and its f32 master copy).
 template <class A, class B>
 concept same_shape = Tensor<A> && Tensor<B> && shapes_agree<std::remove_cvref_t<A>, std::remove_cvref_t<B>>;
+
+// A batch of activations: a run-time count of rows, each N values of T. [n, N]
+//
+// The width is in the type, so matmul(mat<R, C>, rows<C>) -> rows<R> is checked by
+// the compiler like matvec is; the count is a run-time value. Storage is reserved
+// once and reused: resize() within the reserved capacity never allocates, so a
+// workspace sized for the longest batch serves every shorter one.
+template <std::size_t N, Element T = float>
+class rows {
+ public:
+  static constexpr std::size_t width = N;
+  using value_type = T;
+
+  rows() = default;
+  explicit rows(std::size_t n) : buf_(n * N), capacity_(n), count_(n) {}
+
+  std::size_t count() const { return count_; }
+  std::size_t capacity() const { return capacity_; }
+  bool empty() const { return count_ == 0; }
+
+  // Grows the storage to hold at least n rows (the only call that allocates).
+  void reserve(std::size_t n) {
+    if (n <= capacity_) return;
+    detail::buffer<T> bigger(n * N);
+    if (count_) std::memcpy(static_cast<void*>(bigger.data()), buf_.data(), count_ * N * sizeof(T));
+    buf_ = std::move(bigger);
+    capacity_ = n;
+  }
+  // Sets the count to n rows, reserving first if needed; new rows hold stale values.
+  void resize(std::size_t n) {
+    reserve(n);
+    count_ = n;
+  }
+  // Sets every value of the counted rows to zero (gradients accumulate with +=).
+  void zero() {
+    if (count_) std::memset(static_cast<void*>(buf_.data()), 0, count_ * N * sizeof(T));
+  }
+
+  T* data() { return buf_.data(); }
+  const T* data() const { return buf_.data(); }
+  // Row i: [N]
+  std::span<T, N> row(std::size_t i) { return std::span<T, N>(buf_.data() + i * N, N); }
+  std::span<const T, N> row(std::size_t i) const { return std::span<const T, N>(buf_.data() + i * N, N); }
+  // Every counted value: [n * N]
+  std::span<T> values() { return {buf_.data(), count_ * N}; }
+  std::span<const T> values() const { return {buf_.data(), count_ * N}; }
+
+ private:
+  detail::buffer<T> buf_;
+  std::size_t capacity_ = 0;
+  std::size_t count_ = 0;
+};
+
+template <class T>
+inline constexpr bool is_rows_v = false;
+template <std::size_t N, class T>
+inline constexpr bool is_rows_v<rows<N, T>> = true;
 
 }  // namespace tlm

@@ -30,6 +30,8 @@ concept layers_of_same_config = std::same_as<A, B>;
 // its member and never written down twice.
 template <LlamaConfig C, Storage S = mapped>
 struct layer_weights {
+  using config = C;
+  using storage = S;
   BOOST_HANA_DEFINE_STRUCT(layer_weights,
     (vec<dim<C>, S>, attn_norm),               // [D]    RMSNorm gain before attention
     (mat<dim<C>, dim<C>, S>, attn_q),          // [D, D] query projection, H heads of E rows
@@ -53,6 +55,7 @@ struct layer_weights {
 template <LlamaConfig C, Storage S = mapped>
 struct model_weights {
   using config = C;
+  using storage = S;
   BOOST_HANA_DEFINE_STRUCT(model_weights,
     (mat<C::vocab, dim<C>, S>, token_embd),               // [V, D] embedding rows; also the output when tied
     (std::array<layer_weights<C, S>, C::layers>, layers), // L layers, file names blk.N.*
@@ -61,6 +64,27 @@ struct model_weights {
 
   model_weights() = default;
 };
+
+template <class W>
+inline constexpr bool is_weight_struct_v = false;
+template <LlamaConfig C, Storage S>
+inline constexpr bool is_weight_struct_v<layer_weights<C, S>> = true;
+template <LlamaConfig C, Storage S>
+inline constexpr bool is_weight_struct_v<model_weights<C, S>> = true;
+
+// Training changes weights, so it needs weights it owns: an owned copy made from a
+// file's mapped (read-only, possibly quantized) tensors, never the mapping itself.
+template <class W>
+concept trainable_weights = is_weight_struct_v<std::remove_cvref_t<W>> && is_owned_v<typename std::remove_cvref_t<W>::storage>;
+
+// A gradient has exactly the type of its parameters: the same config, the same
+// element type, so every tensor pairs with the parameter of the same name and shape.
+template <class G, class W>
+concept gradient_of = trainable_weights<W> && std::same_as<std::remove_cvref_t<G>, std::remove_cvref_t<W>>;
+
+// Optimizer moments (AdamW's m and v) likewise belong to one set of parameters.
+template <class M, class W>
+concept moments_of = trainable_weights<W> && std::same_as<std::remove_cvref_t<M>, std::remove_cvref_t<W>>;
 
 // The name a tensor has in a GGUF file: "blk.<layer>.<member>.weight", or
 // "<member>.weight" outside the layers. Cheap to pass; str() builds the string.

@@ -4,7 +4,7 @@
 #include <tlm/weights.hpp>
 
 std::size_t pair_up(tlm::layer_weights<tlm::smollm2_135m>& params, tlm::layer_weights<tlm::smollm2_360m>& other,
-                    tlm::layer_weights<tlm::smollm2_135m, tlm::owned>& grads) {
+                    tlm::layer_weights<tlm::smollm2_135m, tlm::owned<>>& grads) {
   std::size_t n = 0;
   auto count = [&](const tlm::tensor_name&, const auto&, const auto&) { ++n; };
   (void)other;

@@ -1,0 +1,287 @@
+#pragma once
+// The Llama block, written once over typed batches of rows. It serves decode (one
+// row), prefill (the prompt's rows) and training (B sequences of T rows), over
+// mapped (file) or owned (trainable, float or double) weights.
+//
+//   x_mid = x + W_o · attention(rope(W_q · n1), rope(W_k · n1), W_v · n1),  n1 = rmsnorm(x)
+//   out   = x_mid + W_down · (silu(W_gate · n2) ⊙ W_up · n2),              n2 = rmsnorm(x_mid)
+//
+// The forward saves what the backward needs in block_activations (one per layer in
+// training; one reused workspace in inference), and block_backward walks it in
+// reverse. Shapes (glossary in config.hpp): rows of the batch n; D, K, F, H, E.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "config.hpp"
+#include "heads.hpp"
+#include "kv.hpp"
+#include "linalg.hpp"
+#include "ops.hpp"
+#include "shape.hpp"
+#include "thread_pool.hpp"
+#include "weights.hpp"
+
+namespace tlm {
+
+// What one block saves for its backward pass, for a batch of n rows.
+template <LlamaConfig C, Element T = float>
+struct block_activations {
+  rows<dim<C>, T> x;          // [n, D] residual stream entering the block
+  rows<dim<C>, T> xn1;        // [n, D] attn_norm(x)
+  rows<dim<C>, T> q;          // [n, D] queries after RoPE: H heads of [E]
+  rows<kv_dim<C>, T> k;       // [n, K] keys after RoPE: G heads of [E]
+  rows<kv_dim<C>, T> v;       // [n, K] values
+  rows<dim<C>, T> o;          // [n, D] attention output, heads joined
+  rows<heads<C>, T> lse;      // [n, H] log-sum-exp of each row's scores, per query head
+  rows<dim<C>, T> x_mid;      // [n, D] residual stream after attention
+  rows<dim<C>, T> xn2;        // [n, D] ffn_norm(x_mid)
+  rows<C::ffn, T> gate;       // [n, F]
+  rows<C::ffn, T> up;         // [n, F]
+  rows<C::ffn, T> h;          // [n, F] silu(gate) ⊙ up
+
+  void reserve(std::size_t n) {
+    for (auto* r : {&x, &xn1, &q, &o, &x_mid, &xn2}) r->reserve(n);
+    k.reserve(n);
+    v.reserve(n);
+    lse.reserve(n);
+    for (auto* r : {&gate, &up, &h}) r->reserve(n);
+  }
+};
+
+// Gradients of the block's intermediate values: scratch for block_backward, reused
+// across layers.
+template <LlamaConfig C, Element T = float>
+struct block_scratch {
+  rows<C::ffn, T> dh, dgate, dup;  // [n, F]
+  rows<dim<C>, T> dxn, d_o, dq;    // [n, D]
+  rows<kv_dim<C>, T> dk, dv;       // [n, K]
+
+  void reserve(std::size_t n) {
+    for (auto* r : {&dh, &dgate, &dup}) r->reserve(n);
+    for (auto* r : {&dxn, &d_o, &dq}) r->reserve(n);
+    dk.reserve(n);
+    dv.reserve(n);
+  }
+};
+
+// How the rows of a batch map onto sequences and positions: n = sequences * length;
+// row i is position pos0 + i % length of sequence i / length.
+struct batch_layout {
+  std::size_t sequences = 1;
+  std::size_t length = 1;
+  std::size_t pos0 = 0;
+
+  std::size_t rows() const { return sequences * length; }
+};
+
+// Where attention finds keys and values.
+//
+// kv_from_cache: inference. The block's new keys and values are written into the
+// cache at positions pos0.., and row i attends to positions 0..pos0+i of the cache
+// (one sequence).
+template <LlamaConfig C>
+struct kv_from_cache {
+  kv_storage<C>* store;
+  std::size_t layer;
+
+  void write(const rows<kv_dim<C>, float>& k, const rows<kv_dim<C>, float>& v, const batch_layout& b) const {
+    constexpr std::size_t E = head_dim<C>, K = kv_dim<C>;
+    for (std::size_t i = 0; i < k.count(); ++i)
+      for (std::size_t g = 0; g < C::kv_heads; ++g) {
+        std::copy_n(k.data() + i * K + g * E, E, store->key(layer, g, b.pos0 + i));
+        std::copy_n(v.data() + i * K + g * E, E, store->value(layer, g, b.pos0 + i));
+      }
+  }
+  const float* keys(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t g) const {
+    return store->key(layer, g, 0);
+  }
+  const float* values(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t g) const {
+    return store->value(layer, g, 0);
+  }
+  static constexpr std::size_t stride = head_dim<C>;
+};
+
+// kv_in_batch: training. Each sequence of the batch attends to its own rows, read
+// straight from the activations (row stride K); nothing is copied.
+template <LlamaConfig C, Element T>
+struct kv_in_batch {
+  template <class R>
+  void write(const R&, const R&, const batch_layout&) const {}
+  const T* keys(const block_activations<C, T>& a, std::size_t seq, std::size_t g) const {
+    return a.k.data() + seq * length * kv_dim<C> + g * head_dim<C>;
+  }
+  const T* values(const block_activations<C, T>& a, std::size_t seq, std::size_t g) const {
+    return a.v.data() + seq * length * kv_dim<C> + g * head_dim<C>;
+  }
+  static constexpr std::size_t stride = kv_dim<C>;
+  std::size_t length;
+};
+
+// Per-call inputs of the block besides weights and activations.
+template <LlamaConfig C, Element T>
+struct block_context {
+  batch_layout layout;
+  // Angles of each row: row i uses angles[i % period] (period = layout.length).
+  const rope_angles<C, T>* angles = nullptr;
+  rope_pairing pairing = rope_pairing::adjacent;
+  // If set: [n, H] entropy (nats) of every row's attention weights, for tracing.
+  rows<heads<C>, T>* entropy = nullptr;
+};
+
+namespace detail {
+
+// The f32 gain of a mapped norm, or the values of an owned one: [N]
+template <std::size_t N, Storage S>
+auto gain_values(const vec<N, S>& g) {
+  if constexpr (is_owned_v<S>) return g.values();
+  else return g.f32();
+}
+
+// Runs f(i) for every row, split over the pool when there is more than one row.
+template <class F>
+void for_rows(thread_pool* pool, std::size_t n, F&& f) {
+  auto body = [&](std::size_t b, std::size_t e) {
+    for (std::size_t i = b; i < e; ++i) f(i);
+  };
+  if (pool && n > 1) pool->parallel_for(n, 1, body);
+  else body(0, n);
+}
+
+template <std::size_t N, class T>
+void add_rows(rows<N, T>& x, const rows<N, T>& d, thread_pool* pool) {
+  for_rows(pool, x.count(), [&](std::size_t i) { add_to<N, T>(x.row(i), d.row(i)); });
+}
+
+}  // namespace detail
+
+// The forward pass of one block. a.x holds the n input rows; `out` receives the
+// block's output rows (it may be a.x itself). Every other member of `a` is written.
+template <LlamaConfig C, Storage S, Element T, class KV>
+  requires multiplies<S, T>
+void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, rows<dim<C>, T>& out,
+                   const block_context<C, T>& ctx, const KV& kv, thread_pool* pool) {
+  constexpr std::size_t D = dim<C>, F = C::ffn, H = heads<C>, E = head_dim<C>;
+  const std::size_t n = a.x.count();
+  if (n != ctx.layout.rows()) {
+    throw shape_error("block_forward: " + std::to_string(n) + " rows for a layout of " +
+                      std::to_string(ctx.layout.sequences) + " x " + std::to_string(ctx.layout.length));
+  }
+  const auto g1 = detail::gain_values(w.attn_norm);
+  a.xn1.resize(n);
+  detail::for_rows(pool, n, [&](std::size_t i) {
+    rmsnorm<D, T, typename decltype(g1)::value_type>(a.x.row(i), g1, C::rms_eps, a.xn1.row(i));
+  });
+  matmul(w.attn_q, a.xn1, a.q, pool);
+  matmul(w.attn_k, a.xn1, a.k, pool);
+  matmul(w.attn_v, a.xn1, a.v, pool);
+  const std::size_t period = ctx.layout.length;
+  detail::for_rows(pool, n, [&](std::size_t i) {
+    rope<C, D, T>(a.q.row(i), ctx.angles[i % period], ctx.pairing);
+    rope<C, kv_dim<C>, T>(a.k.row(i), ctx.angles[i % period], ctx.pairing);
+  });
+  kv.write(a.k, a.v, ctx.layout);
+
+  // Row i of sequence s attends to positions 0 .. pos0 + i % length of s.
+  a.o.resize(n);
+  a.lse.resize(n);
+  if (ctx.entropy) ctx.entropy->resize(n);
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(E)));
+  auto attend_rows = [&](std::size_t b, std::size_t e) {
+    for (std::size_t j = b; j < e; ++j) {
+      const std::size_t i = j / H, h = j % H, g = kv_head_of<C>(h);
+      const std::size_t seq = i / period, visible = ctx.layout.pos0 + i % period + 1;
+      a.lse.data()[i * H + h] = attention_row<T>(a.q.data() + i * D + h * E, kv.keys(a, seq, g), kv.values(a, seq, g),
+                                                 KV::stride, visible, E, scale, a.o.data() + i * D + h * E,
+                                                 ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
+    }
+  };
+  if (pool) pool->parallel_for(n * H, 1, attend_rows);
+  else attend_rows(0, n * H);
+
+  matmul(w.attn_output, a.o, a.x_mid, pool);
+  detail::add_rows(a.x_mid, a.x, pool);
+  const auto g2 = detail::gain_values(w.ffn_norm);
+  a.xn2.resize(n);
+  detail::for_rows(pool, n, [&](std::size_t i) {
+    rmsnorm<D, T, typename decltype(g2)::value_type>(a.x_mid.row(i), g2, C::rms_eps, a.xn2.row(i));
+  });
+  matmul(w.ffn_gate, a.xn2, a.gate, pool);
+  matmul(w.ffn_up, a.xn2, a.up, pool);
+  a.h.resize(n);
+  detail::for_rows(pool, n, [&](std::size_t i) { swiglu<F, T>(a.gate.row(i), a.up.row(i), a.h.row(i)); });
+  matmul(w.ffn_down, a.h, out, pool);
+  detail::add_rows(out, a.x_mid, pool);
+}
+
+// The backward pass of one training block (attention within each sequence of the
+// batch). The forward's weights and saved activations, then the output's
+// gradient, then the gradients: on entry dx holds d(loss)/d(out); on return it
+// holds d(loss)/d(x). Weight gradients are accumulated into dw with +=.
+template <class W, class G, LlamaConfig C = typename W::config, Element T = storage_value_t<typename W::storage>>
+  requires trainable_weights<W> && gradient_of<G, W>
+void block_backward(const W& w, const block_activations<C, T>& a, const block_context<C, T>& ctx, rows<dim<C>, T>& dx,
+                    G& dw, block_scratch<C, T>& s, thread_pool* pool) {
+  constexpr std::size_t D = dim<C>, K = kv_dim<C>, F = C::ffn, H = heads<C>, E = head_dim<C>;
+  const std::size_t n = a.x.count();
+  if (dx.count() != n) throw shape_error("block_backward: the output gradient has another row count than the forward");
+  for (auto* r : {&s.dh, &s.dgate, &s.dup}) {
+    r->resize(n);
+    r->zero();
+  }
+  for (auto* r : {&s.dxn, &s.d_o, &s.dq}) {
+    r->resize(n);
+    r->zero();
+  }
+  for (auto* r : {&s.dk, &s.dv}) {
+    r->resize(n);
+    r->zero();
+  }
+
+  // out = x_mid + W_down h: dx passes on to x_mid unchanged (the residual).
+  matmul_backward(w.ffn_down, a.h, dx, dw.ffn_down, s.dh, pool);
+  detail::for_rows(pool, n, [&](std::size_t i) {
+    swiglu_backward<F, T>(a.gate.row(i), a.up.row(i), s.dh.row(i), s.dgate.row(i), s.dup.row(i));
+  });
+  matmul_backward(w.ffn_gate, a.xn2, s.dgate, dw.ffn_gate, s.dxn, pool);
+  matmul_backward(w.ffn_up, a.xn2, s.dup, dw.ffn_up, s.dxn, pool);
+  // The gain's gradient sums over rows: done on one thread, in row order.
+  for (std::size_t i = 0; i < n; ++i)
+    rmsnorm_backward<D, T, T>(a.x_mid.row(i), w.ffn_norm.values(), C::rms_eps, s.dxn.row(i), dx.row(i),
+                              dw.ffn_norm.data());
+
+  // x_mid = x + W_o o.
+  matmul_backward(w.attn_output, a.o, dx, dw.attn_output, s.d_o, pool);
+  const batch_layout& b = ctx.layout;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(E)));
+  // One task per (sequence, kv head): it owns that kv head's dk and dv.
+  auto attend_back = [&](std::size_t t0, std::size_t t1) {
+    for (std::size_t t = t0; t < t1; ++t) {
+      const std::size_t seq = t / C::kv_heads, g = t % C::kv_heads, r0 = seq * b.length;
+      const std::size_t h0 = first_query_of<C>(g);
+      attention_backward<T>(b.length, E, C::group, scale, a.q.data() + r0 * D + h0 * E, a.o.data() + r0 * D + h0 * E,
+                            s.d_o.data() + r0 * D + h0 * E, s.dq.data() + r0 * D + h0 * E, D,
+                            a.k.data() + r0 * K + g * E, a.v.data() + r0 * K + g * E, s.dk.data() + r0 * K + g * E,
+                            s.dv.data() + r0 * K + g * E, K, a.lse.data() + r0 * H + h0, H);
+    }
+  };
+  if (pool) pool->parallel_for(b.sequences * C::kv_heads, 1, attend_back);
+  else attend_back(0, b.sequences * C::kv_heads);
+  detail::for_rows(pool, n, [&](std::size_t i) {
+    rope_backward<C, D, T>(s.dq.row(i), ctx.angles[i % b.length], ctx.pairing);
+    rope_backward<C, K, T>(s.dk.row(i), ctx.angles[i % b.length], ctx.pairing);
+  });
+  s.dxn.zero();
+  matmul_backward(w.attn_q, a.xn1, s.dq, dw.attn_q, s.dxn, pool);
+  matmul_backward(w.attn_k, a.xn1, s.dk, dw.attn_k, s.dxn, pool);
+  matmul_backward(w.attn_v, a.xn1, s.dv, dw.attn_v, s.dxn, pool);
+  for (std::size_t i = 0; i < n; ++i)
+    rmsnorm_backward<D, T, T>(a.x.row(i), w.attn_norm.values(), C::rms_eps, s.dxn.row(i), dx.row(i),
+                              dw.attn_norm.data());
+}
+
+}  // namespace tlm

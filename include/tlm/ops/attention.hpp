@@ -1,0 +1,151 @@
+#pragma once
+// Causal attention of one query head over the positions of its kv head.
+//
+// Two forms:
+//   attend          the plain definition: all T scores, a softmax, the weighted sum.
+//                   Kept as the reference the block's form is tested against.
+//   attention_row   what the block runs: keys in blocks of `attention_block` with a
+//                   running maximum and sum (online softmax), returning the row's
+//                   log-sum-exp. Memory is O(block), never O(T), and the backward
+//                   recomputes the probabilities from the saved log-sum-exp, so
+//                   training never holds a T x T matrix.
+//
+// Keys and values are read through a stride, so the same code serves the KV cache
+// (one kv head's positions contiguous: stride E) and a training batch (rows of all
+// kv heads: stride K).
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <type_traits>
+
+#include "../config.hpp"
+
+namespace tlm {
+
+// Reference attention.   q: [E]   keys, values: [T, E]   scores: scratch of at least T   out: [E]
+// Softmax subtracts the maximum first, so large scores cannot overflow. Leaves the
+// probabilities in scores.
+template <LlamaConfig C, class T = float>
+void attend(std::type_identity_t<std::span<const T, head_dim<C>>> q, std::type_identity_t<std::span<const T>> keys,
+            std::type_identity_t<std::span<const T>> values, std::type_identity_t<std::span<T>> scores,
+            std::type_identity_t<std::span<T, head_dim<C>>> out) {
+  constexpr std::size_t E = head_dim<C>;
+  const std::size_t len = keys.size() / E;
+  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(E)));
+  T top = -std::numeric_limits<T>::infinity();
+  for (std::size_t t = 0; t < len; ++t) {
+    const T* k = keys.data() + t * E;
+    T s = 0;
+    for (std::size_t e = 0; e < E; ++e) s += q[e] * k[e];
+    scores[t] = s * scale;
+    top = std::max(top, scores[t]);
+  }
+  double total = 0.0;
+  for (std::size_t t = 0; t < len; ++t) {
+    scores[t] = std::exp(scores[t] - top);
+    total += scores[t];
+  }
+  const T inv = static_cast<T>(1.0 / total);
+  std::fill(out.begin(), out.end(), T(0));
+  for (std::size_t t = 0; t < len; ++t) {
+    const T p = scores[t] * inv;
+    scores[t] = p;
+    const T* v = values.data() + t * E;
+    for (std::size_t e = 0; e < E; ++e) out[e] += p * v[e];
+  }
+}
+
+// Keys per block of the online softmax: the scores of one block live on the stack.
+inline constexpr std::size_t attention_block = 64;
+
+// One query row against `len` positions.   q: [E]; key/value j at keys + j*stride,
+// values + j*stride: [E]; out: [E]. Returns the log-sum-exp of the scaled scores.
+// With `entropy`, also the Shannon entropy (nats) of the row's attention weights:
+// lse - sum(p * s), accumulated online like the sum itself.
+template <class T>
+T attention_row(const T* q, const T* keys, const T* values, std::size_t stride, std::size_t len, std::size_t E,
+                T scale, T* out, T* entropy = nullptr) {
+  T m = -std::numeric_limits<T>::infinity();
+  T l = 0;   // sum of exp(s - m)
+  T ws = 0;  // sum of exp(s - m) * s, for the entropy
+  std::fill(out, out + E, T(0));
+  T s[attention_block];
+  for (std::size_t j0 = 0; j0 < len; j0 += attention_block) {
+    const std::size_t nb = std::min(attention_block, len - j0);
+    T block_max = -std::numeric_limits<T>::infinity();
+    for (std::size_t j = 0; j < nb; ++j) {
+      const T* k = keys + (j0 + j) * stride;
+      T d = 0;
+      for (std::size_t e = 0; e < E; ++e) d += q[e] * k[e];
+      s[j] = d * scale;
+      block_max = std::max(block_max, s[j]);
+    }
+    const T m_new = std::max(m, block_max);
+    const T c = std::exp(m - m_new);  // 0 on the first block, where m = -inf
+    l *= c;
+    ws *= c;
+    for (std::size_t e = 0; e < E; ++e) out[e] *= c;
+    for (std::size_t j = 0; j < nb; ++j) {
+      const T p = std::exp(s[j] - m_new);
+      l += p;
+      ws += p * s[j];
+      const T* v = values + (j0 + j) * stride;
+      for (std::size_t e = 0; e < E; ++e) out[e] += p * v[e];
+    }
+    m = m_new;
+  }
+  const T inv = T(1) / l;
+  for (std::size_t e = 0; e < E; ++e) out[e] *= inv;
+  const T lse = m + std::log(l);
+  if (entropy != nullptr) *entropy = lse - ws * inv;
+  return lse;
+}
+
+// The backward of attention_row for every query head of one kv head over one
+// sequence of `len` rows (row i attends to positions 0..i). The forward's inputs
+// (q, k, v), its outputs (o, lse), the output's gradient d_o, then the inputs'
+// gradients, accumulated: dq, dk, dv.
+//   q, o, d_o, dq: row i, head hh at [i * q_stride + hh * E], hh < group
+//   k, v, dk, dv:  row j at [j * kv_stride]
+//   lse: row i, head hh at [i * lse_stride + hh]
+// One call owns dk and dv of its kv head, so calls for different kv heads or
+// sequences may run in parallel; the `group` query heads that share this kv head
+// add into the same dk and dv here, in a fixed order.
+template <class T>
+void attention_backward(std::size_t len, std::size_t E, std::size_t group, T scale, const T* q, const T* o,
+                        const T* d_o, T* dq, std::size_t q_stride, const T* k, const T* v, T* dk, T* dv,
+                        std::size_t kv_stride, const T* lse, std::size_t lse_stride) {
+  for (std::size_t hh = 0; hh < group; ++hh) {
+    for (std::size_t i = 0; i < len; ++i) {
+      const T* qi = q + i * q_stride + hh * E;
+      const T* oi = o + i * q_stride + hh * E;
+      const T* doi = d_o + i * q_stride + hh * E;
+      T* dqi = dq + i * q_stride + hh * E;
+      const T L = lse[i * lse_stride + hh];
+      T D = 0;  // dO_i · O_i: the softmax's correction term
+      for (std::size_t e = 0; e < E; ++e) D += doi[e] * oi[e];
+      for (std::size_t j = 0; j <= i; ++j) {
+        const T* kj = k + j * kv_stride;
+        const T* vj = v + j * kv_stride;
+        T s = 0, dp = 0;
+        for (std::size_t e = 0; e < E; ++e) {
+          s += qi[e] * kj[e];
+          dp += doi[e] * vj[e];
+        }
+        const T p = std::exp(s * scale - L);
+        const T ds = p * (dp - D) * scale;
+        T* dkj = dk + j * kv_stride;
+        T* dvj = dv + j * kv_stride;
+        for (std::size_t e = 0; e < E; ++e) {
+          dqi[e] += ds * kj[e];
+          dkj[e] += ds * qi[e];
+          dvj[e] += p * doi[e];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace tlm

@@ -1,0 +1,185 @@
+#pragma once
+// The training forward and backward passes of a whole model over a batch of B
+// sequences of T tokens, on the same block the inference path runs.
+//
+//   tlm::trainable<C> params;                       // or to_trainable(model.weights())
+//   tlm::trainable<C> grads;
+//   tlm::training<C> run({.batch = 4, .seq = 128, .threads = 2});
+//   double loss = run.forward(params, tokens, targets);   // tokens, targets: [B * T]
+//   tlm::zero(grads);
+//   run.backward(params, grads);                          // grads += d loss / d params
+//
+// Memory: every layer's block_activations for B*T rows (about 8.5 K floats per row
+// and layer at 135M), the logits [B*T, V] and their gradient. Attention keeps one
+// log-sum-exp per row and head, never a T x T matrix. Buffers are sized once, in
+// the constructor: a step allocates nothing.
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../block.hpp"
+#include "../config.hpp"
+#include "../error.hpp"
+#include "../ops.hpp"
+#include "../shape.hpp"
+#include "../thread_pool.hpp"
+#include "../weights.hpp"
+#include "weights.hpp"
+
+namespace tlm {
+
+struct training_options {
+  std::size_t batch = 1;    // B sequences per step
+  std::size_t seq = 1;      // T tokens per sequence
+  std::size_t threads = 0;  // 0: every core
+  rope_pairing pairing = rope_pairing::adjacent;
+};
+
+// Parameters that train for config C in element type T.
+template <class W, class C, class T>
+concept weights_for = trainable_weights<W> && std::same_as<std::remove_cvref_t<W>, trainable<C, T>>;
+
+template <LlamaConfig C, Element T = float>
+class training {
+  static constexpr std::size_t D = dim<C>, V = C::vocab;
+
+ public:
+  using config = C;
+  using value_type = T;
+
+  explicit training(training_options opt) : opt_(checked(opt)), n_(opt.batch * opt.seq) {
+    pool_ = std::make_unique<thread_pool>(opt.threads ? opt.threads : std::max<unsigned>(1, std::thread::hardware_concurrency()),
+                                          /*flush_denormals=*/true);
+    for (auto& a : acts_) a.reserve(n_);
+    x_out_.reserve(n_);
+    xf_.reserve(n_);
+    logits_.reserve(n_);
+    dlogits_.reserve(n_);
+    dx_.reserve(n_);
+    dxf_.reserve(n_);
+    scratch_.reserve(n_);
+    lse_.resize(n_);
+    tokens_.resize(n_);
+    targets_.resize(n_);
+    angles_.reserve(opt_.seq);
+    for (std::size_t t = 0; t < opt_.seq; ++t) angles_.emplace_back(t);
+  }
+
+  const training_options& options() const { return opt_; }
+  std::size_t batch_rows() const { return n_; }
+  std::size_t threads() const { return pool_->size(); }
+  thread_pool& pool() { return *pool_; }
+
+  // Runs the batch forward and returns the mean cross-entropy over the targets that
+  // count (targets equal to ignore_target carry no loss).   tokens, targets: [B * T]
+  // The activations stay for backward(). Throws numeric_error on a non-finite loss.
+  template <class W>
+    requires weights_for<W, C, T>
+  double forward(const W& p, std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
+    flush_denormals_guard ftz;
+    if (tokens.size() != n_ || targets.size() != n_) {
+      throw shape_error("training::forward: " + std::to_string(tokens.size()) + " tokens and " +
+                        std::to_string(targets.size()) + " targets for a batch of " + std::to_string(opt_.batch) +
+                        " x " + std::to_string(opt_.seq) + " = " + std::to_string(n_) + "; give exactly that many");
+    }
+    std::copy(tokens.begin(), tokens.end(), tokens_.begin());
+    std::copy(targets.begin(), targets.end(), targets_.begin());
+    thread_pool* pool = pool_.get();
+    auto& x0 = acts_[0].x;
+    x0.resize(n_);
+    for (std::size_t i = 0; i < n_; ++i) embed(p.token_embd, tokens_[i], x0.row(i));
+    const block_context<C, T> ctx = context();
+    const kv_in_batch<C, T> kv{opt_.seq};
+    for (std::size_t l = 0; l < C::layers; ++l) {
+      auto& out = l + 1 < C::layers ? acts_[l + 1].x : x_out_;
+      block_forward(p.layers[l], acts_[l], out, ctx, kv, pool);
+    }
+    xf_.resize(n_);
+    detail::for_rows(pool, n_, [&](std::size_t i) {
+      rmsnorm<D, T, T>(x_out_.row(i), p.output_norm.values(), C::rms_eps, xf_.row(i));
+    });
+    matmul(output_of(p), xf_, logits_, pool);
+    const double loss = cross_entropy(logits_, std::span<const std::int32_t>(targets_), std::span<T>(lse_), pool);
+    if (!std::isfinite(loss)) {
+      throw numeric_error("training: the loss is " + std::to_string(loss) +
+                          "; the parameters were not changed. Lower the learning rate, enable gradient clipping, or "
+                          "check the data and the initial weights");
+    }
+    forwarded_ = true;
+    return loss;
+  }
+
+  // Adds d(loss)/d(params) of the last forward() into grads (zero them first for
+  // one batch's gradient).
+  template <class W, class G>
+    requires weights_for<W, C, T> && gradient_of<G, W>
+  void backward(const W& p, G& grads) {
+    flush_denormals_guard ftz;
+    if (!forwarded_) throw error("training::backward: call forward() first; backward uses its saved activations");
+    thread_pool* pool = pool_.get();
+    dlogits_.resize(n_);
+    dlogits_.zero();
+    cross_entropy_backward(logits_, std::span<const std::int32_t>(targets_), std::span<const T>(lse_), T(1), dlogits_,
+                           pool);
+    dxf_.resize(n_);
+    dxf_.zero();
+    matmul_backward(output_of(p), xf_, dlogits_, output_of(grads), dxf_, pool);
+    dx_.resize(n_);
+    dx_.zero();
+    for (std::size_t i = 0; i < n_; ++i)
+      rmsnorm_backward<D, T, T>(x_out_.row(i), p.output_norm.values(), C::rms_eps, dxf_.row(i), dx_.row(i),
+                                grads.output_norm.data());
+    const block_context<C, T> ctx = context();
+    for (std::size_t l = C::layers; l-- > 0;) block_backward(p.layers[l], acts_[l], ctx, dx_, grads.layers[l], scratch_, pool);
+    for (std::size_t i = 0; i < n_; ++i) embed_backward<V, D, T>(tokens_[i], dx_.row(i), grads.token_embd);
+  }
+
+  // The logits of the last forward: [B * T, V].
+  const rows<V, T>& logits() const { return logits_; }
+
+ private:
+  static training_options checked(training_options o) {
+    if (o.batch == 0 || o.seq == 0) {
+      throw error("training: batch " + std::to_string(o.batch) + " x seq " + std::to_string(o.seq) +
+                  " holds no tokens; both must be at least 1");
+    }
+    if (o.seq > C::context) {
+      throw capacity_error("training: sequences of " + std::to_string(o.seq) + " tokens exceed the model's context of " +
+                           std::to_string(C::context) + "; use a shorter --seq");
+    }
+    return o;
+  }
+
+  block_context<C, T> context() const {
+    return block_context<C, T>{{opt_.batch, opt_.seq, 0}, angles_.data(), opt_.pairing, nullptr};
+  }
+
+  template <class W>
+  static auto& output_of(W& w) {
+    if constexpr (C::tied_embeddings) return w.token_embd;
+    else return w.output;
+  }
+
+  training_options opt_;
+  std::size_t n_;
+  std::unique_ptr<thread_pool> pool_;
+  std::array<block_activations<C, T>, C::layers> acts_;  // per layer: its input and what its backward needs
+  rows<D, T> x_out_;      // [n, D] output of the last block
+  rows<D, T> xf_;         // [n, D] output_norm(x_out)
+  rows<V, T> logits_;     // [n, V]
+  rows<V, T> dlogits_;    // [n, V]
+  rows<D, T> dx_, dxf_;   // [n, D] gradients flowing back through the stream
+  block_scratch<C, T> scratch_;
+  std::vector<T> lse_;                       // [n] log-sum-exp of each row's logits
+  std::vector<std::int32_t> tokens_, targets_;  // [n] the batch of the last forward
+  std::vector<rope_angles<C, T>> angles_;    // [T] angles of positions 0..T-1
+  bool forwarded_ = false;
+};
+
+}  // namespace tlm

@@ -1,0 +1,173 @@
+// Exact gradients: the backward pass against central finite differences in double,
+// and the float build against the double build.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+
+#include "train_common.hpp"
+
+namespace {
+
+using tlm_test::random_batch;
+using tlm_test::random_params;
+
+template <tlm::LlamaConfig C>
+void check_finite_differences() {
+  constexpr std::size_t B = 2, T = 5;
+  auto p = random_params<C, double>(11);
+  const auto data = random_batch(B, T, C::vocab, 12);
+  tlm::training<C, double> run({.batch = B, .seq = T, .threads = 1});
+  auto grads = std::make_unique<tlm::trainable<C, double>>();
+  run.forward(*p, data.tokens, data.targets);
+  run.backward(*p, *grads);
+
+  std::mt19937_64 rng(13);
+  std::size_t tensors = 0, entries = 0;
+  double worst = 0.0;
+  std::string worst_name;
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name& name, auto& w, const auto& g) {
+        const std::size_t n = w.values().size();
+        // Every entry of a small tensor; at least 16 sampled entries of a large one,
+        // plus the entry of largest gradient.
+        std::vector<std::size_t> idx;
+        if (n <= 64) {
+          for (std::size_t i = 0; i < n; ++i) idx.push_back(i);
+        } else {
+          std::uniform_int_distribution<std::size_t> pick(0, n - 1);
+          for (int k = 0; k < 24; ++k) idx.push_back(pick(rng));
+          idx.push_back(static_cast<std::size_t>(
+              std::max_element(g.values().begin(), g.values().end(),
+                               [](double a, double b) { return std::abs(a) < std::abs(b); }) -
+              g.values().begin()));
+        }
+        double max_g = 0.0, max_err = 0.0;
+        for (std::size_t i : idx) {
+          const double saved = w.data()[i];
+          const double h = 1e-5 * std::max(1.0, std::abs(saved));
+          w.data()[i] = saved + h;
+          const double up = run.forward(*p, data.tokens, data.targets);
+          w.data()[i] = saved - h;
+          const double down = run.forward(*p, data.tokens, data.targets);
+          w.data()[i] = saved;
+          const double fd = (up - down) / (2 * h);
+          max_g = std::max({max_g, std::abs(g.data()[i]), std::abs(fd)});
+          max_err = std::max(max_err, std::abs(fd - g.data()[i]));
+          ++entries;
+        }
+        const double rel = max_g > 0 ? max_err / max_g : max_err;
+        INFO(name.str() << ": max |fd - grad| / max |grad| = " << rel);
+        CHECK(max_g > 0);  // every tensor takes part in the loss
+        CHECK(rel <= 1e-6);
+        if (rel > worst) {
+          worst = rel;
+          worst_name = name.str();
+        }
+        ++tensors;
+      },
+      *p, *grads);
+  MESSAGE(tensors << " tensors, " << entries << " entries; worst relative error " << worst << " (" << worst_name
+                  << ")");
+  CHECK(tensors == tlm::tensor_count(*p));
+}
+
+template <tlm::LlamaConfig C>
+void check_float_against_double(std::size_t threads) {
+  constexpr std::size_t B = 3, T = 7;
+  auto pd = random_params<C, double>(21);
+  auto pf = tlm::convert<float>(*pd);
+  const auto data = random_batch(B, T, C::vocab, 22);
+  tlm::training<C, double> rd({.batch = B, .seq = T, .threads = 1});
+  tlm::training<C, float> rf({.batch = B, .seq = T, .threads = threads});
+  auto gd = std::make_unique<tlm::trainable<C, double>>();
+  auto gf = std::make_unique<tlm::trainable<C, float>>();
+  const double ld = rd.forward(*pd, data.tokens, data.targets);
+  const double lf = rf.forward(*pf, data.tokens, data.targets);
+  CHECK(std::abs(lf - ld) / std::abs(ld) <= 1e-5);
+  rd.backward(*pd, *gd);
+  rf.backward(*pf, *gf);
+  double worst = 0.0;
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name& name, const auto& a, const auto& b) {
+        double max_ref = 0.0, max_err = 0.0;
+        for (std::size_t i = 0; i < a.values().size(); ++i) {
+          max_ref = std::max(max_ref, std::abs(a.data()[i]));
+          max_err = std::max(max_err, std::abs(a.data()[i] - static_cast<double>(b.data()[i])));
+        }
+        INFO(name.str());
+        CHECK(max_err / max_ref <= 1e-4);
+        worst = std::max(worst, max_err / max_ref);
+      },
+      *gd, *gf);
+  MESSAGE("float against double, " << threads << " thread(s): worst gradient error " << worst);
+}
+
+}  // namespace
+
+TEST_CASE("backward equals central finite differences in double: tiny_gqa (tied, group 2)") {
+  check_finite_differences<tlm::tiny_gqa>();
+}
+
+TEST_CASE("backward equals central finite differences in double: tiny_untied (separate output, group 4)") {
+  check_finite_differences<tlm::tiny_untied>();
+}
+
+TEST_CASE("the float build agrees with the double build") {
+  check_float_against_double<tlm::tiny_gqa>(1);
+  check_float_against_double<tlm::tiny_untied>(1);
+  check_float_against_double<tlm::tiny_gqa>(2);
+}
+
+TEST_CASE("gradients do not depend on the thread count") {
+  constexpr std::size_t B = 4, T = 9;
+  using C = tlm::tiny_gqa;
+  auto p = tlm::convert<float>(*random_params<C, double>(31));
+  const auto data = random_batch(B, T, C::vocab, 32);
+  std::map<std::size_t, std::unique_ptr<tlm::trainable<C, float>>> grads;
+  std::map<std::size_t, double> losses;
+  for (std::size_t threads : {1, 2, 3}) {
+    tlm::training<C, float> run({.batch = B, .seq = T, .threads = threads});
+    grads[threads] = std::make_unique<tlm::trainable<C, float>>();
+    losses[threads] = run.forward(*p, data.tokens, data.targets);
+    run.backward(*p, *grads[threads]);
+  }
+  for (std::size_t threads : {2, 3}) {
+    CHECK(losses[threads] == losses[1]);
+    tlm::for_each_tensor(
+        [&](const tlm::tensor_name& name, const auto& a, const auto& b) {
+          INFO(name.str() << " at " << threads << " threads");
+          CHECK(std::equal(a.values().begin(), a.values().end(), b.values().begin()));
+        },
+        *grads[1], *grads[threads]);
+  }
+}
+
+TEST_CASE("ignored targets carry no loss and no gradient") {
+  using C = tlm::tiny_gqa;
+  constexpr std::size_t B = 1, T = 4;
+  auto p = random_params<C, double>(41);
+  tlm::training<C, double> run({.batch = B, .seq = T, .threads = 1});
+  const std::vector<std::int32_t> tokens{1, 2, 3, 4};
+  const std::vector<std::int32_t> all_ignored(T, tlm::ignore_target);
+  CHECK(run.forward(*p, tokens, all_ignored) == 0.0);
+  auto g = std::make_unique<tlm::trainable<C, double>>();
+  run.backward(*p, *g);
+  tlm::for_each_tensor(
+      [](const tlm::tensor_name& name, const auto& t) {
+        INFO(name.str());
+        CHECK(std::all_of(t.values().begin(), t.values().end(), [](double v) { return v == 0.0; }));
+      },
+      *g);
+  // The last position's loss does not depend on what the earlier targets say.
+  const std::vector<std::int32_t> last_only{tlm::ignore_target, tlm::ignore_target, tlm::ignore_target, 7};
+  const std::vector<std::int32_t> last_only2{tlm::ignore_target, tlm::ignore_target, tlm::ignore_target, 7};
+  CHECK(run.forward(*p, tokens, last_only) == run.forward(*p, tokens, last_only2));
+  const std::vector<std::int32_t> bad{1, 2, 3, static_cast<std::int32_t>(C::vocab)};
+  CHECK_THROWS_WITH_AS(run.forward(*p, tokens, bad), doctest::Contains("outside the vocabulary"), tlm::error);
+  const std::vector<std::int32_t> short_batch{1, 2, 3};
+  CHECK_THROWS_AS(run.forward(*p, short_batch, short_batch), tlm::shape_error);
+}

@@ -128,4 +128,19 @@ struct tiny_untied {
   static constexpr bool tied_embeddings = false;
 };
 
+// The tiny config of the training benchmarks: dim 64, GQA 4/2, 2 layers, vocab 512
+// (bytes and a few more), small enough that a step measures overhead, not FLOPs.
+struct tiny_train {
+  static constexpr std::size_t kv_heads = 2;
+  static constexpr std::size_t group = 2;
+  static constexpr std::size_t half_head = 8;
+  static constexpr std::size_t ffn = 256;
+  static constexpr std::size_t layers = 2;
+  static constexpr std::size_t vocab = 512;
+  static constexpr std::size_t context = 256;
+  static constexpr float rms_eps = 1e-5f;
+  static constexpr float rope_theta = 10000.0f;
+  static constexpr bool tied_embeddings = true;
+};
+
 }  // namespace tlm

@@ -1,0 +1,50 @@
+// Hot paths allocate nothing in steady state: decoding a token, and a training step
+// (forward, backward, zeroing gradients, AdamW) after the first.
+#include <doctest/doctest.h>
+
+#include <tlm/model.hpp>
+#include <tlm/sampler.hpp>
+
+#include <filesystem>
+#include <vector>
+
+#include "counting_allocator.hpp"
+#include "train_common.hpp"
+
+TEST_CASE("a training step allocates nothing after the first") {
+  using C = tlm::tiny_gqa;
+  auto p = tlm_test::random_params<C, float>(1);
+  auto g = std::make_unique<tlm::trainable<C, float>>();
+  const auto data = tlm_test::random_batch(3, 8, C::vocab, 2);
+  for (std::size_t threads : {1, 2}) {
+    tlm::training<C, float> run({.batch = 3, .seq = 8, .threads = threads});
+    tlm::adamw<tlm::trainable<C, float>> opt({.lr = 1e-3, .weight_decay = 0.1, .clip = 1.0});
+    auto step = [&] {
+      run.forward(*p, data.tokens, data.targets);
+      tlm::zero(*g);
+      run.backward(*p, *g);
+      opt.step(*p, *g);
+    };
+    step();
+    const std::size_t before = tlm_test::allocations.load();
+    for (int i = 0; i < 5; ++i) step();
+    INFO(threads << " thread(s)");
+    CHECK(tlm_test::allocations.load() - before == 0);
+  }
+}
+
+TEST_CASE("decoding a token allocates nothing") {
+  REQUIRE_MESSAGE(std::filesystem::exists(TLM_MODEL_PATH), "run scripts/fetch-model first");
+  using C = tlm::smollm2_135m;
+  for (std::size_t threads : {1, 2}) {
+    auto m = tlm::model<C>::load(TLM_MODEL_PATH, {.threads = threads});
+    tlm::kv_cache<C> cache(200);
+    const std::vector<std::int32_t> prompt{504, 3458, 282, 4649, 314};
+    auto logits = m.prefill(prompt, cache);
+    logits = m.forward(tlm::argmax(logits), cache);  // first decode: thread-local buffers take their size
+    const std::size_t before = tlm_test::allocations.load();
+    for (int i = 0; i < 150; ++i) logits = m.forward(tlm::argmax(logits), cache);
+    INFO(threads << " thread(s)");
+    CHECK(tlm_test::allocations.load() - before == 0);
+  }
+}

@@ -1,0 +1,143 @@
+// The block's attention (online softmax over key blocks, backward from the saved
+// log-sum-exp) against the plain T x T definition, forward and backward.
+#include <doctest/doctest.h>
+
+#include <tlm/ops.hpp>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "counting_allocator.hpp"
+
+namespace {
+
+struct case_data {
+  std::size_t len, E, group;
+  std::vector<double> q, k, v, d_o;  // q, d_o: [len, group * E]; k, v: [len, E]
+};
+
+case_data make(std::size_t len, std::size_t E, std::size_t group, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> n(0.0, 1.0);
+  case_data c{len, E, group, {}, {}, {}, {}};
+  for (auto* x : {&c.q, &c.d_o}) x->resize(len * group * E);
+  for (auto* x : {&c.k, &c.v}) x->resize(len * E);
+  for (auto* x : {&c.q, &c.k, &c.v, &c.d_o})
+    for (auto& y : *x) y = 2.0 * n(rng);  // scores of a few units: a peaked softmax
+  return c;
+}
+
+// The plain definition in double: the whole probability matrix of each head.
+//   dV = Pᵀ dO;  dP = dO Vᵀ;  dS = P ⊙ (dP − rowsum(P ⊙ dP));  dQ = s dS K;  dK = s dSᵀ Q
+void plain(const case_data& c, std::vector<double>& o, std::vector<double>& dq, std::vector<double>& dk,
+           std::vector<double>& dv) {
+  const std::size_t L = c.len, E = c.E, W = c.group * E;
+  const double s = 1.0 / std::sqrt(static_cast<double>(E));
+  o.assign(L * W, 0.0);
+  dq.assign(L * W, 0.0);
+  dk.assign(L * E, 0.0);
+  dv.assign(L * E, 0.0);
+  for (std::size_t hh = 0; hh < c.group; ++hh) {
+    std::vector<double> P(L * L, 0.0), dP(L * L, 0.0);
+    for (std::size_t i = 0; i < L; ++i) {
+      double top = -INFINITY;
+      for (std::size_t j = 0; j <= i; ++j) {
+        double d = 0;
+        for (std::size_t e = 0; e < E; ++e) d += c.q[i * W + hh * E + e] * c.k[j * E + e];
+        P[i * L + j] = d * s;
+        top = std::max(top, d * s);
+      }
+      double z = 0;
+      for (std::size_t j = 0; j <= i; ++j) z += (P[i * L + j] = std::exp(P[i * L + j] - top));
+      for (std::size_t j = 0; j <= i; ++j) P[i * L + j] /= z;
+      for (std::size_t j = 0; j <= i; ++j)
+        for (std::size_t e = 0; e < E; ++e) o[i * W + hh * E + e] += P[i * L + j] * c.v[j * E + e];
+    }
+    for (std::size_t i = 0; i < L; ++i) {
+      double rowsum = 0;
+      for (std::size_t j = 0; j <= i; ++j) {
+        double d = 0;
+        for (std::size_t e = 0; e < E; ++e) d += c.d_o[i * W + hh * E + e] * c.v[j * E + e];
+        dP[i * L + j] = d;
+        rowsum += P[i * L + j] * d;
+      }
+      for (std::size_t j = 0; j <= i; ++j) {
+        const double dS = P[i * L + j] * (dP[i * L + j] - rowsum);
+        for (std::size_t e = 0; e < E; ++e) {
+          dq[i * W + hh * E + e] += s * dS * c.k[j * E + e];
+          dk[j * E + e] += s * dS * c.q[i * W + hh * E + e];
+          dv[j * E + e] += P[i * L + j] * c.d_o[i * W + hh * E + e];
+        }
+      }
+    }
+  }
+}
+
+double rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0, e = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    m = std::max(m, std::abs(b[i]));
+    e = std::max(e, std::abs(a[i] - b[i]));
+  }
+  return m > 0 ? e / m : e;
+}
+
+template <class T>
+double blockwise_error(const case_data& c) {
+  const std::size_t L = c.len, E = c.E, W = c.group * E;
+  const T s = static_cast<T>(1.0 / std::sqrt(static_cast<double>(E)));
+  auto cast = [](const std::vector<double>& x) { return std::vector<T>(x.begin(), x.end()); };
+  const auto q = cast(c.q), k = cast(c.k), v = cast(c.v), d_o = cast(c.d_o);
+  std::vector<T> o(L * W), lse(L * c.group), dq(L * W, T(0)), dk(L * E, T(0)), dv(L * E, T(0));
+  const std::size_t before = tlm_test::allocations.load();
+  for (std::size_t i = 0; i < L; ++i)
+    for (std::size_t hh = 0; hh < c.group; ++hh)
+      lse[i * c.group + hh] = tlm::attention_row<T>(q.data() + i * W + hh * E, k.data(), v.data(), E, i + 1, E, s,
+                                                     o.data() + i * W + hh * E);
+  tlm::attention_backward<T>(L, E, c.group, s, q.data(), o.data(), d_o.data(), dq.data(), W, k.data(), v.data(),
+                             dk.data(), dv.data(), E, lse.data(), c.group);
+  // No heap memory at all: the forward keeps one block of scores on the stack and the
+  // backward recomputes probabilities from the saved log-sum-exp.
+  CHECK(tlm_test::allocations.load() == before);
+  std::vector<double> po, pdq, pdk, pdv;
+  plain(c, po, pdq, pdk, pdv);
+  auto widen = [](const std::vector<T>& x) { return std::vector<double>(x.begin(), x.end()); };
+  return std::max({rel(widen(o), po), rel(widen(dq), pdq), rel(widen(dk), pdk), rel(widen(dv), pdv)});
+}
+
+}  // namespace
+
+TEST_CASE("blockwise attention equals the plain T x T computation for T = 1..300, forward and backward") {
+  double worst_double = 0, worst_float = 0;
+  for (std::size_t len = 1; len <= 300; len += (len < 70 ? 1 : 23)) {
+    const auto c = make(len, 16, 2, static_cast<unsigned>(len));
+    const double ed = blockwise_error<double>(c), ef = blockwise_error<float>(c);
+    INFO("T = " << len);
+    CHECK(ed <= 1e-12);
+    CHECK(ef <= 2e-5);
+    worst_double = std::max(worst_double, ed);
+    worst_float = std::max(worst_float, ef);
+  }
+  const auto c = make(300, 64, 3, 300);
+  CHECK(blockwise_error<double>(c) <= 1e-12);
+  MESSAGE("worst relative error: double " << worst_double << ", float " << worst_float);
+}
+
+TEST_CASE("the block's forward attention equals the reference attend() of the inference path") {
+  using C = tlm::tiny_untied;  // head_dim 32
+  constexpr std::size_t E = tlm::head_dim<C>;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (std::size_t len : {1, 2, 63, 64, 65, 128, 200}) {
+    std::vector<float> q(E), keys(len * E), values(len * E), scores(len), a(E), b(E);
+    for (auto* x : {&q, &keys, &values})
+      for (auto& y : *x) y = n(rng);
+    tlm::attend<C>(std::span<const float, E>(q.data(), E), keys, values, scores, std::span<float, E>(a.data(), E));
+    float entropy = 0;
+    tlm::attention_row<float>(q.data(), keys.data(), values.data(), E, len, E, 1.0f / std::sqrt(float(E)), b.data(),
+                              &entropy);
+    for (std::size_t e = 0; e < E; ++e) CHECK(b[e] == doctest::Approx(a[e]).epsilon(1e-5));
+    CHECK(entropy == doctest::Approx(tlm::entropy(scores)).epsilon(1e-4));
+  }
+}

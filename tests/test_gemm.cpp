@@ -252,6 +252,7 @@ TEST_CASE("gemm: tile and k-block edges, and larger products") {
         }
         check_case({ta, tb, 257, 129, 300, 3, 1, true}, rng);
         check_case({ta, tb, 600, 70, 40, 0, 0, false}, rng);  // more than one row block
+        check_case({ta, tb, 20, 1100, 30, 1, 1, true}, rng);  // more than one column block
       }
     }
   }

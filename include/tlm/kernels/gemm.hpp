@@ -82,13 +82,15 @@ struct scalar_kernel {
     }
   }
 
-  static void pack_a(const float* a, std::size_t lda, bool ta, std::size_t i0, std::size_t rows, std::size_t p0,
-                     std::size_t kc_, float* dst) {
-    pack_a_plain<mr>(a, lda, ta, i0, rows, p0, kc_, dst);
+  static constexpr std::size_t nc_max = 1024;
+
+  template <std::size_t W>
+  static void pack_c(const float* src, std::size_t ld, std::size_t count, std::size_t kc_, float* dst) {
+    pack_contiguous<W>(src, ld, count, kc_, dst);
   }
-  static void pack_b(const float* b, std::size_t ldb, bool tb, std::size_t j0, std::size_t cols, std::size_t p0,
-                     std::size_t kc_, float* dst) {
-    pack_b_plain<nr>(b, ldb, tb, j0, cols, p0, kc_, dst);
+  template <std::size_t W>
+  static void pack_t(const float* src, std::size_t ld, std::size_t count, std::size_t kc_, float* dst) {
+    pack_transposed<W>(src, ld, count, kc_, dst);
   }
 };
 
@@ -157,6 +159,7 @@ struct plan {
 template <class K>
 plan make_plan(const problem& g, std::size_t threads) {
   const std::size_t rb_min = ceil_div(g.m, K::mc_max);
+  const std::size_t cb_min = ceil_div(g.n, K::nc_max);
   const std::size_t rb_max = ceil_div(g.m, K::mr);
   const std::size_t cb_max = ceil_div(g.n, K::nr);
   const std::size_t want = threads <= 1 ? 1 : 2 * threads;
@@ -165,7 +168,7 @@ plan make_plan(const problem& g, std::size_t threads) {
   std::size_t best_rb = rb_min, best_cb = 1;
   double best = -1;
   for (std::size_t rb = rb_min; rb <= rb_max && rb <= rb_min + 64; ++rb) {
-    const std::size_t cb = std::min(cb_max, std::max<std::size_t>(1, ceil_div(want, rb)));
+    const std::size_t cb = std::min(cb_max, std::max(cb_min, ceil_div(want, rb)));
     const double cost = static_cast<double>(rb) * static_cast<double>(g.n) * cost_b +
                         static_cast<double>(cb) * static_cast<double>(g.m) * cost_a;
     const bool enough = rb * cb >= want;
@@ -175,7 +178,7 @@ plan make_plan(const problem& g, std::size_t threads) {
       best_rb = rb;
       best_cb = cb;
     }
-    if (rb * cb >= want && cb == 1) break;  // more row blocks only add packing
+    if (rb * cb >= want && cb == cb_min) break;  // more row blocks only add packing
   }
   plan pl{};
   pl.mc = round_up(ceil_div(g.m, best_rb), K::mr);
@@ -185,27 +188,41 @@ plan make_plan(const problem& g, std::size_t threads) {
   return pl;
 }
 
-// One unit: C[i0 .. i1, j0 .. j1).
+// Packs op(A)[i0 .. i1, p0 .. p0+kc) (or op(B)[p0 .. p0+kc, j0 .. j1) with x = j) into
+// panels of W: dst [ceil((x1 - x0) / W), kc, W]. `trans` says the source is laid out
+// [x, p] (each vector contiguous in p), so the pack must transpose.
+template <class K, std::size_t W>
+void pack_block(const float* src, std::size_t ld, bool trans, std::size_t x0, std::size_t x1, std::size_t p0,
+                std::size_t kc, float* dst) {
+  if (trans) {
+    K::template pack_t<W>(src + x0 * ld + p0, ld, x1 - x0, kc, dst);
+  } else {
+    K::template pack_c<W>(src + p0 * ld + x0, ld, x1 - x0, kc, dst);
+  }
+}
+
+// One unit: C[i0 .. i1, j0 .. j1). For each k block the unit packs its rows of op(A)
+// (kept in L2, read once per B panel) and its columns of op(B); each B micro-panel
+// stays in L1 while every A micro-panel of the block passes by.
 template <class K>
 void run_unit(const problem& g, std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
   scratch& s = thread_scratch();
-  const std::size_t panels = ceil_div(i1 - i0, K::mr);
-  float* abuf = s.a(panels * K::mr * K::kc);  // [panels, kc, mr]
-  float* bbuf = s.b(K::nr * K::kc);           // [kc, nr]
+  const std::size_t a_panels = ceil_div(i1 - i0, K::mr), b_panels = ceil_div(j1 - j0, K::nr);
+  float* abuf = s.a(a_panels * K::mr * K::kc);  // [a_panels, kc, mr]
+  float* bbuf = s.b(b_panels * K::nr * K::kc);  // [b_panels, kc, nr]
   for (std::size_t p0 = 0; p0 < g.k; p0 += K::kc) {
     const std::size_t kc = std::min(K::kc, g.k - p0);
     const bool overwrite = p0 == 0 && !g.accumulate;
-    for (std::size_t ip = 0; ip < panels; ++ip) {
-      const std::size_t i = i0 + ip * K::mr;
-      K::pack_a(g.a, g.lda, g.ta, i, std::min(K::mr, i1 - i), p0, kc, abuf + ip * K::mr * kc);
-    }
-    for (std::size_t j = j0; j < j1; j += K::nr) {
+    // op(A) is transposed storage when A is not: A [m, k] holds each row contiguous in p.
+    pack_block<K, K::mr>(g.a, g.lda, !g.ta, i0, i1, p0, kc, abuf);
+    pack_block<K, K::nr>(g.b, g.ldb, g.tb, j0, j1, p0, kc, bbuf);
+    for (std::size_t jp = 0; jp < b_panels; ++jp) {
+      const std::size_t j = j0 + jp * K::nr;
       const std::size_t cols = std::min(K::nr, j1 - j);
-      K::pack_b(g.b, g.ldb, g.tb, j, cols, p0, kc, bbuf);
-      for (std::size_t ip = 0; ip < panels; ++ip) {
+      for (std::size_t ip = 0; ip < a_panels; ++ip) {
         const std::size_t i = i0 + ip * K::mr;
-        K::micro(kc, abuf + ip * K::mr * kc, bbuf, g.c + i * g.ldc + j, g.ldc, std::min(K::mr, i1 - i), cols,
-                 overwrite);
+        K::micro(kc, abuf + ip * K::mr * kc, bbuf + jp * K::nr * kc, g.c + i * g.ldc + j, g.ldc,
+                 std::min(K::mr, i1 - i), cols, overwrite);
       }
     }
   }

@@ -7,6 +7,7 @@
 // (Intel server cores); Zen 4 runs each 512-bit FMA as two 256-bit halves.
 //
 // Only reached after cpu.hpp has found AVX-512 F/BW/VL/DQ (kernel_level::avx512).
+#include <tlm/kernels/gemm_avx2.hpp>
 #include <tlm/kernels/gemm_pack.hpp>
 
 #include <immintrin.h>
@@ -59,19 +60,21 @@ struct kernel_t {
   static constexpr std::size_t nr = 32;
   // The B micro-panel [kc, 32] is kc * 128 bytes: 24 KiB at kc = 192, inside a 32 KiB L1.
   static constexpr std::size_t kc = KC;
+  static constexpr std::size_t nc_max = 1024;
   static constexpr std::size_t mc_max = (516 / MR) * MR;
 
   static void micro(std::size_t kc_, const float* a, const float* b, float* c, std::size_t ldc, std::size_t rows,
                     std::size_t cols, bool overwrite) {
     gemm_avx512::micro<MR>(kc_, a, b, c, ldc, rows, cols, overwrite);
   }
-  static void pack_a(const float* a, std::size_t lda, bool ta, std::size_t i0, std::size_t rows, std::size_t p0,
-                     std::size_t kc_, float* dst) {
-    gemm_detail::pack_a_plain<mr>(a, lda, ta, i0, rows, p0, kc_, dst);
+  template <std::size_t W>
+  static void pack_c(const float* src, std::size_t ld, std::size_t count, std::size_t kc_, float* dst) {
+    gemm_avx2::pack_contiguous<W>(src, ld, count, kc_, dst);
   }
-  static void pack_b(const float* b, std::size_t ldb, bool tb, std::size_t j0, std::size_t cols, std::size_t p0,
-                     std::size_t kc_, float* dst) {
-    gemm_detail::pack_b_plain<nr>(b, ldb, tb, j0, cols, p0, kc_, dst);
+  template <std::size_t W>
+  static void pack_t(const float* src, std::size_t ld, std::size_t count, std::size_t kc_, float* dst) {
+    // The AVX2 transposes: packing moves data, and 256-bit shuffles are as fast here.
+    gemm_avx2::pack_transposed<W>(src, ld, count, kc_, dst);
   }
 };
 

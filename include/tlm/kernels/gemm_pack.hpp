@@ -1,63 +1,44 @@
 #pragma once
 // Portable packing of gemm.hpp's operands into micro-panels, shared by every level.
-// A micro-panel is p-major: element (p, r) at p * MR + r, so the micro-kernel reads
-// one contiguous run of MR (or NR) values per step of p whatever the source layout.
+//
+// A block of an operand is `count` vectors (rows of op(A) or columns of op(B)) by kc
+// steps of p. It is packed as panels of W vectors, each panel p-major [kc, W], so the
+// micro-kernel reads one contiguous run of W values per step of p, whatever the
+// source layout; the last panel is zero-padded to W, so the kernel runs full tiles.
+//   dst [ceil(count / W), kc, W]
 #include <cstddef>
 
 namespace tlm::kernels::gemm_detail {
 
-// Packs op(A)[i0 .. i0+rows, p0 .. p0+kc) into dst [kc, MR], rows >= `rows` zero.
-template <std::size_t MR>
-inline void pack_a_plain(const float* a, std::size_t lda, bool ta, std::size_t i0, std::size_t rows, std::size_t p0,
-                         std::size_t kc, float* dst) {
-  if (ta) {
-    // A stored [k, m]: each p is a contiguous run of rows.
-    const float* src = a + p0 * lda + i0;
-    if (rows == MR) {
-      for (std::size_t p = 0; p < kc; ++p, src += lda, dst += MR)
-        for (std::size_t r = 0; r < MR; ++r) dst[r] = src[r];
-    } else {
-      for (std::size_t p = 0; p < kc; ++p, src += lda, dst += MR) {
-        for (std::size_t r = 0; r < rows; ++r) dst[r] = src[r];
-        for (std::size_t r = rows; r < MR; ++r) dst[r] = 0.0f;
-      }
+// Source laid out [kc, ...]: element (p, x) at src[p * ld + x] (op(A) transposed, op(B)
+// as it is). Each step of p is one contiguous run over x, read front to back.
+template <std::size_t W>
+inline void pack_contiguous(const float* src, std::size_t ld, std::size_t count, std::size_t kc, float* dst) {
+  const std::size_t full = count / W, rest = count % W;
+  for (std::size_t p = 0; p < kc; ++p, src += ld) {
+    float* d = dst + p * W;
+    for (std::size_t panel = 0; panel < full; ++panel, d += kc * W)
+      for (std::size_t x = 0; x < W; ++x) d[x] = src[panel * W + x];
+    if (rest != 0) {
+      for (std::size_t x = 0; x < rest; ++x) d[x] = src[full * W + x];
+      for (std::size_t x = rest; x < W; ++x) d[x] = 0.0f;
     }
-    return;
   }
-  // A [m, k]: each row is contiguous in p; the pack transposes.
-  for (std::size_t r = 0; r < rows; ++r) {
-    const float* src = a + (i0 + r) * lda + p0;
-    for (std::size_t p = 0; p < kc; ++p) dst[p * MR + r] = src[p];
-  }
-  for (std::size_t r = rows; r < MR; ++r)
-    for (std::size_t p = 0; p < kc; ++p) dst[p * MR + r] = 0.0f;
 }
 
-// Packs op(B)[p0 .. p0+kc, j0 .. j0+cols) into dst [kc, NR], columns >= `cols` zero.
-template <std::size_t NR>
-inline void pack_b_plain(const float* b, std::size_t ldb, bool tb, std::size_t j0, std::size_t cols, std::size_t p0,
-                         std::size_t kc, float* dst) {
-  if (!tb) {
-    // B [k, n]: each p is a contiguous run of columns.
-    const float* src = b + p0 * ldb + j0;
-    if (cols == NR) {
-      for (std::size_t p = 0; p < kc; ++p, src += ldb, dst += NR)
-        for (std::size_t j = 0; j < NR; ++j) dst[j] = src[j];
-    } else {
-      for (std::size_t p = 0; p < kc; ++p, src += ldb, dst += NR) {
-        for (std::size_t j = 0; j < cols; ++j) dst[j] = src[j];
-        for (std::size_t j = cols; j < NR; ++j) dst[j] = 0.0f;
-      }
+// Source laid out [count, ...]: element (p, x) at src[x * ld + p] (op(A) as it is, op(B)
+// transposed). The pack transposes; the SIMD levels have faster versions of this.
+template <std::size_t W>
+inline void pack_transposed(const float* src, std::size_t ld, std::size_t count, std::size_t kc, float* dst) {
+  for (std::size_t panel = 0; panel * W < count; ++panel, dst += kc * W) {
+    const std::size_t rows = count - panel * W < W ? count - panel * W : W;
+    for (std::size_t x = 0; x < rows; ++x) {
+      const float* s = src + (panel * W + x) * ld;
+      for (std::size_t p = 0; p < kc; ++p) dst[p * W + x] = s[p];
     }
-    return;
+    for (std::size_t x = rows; x < W; ++x)
+      for (std::size_t p = 0; p < kc; ++p) dst[p * W + x] = 0.0f;
   }
-  // B stored [n, k]: each column of op(B) is a contiguous row; the pack transposes.
-  for (std::size_t j = 0; j < cols; ++j) {
-    const float* src = b + (j0 + j) * ldb + p0;
-    for (std::size_t p = 0; p < kc; ++p) dst[p * NR + j] = src[p];
-  }
-  for (std::size_t j = cols; j < NR; ++j)
-    for (std::size_t p = 0; p < kc; ++p) dst[p * NR + j] = 0.0f;
 }
 
 }  // namespace tlm::kernels::gemm_detail

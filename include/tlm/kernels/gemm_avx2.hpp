@@ -23,6 +23,12 @@ TLM_GEMM_AVX2_FN void micro(std::size_t kc, const float* a, const float* b, floa
   __m256 acc[MR][2];
 #pragma GCC unroll 16
   for (std::size_t r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  // The C tile is usually outside L1 (and C is read again for every k block): start
+  // fetching it now so the misses overlap the FMAs instead of following them.
+  for (std::size_t r = 0; r < rows; ++r) {
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 15), _MM_HINT_T0);
+  }
   for (std::size_t p = 0; p < kc; ++p, a += MR, b += 16) {
     const __m256 b0 = _mm256_load_ps(b);
     const __m256 b1 = _mm256_load_ps(b + 8);

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "kernels.hpp"
+#include "kernels/gemm.hpp"
 #include "shape.hpp"
 #include "thread_pool.hpp"
 
@@ -36,48 +37,6 @@ void require_bound(const mat<R, C, S>& w) {
   }
 }
 
-// Plain loops over owned values, split over rows of the output; each output value
-// is summed by one thread in a fixed order, so results do not depend on the pool.
-//   y[i, r] = Σ_c x[i, c] w[r, c]          x [n, C], w [R, C], y [n, R]
-template <class T>
-void product_nt(const T* w, const T* x, T* y, std::size_t R, std::size_t C, std::size_t n, thread_pool* pool) {
-  auto body = [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i)
-      for (std::size_t r = 0; r < R; ++r) {
-        T s = 0;
-        for (std::size_t c = 0; c < C; ++c) s += x[i * C + c] * w[r * C + c];
-        y[i * R + r] = s;
-      }
-  };
-  if (pool) pool->parallel_for(n, 1, body);
-  else body(0, n);
-}
-//   dx[i, c] += Σ_r dy[i, r] w[r, c]       dy [n, R], w [R, C], dx [n, C]
-template <class T>
-void product_nn_add(const T* dy, const T* w, T* dx, std::size_t R, std::size_t C, std::size_t n, thread_pool* pool) {
-  auto body = [&](std::size_t b, std::size_t e) {
-    for (std::size_t i = b; i < e; ++i)
-      for (std::size_t r = 0; r < R; ++r) {
-        const T g = dy[i * R + r];
-        for (std::size_t c = 0; c < C; ++c) dx[i * C + c] += g * w[r * C + c];
-      }
-  };
-  if (pool) pool->parallel_for(n, 1, body);
-  else body(0, n);
-}
-//   dw[r, c] += Σ_i dy[i, r] x[i, c]       dy [n, R], x [n, C], dw [R, C]
-template <class T>
-void product_tn_add(const T* dy, const T* x, T* dw, std::size_t R, std::size_t C, std::size_t n, thread_pool* pool) {
-  auto body = [&](std::size_t b, std::size_t e) {
-    for (std::size_t r = b; r < e; ++r)
-      for (std::size_t i = 0; i < n; ++i) {
-        const T g = dy[i * R + r];
-        for (std::size_t c = 0; c < C; ++c) dw[r * C + c] += g * x[i * C + c];
-      }
-  };
-  if (pool) pool->parallel_for(R, 1, body);
-  else body(0, R);
-}
 }  // namespace detail
 
 // y = W x, into caller-owned storage: the form the forward pass uses (no allocation).
@@ -104,10 +63,15 @@ void matmul(const mat<R, C, S>& w, const rows<N, T>& x, rows<R, T>& y, thread_po
   detail::require_bound(w);
   y.resize(x.count());
   if (x.count() == 0) return;
-  if constexpr (std::same_as<T, float>) {
+  using kernels::transpose;
+  if constexpr (!is_owned_v<S>) {
     kernels::matmul(w.enc(), w.bytes().data(), x.data(), y.data(), R, C, x.count(), pool);
+  } else if constexpr (std::same_as<T, float>) {
+    kernels::gemm(transpose::no, transpose::yes, x.count(), R, C, x.data(), C, w.data(), C, y.data(), R, false, pool);
   } else {
-    detail::product_nt(w.data(), x.data(), y.data(), R, C, x.count(), pool);
+    // Double weights exist for gradient checks on tiny configs: the plain loops do.
+    kernels::gemm_reference<T>(transpose::no, transpose::yes, x.count(), R, C, x.data(), C, w.data(), C, y.data(), R,
+                               false);
   }
 }
 
@@ -127,8 +91,14 @@ void matmul_backward(const mat<R, C, owned<T>>& w, const rows<N, T>& x, const ro
                       " input-gradient rows; all three must be the forward's batch");
   }
   if (n == 0) return;
-  detail::product_nn_add(dy.data(), w.data(), dx.data(), R, C, n, pool);
-  detail::product_tn_add(dy.data(), x.data(), dw.data(), R, C, n, pool);
+  using kernels::transpose;
+  if constexpr (std::same_as<T, float>) {
+    kernels::gemm(transpose::no, transpose::no, n, C, R, dy.data(), R, w.data(), C, dx.data(), C, true, pool);
+    kernels::gemm(transpose::yes, transpose::no, R, C, n, dy.data(), R, x.data(), C, dw.data(), C, true, pool);
+  } else {
+    kernels::gemm_reference<T>(transpose::no, transpose::no, n, C, R, dy.data(), R, w.data(), C, dx.data(), C, true);
+    kernels::gemm_reference<T>(transpose::yes, transpose::no, R, C, n, dy.data(), R, x.data(), C, dw.data(), C, true);
+  }
 }
 
 }  // namespace tlm

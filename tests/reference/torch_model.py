@@ -104,8 +104,10 @@ def tensor_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
 def init_weights(cfg: Config, seed: int, scheme: str = "unit") -> dict[str, np.ndarray]:
     """Seeded float32 weights by GGUF name.
 
-    scheme "unit" (the fixtures): matrices N(0, 1/in_features), embeddings N(0, 1), norm
-    gains 1 + 0.1·N(0, 1), so activations and gradients are O(1).
+    scheme "unit" (the fixtures): matrices N(0, 1/in_features), norm gains 1 + 0.1·N(0, 1),
+    so activations and gradients are O(1); token_embd N(0, 1) when untied, but N(0, 1/dim)
+    when tied, since it is then the output matrix too (with N(0, 1) the logits would have a
+    spread of sqrt(dim) and the softmax would saturate: a loss of 20 on tiny_gqa).
     scheme "llama" (the benchmark): matrices and embeddings N(0, 0.02²), gains 1.
     """
     rng = np.random.default_rng(seed)
@@ -114,7 +116,7 @@ def init_weights(cfg: Config, seed: int, scheme: str = "unit") -> dict[str, np.n
         if len(shape) == 1:
             a = 1.0 + 0.1 * rng.standard_normal(shape) if scheme == "unit" else np.ones(shape)
         elif scheme == "unit":
-            std = 1.0 if name == "token_embd.weight" else 1.0 / math.sqrt(shape[1])
+            std = 1.0 if (name == "token_embd.weight" and not cfg.tied) else 1.0 / math.sqrt(shape[1])
             a = std * rng.standard_normal(shape)
         elif scheme == "llama":
             a = 0.02 * rng.standard_normal(shape)

@@ -1,0 +1,106 @@
+// Training step time: forward, cross-entropy, backward and AdamW on random tokens,
+// as bench/train_vs_torch.py runs it next to PyTorch. Prints one JSON line.
+//
+//   train --config tiny_train|smollm2_135m [--batch B] [--seq T] [--threads N] [--steps S]
+//         [--model FILE.gguf]   (start from a real model's weights instead of the N(0, 0.02) init)
+#include <sys/resource.h>
+
+#include <fmt/core.h>
+#include <tlm/load.hpp>
+#include <tlm/train/adamw.hpp>
+#include <tlm/train/step.hpp>
+#include <tlm/train/weights.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct options {
+  std::string config = "tiny_train", model;
+  std::size_t batch = 4, seq = 16, threads = 1, steps = 20;
+};
+
+template <tlm::LlamaConfig C>
+int run(const options& o) {
+  auto p = std::make_unique<tlm::trainable<C, float>>();
+  if (!o.model.empty()) {
+    const tlm::gguf::file f(o.model);
+    p = tlm::to_trainable<float>(tlm::bind<C>(f));
+  } else {
+    tlm::init_weights(*p, 42);
+  }
+  auto g = std::make_unique<tlm::trainable<C, float>>();
+  tlm::training<C, float> tr({.batch = o.batch, .seq = o.seq, .threads = o.threads});
+  tlm::adamw<tlm::trainable<C, float>> opt({.lr = 1e-4, .weight_decay = 0.01, .clip = 1.0});
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(C::vocab) - 1);
+  std::vector<std::int32_t> tokens(o.batch * (o.seq + 1));
+  std::vector<std::int32_t> x(o.batch * o.seq), y(o.batch * o.seq);
+  std::vector<double> ms;
+  double loss = 0;
+  const std::size_t warmup = 2;
+  for (std::size_t s = 0; s < o.steps + warmup; ++s) {
+    for (auto& t : tokens) t = tok(rng);
+    for (std::size_t b = 0; b < o.batch; ++b)
+      for (std::size_t t = 0; t < o.seq; ++t) {
+        x[b * o.seq + t] = tokens[b * (o.seq + 1) + t];
+        y[b * o.seq + t] = tokens[b * (o.seq + 1) + t + 1];
+      }
+    const auto t0 = std::chrono::steady_clock::now();
+    loss = tr.forward(*p, x, y);
+    tlm::zero(*g);
+    tr.backward(*p, *g);
+    opt.step(*p, *g);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (s >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  const double median = ms[ms.size() / 2];
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  fmt::print("{{\"config\": \"{}\", \"batch\": {}, \"seq\": {}, \"threads\": {}, \"steps\": {}, \"ms_per_step\": {:.3f}, "
+             "\"ms_min\": {:.3f}, \"tokens_per_s\": {:.1f}, \"peak_rss_mb\": {:.1f}, \"final_loss\": {:.4f}}}\n",
+             o.config, o.batch, o.seq, o.threads, ms.size(), median, ms.front(),
+             1000.0 * static_cast<double>(o.batch * o.seq) / median, static_cast<double>(ru.ru_maxrss) / 1024.0, loss);
+  return 0;
+}
+
+std::size_t number(const std::string& flag, const char* v) {
+  try {
+    std::size_t pos = 0;
+    const long long n = std::stoll(v, &pos);
+    if (pos == std::string(v).size() && n > 0) return static_cast<std::size_t>(n);
+  } catch (const std::exception&) {
+  }
+  throw tlm::error("train: " + flag + " takes a whole number >= 1, not '" + v + "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    options o;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (i + 1 >= argc) throw tlm::error("train: " + a + " needs a value");
+      const char* v = argv[++i];
+      if (a == "--config") o.config = v;
+      else if (a == "--model") o.model = v;
+      else if (a == "--batch") o.batch = number(a, v);
+      else if (a == "--seq") o.seq = number(a, v);
+      else if (a == "--threads") o.threads = number(a, v);
+      else if (a == "--steps") o.steps = number(a, v);
+      else throw tlm::error("train: unknown option '" + a + "'");
+    }
+    if (o.config == "tiny_train") return run<tlm::tiny_train>(o);
+    if (o.config == "smollm2_135m") return run<tlm::smollm2_135m>(o);
+    throw tlm::error("train: --config is tiny_train or smollm2_135m, not '" + o.config + "'");
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  }
+}

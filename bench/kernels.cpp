@@ -1,6 +1,8 @@
 // Matrix-vector and matrix-matrix kernel speed on the shapes of SmolLM2-135M.
 //
-//   kernels [--rounds N] [--quick] [--out FILE]
+//   kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]...
+//
+// --filter keeps only the measurements whose label contains every TEXT given.
 //
 // Every measurement runs in each of N rounds, interleaved with all the others, and
 // the median round is reported: the machine may be shared, and interleaving spreads
@@ -210,6 +212,7 @@ int main(int argc, char** argv) {
   int rounds = 7;
   double target = 0.025;
   std::string out_path;
+  std::vector<std::string> filters;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rounds" && i + 1 < argc) {
@@ -217,10 +220,12 @@ int main(int argc, char** argv) {
     } else if (a == "--quick") {
       rounds = 1;
       target = 0.002;
+    } else if (a == "--filter" && i + 1 < argc) {
+      filters.push_back(argv[++i]);
     } else if (a == "--out" && i + 1 < argc) {
       out_path = argv[++i];
     } else {
-      std::cerr << "usage: kernels [--rounds N] [--quick] [--out FILE]\n";
+      std::cerr << "usage: kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]...\n";
       return 2;
     }
   }
@@ -419,6 +424,11 @@ int main(int argc, char** argv) {
     }
   }
 
+  std::erase_if(ms, [&](const measurement& m) {
+    for (const auto& f : filters)
+      if (m.label.find(f) == std::string::npos) return true;
+    return false;
+  });
   const std::string load_before = load_average();
   for (auto& m : ms) calibrate(m, target);
   for (int r = 0; r < rounds; ++r) {

@@ -139,7 +139,7 @@ inline const kernel_table& avx2_table() {
 template <encoding E>
 constexpr void set_avx512(kernel_table& k) {
   k.matvec[slot(E)] = &avx512::matvec_rows<E>;
-  k.prepare[slot(E)] = E == encoding::q4_1 ? &avx512::prepare_x<E> : nullptr;
+  k.prepare[slot(E)] = E == encoding::q4_1 || E == encoding::q4_0 ? &avx512::prepare_q4_x<E> : nullptr;
   k.matmul[slot(E)] = &avx512::matmul_rows<&avx2::decode_row<E>>;
 }
 

@@ -58,25 +58,6 @@ TLM_AVX512_INLINE inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); 
 
 TLM_AVX512_INLINE inline float half_at(const std::byte* p) { return _cvtsh_ss(load_u16(p)); }
 
-// 16 codes of a Q4 block as floats: the low nibbles are values 0..15 and the high
-// nibbles values 16..31, so one zero-extension each gives value order. Q4_0 codes are
-// re-centred to -8..7 in the integer domain (exact).
-template <encoding E>
-TLM_AVX512_INLINE inline void q4_halves(const std::byte* qs, __m512& lo, __m512& hi) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  __m128i l = _mm_and_si128(b, mask);
-  __m128i h = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-  if constexpr (E == encoding::q4_0) {
-    const __m128i eight = _mm_set1_epi8(8);
-    lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(l, eight)));
-    hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(h, eight)));
-  } else {
-    lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l));
-    hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h));
-  }
-}
-
 // 32 consecutive values of a float-type row (f32, f16, bf16) as two vectors.
 template <encoding E>
 TLM_AVX512_INLINE inline void float32_values(const std::byte* p, __m512& a, __m512& b) {
@@ -125,71 +106,151 @@ TLM_AVX512_FN inline void axpy(float a, const float* x, float* y, std::size_t n)
 }
 
 // ---- Exact matvec -------------------------------------------------------------------
+//
+// Q4 blocks: the 16 code bytes are broadcast to the four 128-bit lanes, the upper two
+// lanes shifted to the high nibbles, and two in-lane byte shuffles widen 4 codes per
+// lane to int32: e0 = values [0,4) [4,8) [16,20) [20,24), e1 = [8,12) [12,16) [24,28)
+// [28,32). In-lane shuffles instead of vpmovzxbd: on AMD Zen 4 the lane-crossing
+// widening of a 512-bit register is the bottleneck of this loop. x is permuted once
+// per matvec to match (prepare_q4_x), followed by the pairs [0, sum x_b] per block
+// that multiply [d_b, m_b] (only Q4_1 has a min; Q4_0's codes are re-centred).
 
-// Q4_1 needs sum_j x_j per block (the min multiplies it): computed once per matvec,
-// before the rows are split among threads. x is left as it is, followed by [blocks].
+inline constexpr std::size_t q4_order[32] = {0, 1, 2,  3,  4,  5,  6,  7,  16, 17, 18, 19, 20, 21, 22, 23,
+                                             8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+
+// x [cols] -> [cols] in q4_order per block, then [blocks, 2] = {0, sum of the block}.
 template <encoding E>
-inline void prepare_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
+inline void prepare_q4_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
   const std::size_t blocks = cols / 32;
-  prepared.resize(cols + blocks);  // [cols] x, then [blocks] block sums
-  std::copy(x, x + cols, prepared.begin());
+  prepared.resize(cols + 2 * blocks);  // [cols] permuted x, then [blocks, 2]
   for (std::size_t b = 0; b < blocks; ++b) {
     float t = 0;
-    for (std::size_t i = 0; i < 32; ++i) t += x[32 * b + i];
-    prepared[cols + b] = t;
+    for (std::size_t i = 0; i < 32; ++i) {
+      prepared[32 * b + i] = x[32 * b + q4_order[i]];
+      t += x[32 * b + i];
+    }
+    prepared[cols + 2 * b] = 0.0f;
+    prepared[cols + 2 * b + 1] = t;
   }
 }
 
-// One row: sum_b d_b (codes_b . x_b) [+ m_b sum(x_b)]. For the float encodings every
-// 32 values are two plain multiply-adds and the last cols % 32 a scalar tail.
 template <encoding E>
-TLM_AVX512_FN inline float row_dot(const std::byte* row, const float* x, const float* xsum, std::size_t cols) {
-  constexpr std::size_t bb = row_bytes(E, 32);
-  const std::size_t blocks = cols / 32;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  float mins = 0;
-  for (std::size_t b = 0; b < blocks; ++b) {
-    const std::byte* p = row + b * bb;
-    if (b % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_ahead), _MM_HINT_T0);
-    const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
-    __m512 w0, w1;
-    if constexpr (E == encoding::q8_0) {
-      w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2))));
-      w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18))));
-    } else if constexpr (E == encoding::q4_0) {
-      q4_halves<E>(p + 2, w0, w1);
-    } else if constexpr (E == encoding::q4_1) {
-      q4_halves<E>(p + 4, w0, w1);
-    } else {
-      float32_values<E>(p, w0, w1);
-    }
-    if constexpr (E == encoding::q8_0 || E == encoding::q4_0 || E == encoding::q4_1) {
-      const __m512 t = _mm512_fmadd_ps(w1, x1, _mm512_mul_ps(w0, x0));
-      const __m512 d = _mm512_set1_ps(half_at(p));
-      if (b % 2 == 0) {
-        acc0 = _mm512_fmadd_ps(d, t, acc0);
-      } else {
-        acc1 = _mm512_fmadd_ps(d, t, acc1);
-      }
-      if constexpr (E == encoding::q4_1) mins += half_at(p + 2) * xsum[b];
-    } else {
-      acc0 = _mm512_fmadd_ps(w0, x0, acc0);
-      acc1 = _mm512_fmadd_ps(w1, x1, acc1);
-    }
+TLM_AVX512_INLINE inline void q4_codes(const std::byte* qs, __m512& e0, __m512& e1) {
+  __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  b = _mm512_and_si512(_mm512_srlv_epi64(b, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), _mm512_set1_epi8(0x0f));
+  if constexpr (E == encoding::q4_0) b = _mm512_sub_epi8(b, _mm512_set1_epi8(8));
+  // Lanes 0, 2 widen bytes 0..3 (c0) or 8..11 (c1), lanes 1, 3 bytes 4..7 or 12..15;
+  // control bytes 0xff give zero.
+  const __m512i c0 = _mm512_setr_epi32(0xffffff00, 0xffffff01, 0xffffff02, 0xffffff03,   //
+                                       0xffffff04, 0xffffff05, 0xffffff06, 0xffffff07,   //
+                                       0xffffff00, 0xffffff01, 0xffffff02, 0xffffff03,   //
+                                       0xffffff04, 0xffffff05, 0xffffff06, 0xffffff07);
+  const __m512i c1 = _mm512_add_epi32(c0, _mm512_set1_epi32(8));
+  if constexpr (E == encoding::q4_0) {
+    // Signed codes: the byte goes to the top of the int32 and an arithmetic shift
+    // brings it down with its sign.
+    const __m512i top = _mm512_set1_epi32(0x00ffffff);
+    const __m512i s0 = _mm512_or_si512(_mm512_slli_epi32(c0, 24), top);
+    const __m512i s1 = _mm512_or_si512(_mm512_slli_epi32(c1, 24), top);
+    e0 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_shuffle_epi8(b, s0), 24));
+    e1 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_shuffle_epi8(b, s1), 24));
+  } else {
+    e0 = _mm512_cvtepi32_ps(_mm512_shuffle_epi8(b, c0));
+    e1 = _mm512_cvtepi32_ps(_mm512_shuffle_epi8(b, c1));
   }
-  float s = hsum(_mm512_add_ps(acc0, acc1)) + mins;
-  if constexpr (E == encoding::f32 || E == encoding::f16 || E == encoding::bf16) {
-    if (blocks * 32 < cols) s += avx2::tail_dot<E>(row, x, blocks * 32, cols);
+}
+
+// [d0, m0, d1, m1] of two Q4_1 blocks, [d0, 0, d1, 0] of Q4_0 / Q8_0 blocks.
+template <encoding E>
+TLM_AVX512_INLINE inline __m128 scale_pair(const std::byte* p0, const std::byte* p1) {
+  std::uint64_t bits;
+  if constexpr (E == encoding::q4_1) {
+    std::uint32_t a, b;
+    std::memcpy(&a, p0, 4);
+    std::memcpy(&b, p1, 4);
+    bits = a | (std::uint64_t{b} << 32);
+  } else {
+    bits = load_u16(p0) | (std::uint64_t{load_u16(p1)} << 32);
+  }
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(bits)));
+}
+
+// sum_j c_j x_j of one quantized block (codes . x, before the scale).
+template <encoding E>
+TLM_AVX512_INLINE inline __m512 block_codes_dot(const std::byte* p, const float* xb) {
+  __m512 w0, w1;
+  if constexpr (E == encoding::q8_0) {
+    w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2))));
+    w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18))));
+  } else {
+    q4_codes<E>(p + (E == encoding::q4_1 ? 4 : 2), w0, w1);
+  }
+  return _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xb)));
+}
+
+// One row of a quantized matrix: sum_b d_b (codes_b . x_b) [+ m_b sum(x_b)], two
+// blocks per step (one conversion of the four scales, two accumulators).
+template <encoding E>
+TLM_AVX512_FN inline float row_dot_quant(const std::byte* row, const float* x, const float* xsum, std::size_t blocks) {
+  constexpr std::size_t bb = row_bytes(E, 32);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m128 mins = _mm_setzero_ps();
+  std::size_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    const std::byte* p = row + b * bb;
+    _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_ahead), _MM_HINT_T0);
+    const __m128 dm = scale_pair<E>(p, p + bb);
+    const __m512 t0 = block_codes_dot<E>(p, x + 32 * b);
+    const __m512 t1 = block_codes_dot<E>(p + bb, x + 32 * b + 32);
+    acc0 = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t0, acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_broadcastss_ps(_mm_movehl_ps(dm, dm)), t1, acc1);
+    if constexpr (E == encoding::q4_1) mins = _mm_fmadd_ps(dm, _mm_loadu_ps(xsum + 2 * b), mins);
+  }
+  if (b < blocks) {
+    const std::byte* p = row + b * bb;
+    const __m128 dm = scale_pair<E>(p, p);
+    acc0 = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), block_codes_dot<E>(p, x + 32 * b), acc0);
+    if constexpr (E == encoding::q4_1) mins = _mm_fmadd_ps(dm, _mm_setr_ps(0.0f, xsum[2 * b + 1], 0.0f, 0.0f), mins);
+  }
+  float s = hsum(_mm512_add_ps(acc0, acc1));
+  if constexpr (E == encoding::q4_1) {
+    alignas(16) float m[4];
+    _mm_store_ps(m, mins);
+    s += m[1] + m[3];
   }
   return s;
 }
 
-// x: for Q4_1 the output of prepare_x (x, then per-block sums); otherwise x itself.
+// One row of a float matrix (f32, f16, bf16), the last cols % 32 as a scalar tail.
+template <encoding E>
+TLM_AVX512_FN inline float row_dot_float(const std::byte* row, const float* x, std::size_t cols) {
+  constexpr std::size_t bb = row_bytes(E, 32);
+  const std::size_t blocks = cols / 32;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* p = row + b * bb;
+    _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_ahead), _MM_HINT_T0);
+    __m512 w0, w1;
+    float32_values<E>(p, w0, w1);
+    acc0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 32 * b), acc0);
+    acc1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 32 * b + 16), acc1);
+  }
+  float s = hsum(_mm512_add_ps(acc0, acc1));
+  if (blocks * 32 < cols) s += avx2::tail_dot<E>(row, x, blocks * 32, cols);
+  return s;
+}
+
+// x: for Q4_0 / Q4_1 the output of prepare_q4_x; otherwise x itself.
 template <encoding E>
 TLM_AVX512_FN inline void matvec_rows(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                       std::size_t r0, std::size_t r1, std::size_t cols) {
-  const float* xsum = x + cols;  // [cols / 32], Q4_1 only
-  for (std::size_t r = r0; r < r1; ++r) y[r] = row_dot<E>(w + r * rb, x, xsum, cols);
+  for (std::size_t r = r0; r < r1; ++r) {
+    if constexpr (E == encoding::q8_0 || E == encoding::q4_0 || E == encoding::q4_1) {
+      y[r] = row_dot_quant<E>(w + r * rb, x, x + cols, cols / 32);
+    } else {
+      y[r] = row_dot_float<E>(w + r * rb, x, cols);
+    }
+  }
 }
 
 // ---- Exact matmul (prefill) --------------------------------------------------------

@@ -23,6 +23,7 @@
 // (exact: float32 activations; fast: int8 activations) at every level the CPU has.
 #include <tlm/kernels.hpp>
 #include <tlm/quant.hpp>
+#include <tlm/sampler.hpp>
 #include <tlm/thread_pool.hpp>
 
 #include <algorithm>
@@ -421,6 +422,26 @@ int main(int argc, char** argv) {
           }
         }
       }
+    }
+  }
+
+  // The sampler on a vocabulary of logits shaped like a model's (a few strong
+  // candidates over a normal tail): one call per token.
+  {
+    auto logits = std::make_shared<std::vector<float>>(49152);
+    std::normal_distribution<float> tail(-2.0f, 2.0f);
+    for (auto& v : *logits) v = tail(rng);
+    for (std::size_t i = 0; i < 5; ++i) (*logits)[i * 9001] = 12.0f + static_cast<float>(i);
+    const tlm::sampling settings[] = {{0.8f, 40, 0.95f, 1}, {0.8f, 0, 0.9f, 1}, {1.0f, 0, 1.0f, 1}};
+    const char* names[] = {"T 0.8, top-k 40, top-p 0.95", "T 0.8, top-p 0.9", "T 1, no limit"};
+    for (std::size_t i = 0; i < 3; ++i) {
+      measurement m;
+      m.group = "sampler";
+      m.label = std::string("sample one of 49152 logits, ") + names[i];
+      m.tokens = 1;
+      auto smp = std::make_shared<tlm::sampler>(settings[i]);
+      m.run = [=] { sink = sink + (*smp)(*logits); };
+      ms.push_back(std::move(m));
     }
   }
 

@@ -507,24 +507,117 @@ TLM_VNNI_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, 
   for (std::size_t r = r0; r < r1; ++r) row_dots_vnni<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
 }
 
-// Prefill in fast mode: each weight row (in L1 after its first use) against the batch
-// four activation rows at a time, so its unpacking is shared by four dot products.
+// The output of one (weight row, activation row j) of matmul_q8 from its accumulator:
+// the min terms (Q4_1: sum_b m_b s_jb, over the blocks of the pairs) and the last
+// block of an odd count.
+template <encoding E>
+TLM_VNNI_INLINE inline float finish_q8(__m512 acc, const std::byte* row, const q8_activations& x, std::size_t j,
+                                       const float* mins, const float* sums) {
+  constexpr std::size_t bb = row_bytes(E, 32);
+  const std::size_t nb = x.blocks, paired = nb / 2 * 2;
+  float s = hsum(acc);
+  if constexpr (E == encoding::q4_1) s += dot(mins, sums + j * nb, paired);
+  if (paired < nb) {
+    const std::size_t b = nb - 1;
+    s += block_term_vnni<E>(row + b * bb, x.q.data() + j * nb * 32 + 32 * b, x.ds.data() + (j * nb + b) * 2);
+  }
+  return s;
+}
+
+// Prefill in fast mode. Each weight row is unpacked once into a row buffer (64 code
+// bytes, the 16-lane scale vector [d0 x8, d1 x8] and, for signed codes, a correction
+// per block pair) and then used for every activation row of the batch, four at a
+// time. The activations' scales are expanded once per call to the same 16-lane
+// pattern, so a block pair of one (weight row, activation row) costs one vpdpbusd,
+// one conversion, one multiply and one multiply-add, as a float32 GEMM spends on 64
+// values. Signed codes (Q8_0, Q4_0) use biased activations instead of moving signs:
+// sum w q = sum w (q + 128) - 128 sum w, where q + 128 is an unsigned byte and the
+// second term, per lane, is vpdpbusd(128, w), computed once per weight row.
+// Q4_1's min terms are one float dot product per output over the blocks.
 template <encoding E>
 TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                   std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
-  const std::size_t nb = x.blocks, qs = nb * 32, dss = nb * 2;
-  const std::size_t batch = x.rows;
-  float out[4];
+  constexpr bool is_signed = E != encoding::q4_1;
+  constexpr std::size_t bb = row_bytes(E, 32);
+  const std::size_t nb = x.blocks, pairs = nb / 2, batch = x.rows;
+  const std::size_t qs = nb * 32;
+  // Per call: activation scales in the 16-lane pattern, Q4_1's block sums, biased codes.
+  thread_local std::vector<float> dxv;           // [batch, pairs, 16]
+  thread_local std::vector<float> sums;          // [batch, nb]
+  thread_local std::vector<std::uint8_t> biased; // [batch, nb * 32] (signed codes only)
+  // Per weight row.
+  thread_local std::vector<std::uint8_t> codes;  // [pairs, 64]
+  thread_local std::vector<float> dwv;           // [pairs, 16]
+  thread_local std::vector<std::int32_t> ncorr;  // [pairs, 16] (signed codes only)
+  thread_local std::vector<float> mins;          // [nb]
+  dxv.resize(batch * pairs * 16);
+  sums.resize(batch * nb);
+  codes.resize(pairs * 64);
+  dwv.resize(pairs * 16);
+  ncorr.resize(pairs * 16);
+  mins.resize(nb);
+  for (std::size_t j = 0; j < batch; ++j) {
+    for (std::size_t p = 0; p < pairs; ++p) {
+      const float* d = x.ds.data() + (j * nb + 2 * p) * 2;
+      float* o = dxv.data() + (j * pairs + p) * 16;
+      for (std::size_t l = 0; l < 8; ++l) {
+        o[l] = d[0];
+        o[8 + l] = d[2];
+      }
+    }
+    for (std::size_t b = 0; b < nb; ++b) sums[j * nb + b] = x.ds[(j * nb + b) * 2 + 1];
+  }
+  if constexpr (is_signed) {
+    biased.resize(batch * qs);
+    for (std::size_t i = 0; i < batch * qs; ++i) biased[i] = static_cast<std::uint8_t>(x.q[i] ^ std::int8_t(-128));
+  }
+  const std::uint8_t* qa = is_signed ? biased.data() : reinterpret_cast<const std::uint8_t*>(x.q.data());
+  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
   for (std::size_t r = r0; r < r1; ++r) {
     const std::byte* row = w + r * rb;
-    std::size_t b = 0;
-    for (; b + 4 <= batch; b += 4) {
-      row_dots_vnni<E, 4>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
-      for (std::size_t j = 0; j < 4; ++j) y[(b + j) * rows + r] = out[j];
+    for (std::size_t p = 0; p < pairs; ++p) {
+      const std::byte* p0 = row + 2 * p * bb;
+      const __m512i cv = codes64<E>(p0, p0 + bb);
+      _mm512_storeu_si512(codes.data() + 64 * p, cv);
+      const __m128 dm = scales2<E>(p0, p0 + bb);
+      _mm512_storeu_ps(dwv.data() + 16 * p, _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(dm)));
+      if constexpr (is_signed) {
+        const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, cv);
+        _mm512_storeu_si512(ncorr.data() + 16 * p, _mm512_sub_epi32(_mm512_setzero_si512(), corr));
+      }
     }
-    for (; b < batch; ++b) {
-      row_dots_vnni<E, 1>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
-      y[b * rows + r] = out[0];
+    if constexpr (E == encoding::q4_1)
+      for (std::size_t b = 0; b < nb; ++b) mins[b] = half_at(row + b * bb + 2);
+    std::size_t j = 0;
+    for (; j + 4 <= batch; j += 4) {
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (std::size_t p = 0; p < pairs; ++p) {
+        const __m512i cv = _mm512_loadu_si512(codes.data() + 64 * p);
+        const __m512 dw = _mm512_loadu_ps(dwv.data() + 16 * p);
+        const __m512i init = is_signed ? _mm512_loadu_si512(ncorr.data() + 16 * p) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (std::size_t t = 0; t < 4; ++t) {
+          const __m512i qv = _mm512_loadu_si512(qa + (j + t) * qs + 64 * p);
+          const __m512i sv = is_signed ? _mm512_dpbusd_epi32(init, qv, cv) : _mm512_dpbusd_epi32(init, cv, qv);
+          const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(dxv.data() + ((j + t) * pairs + p) * 16));
+          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), sc, acc[t]);
+        }
+      }
+      for (std::size_t t = 0; t < 4; ++t)
+        y[(j + t) * rows + r] = finish_q8<E>(acc[t], row, x, j + t, mins.data(), sums.data());
+    }
+    for (; j < batch; ++j) {
+      __m512 acc = _mm512_setzero_ps();
+      for (std::size_t p = 0; p < pairs; ++p) {
+        const __m512i cv = _mm512_loadu_si512(codes.data() + 64 * p);
+        const __m512i init = is_signed ? _mm512_loadu_si512(ncorr.data() + 16 * p) : _mm512_setzero_si512();
+        const __m512i qv = _mm512_loadu_si512(qa + j * qs + 64 * p);
+        const __m512i sv = is_signed ? _mm512_dpbusd_epi32(init, qv, cv) : _mm512_dpbusd_epi32(init, cv, qv);
+        const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(dwv.data() + 16 * p), _mm512_loadu_ps(dxv.data() + (j * pairs + p) * 16));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), sc, acc);
+      }
+      y[j * rows + r] = finish_q8<E>(acc, row, x, j, mins.data(), sums.data());
     }
   }
 }

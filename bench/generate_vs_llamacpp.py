@@ -1,24 +1,43 @@
 #!/usr/bin/env python3
-"""Generation speed of tlm next to llama.cpp (llama-cpp-python), on the same file,
-in one run, interleaved, so a noisy shared machine affects both alike.
+"""Generation speed of tlm next to llama.cpp (llama-cpp-python), on the same file, in
+one run, alternating the engines, so a noisy shared machine affects both alike.
 
-Reports decode ms/token at 1 and 2 threads, prefill tokens/s on a 64-token prompt,
-load + first token wall time, and peak RSS; writes bench/results/generate.md.
+Measures, at every thread count asked for (default 1 and 2, then every doubling up
+to 16 that the machine has):
+  - decode ms/token after a 64-token prompt, for 32 and for 128 new tokens;
+  - prefill tokens/s at 64 and at 512 prompt tokens;
+  - load + first token wall time and peak RSS (64-token prompt);
+  - the weight-streaming floor (build/bench/kernels --filter floor), and each decode
+    figure as a multiple of it.
+Medians over the rounds; ratios are speeds (above 1: tlm is faster).
+
+Which llama.cpp: the build must be native to the machine. The script prints what
+`llama_print_system_info()` reports; if that build lacks instructions the CPU has (a
+generic wheel), it builds llama-cpp-python natively into a separate venv
+(CMAKE_ARGS="-DGGML_NATIVE=ON"). If the build crashes in a smoke run on a CPU whose
+VM exposes AMX (SIGSEGV in ggml_backend_amx_mul_mat, seen on 2-core Xeons), it
+builds again with -DGGML_NATIVE=OFF, the AVX-512 flags the CPU has and AMX off, and
+says so in the results.
 
   .venv/bin/python bench/generate_vs_llamacpp.py --build build [--model GGUF] [--rounds 3]
+  # tlm's fast mode (int8 activations), once generate has --precision:
+  .venv/bin/python bench/generate_vs_llamacpp.py --build build --precision fast
   # larger shapes, on synthetic files (examples/synth_model):
   .venv/bin/python bench/generate_vs_llamacpp.py --model build/synthetic-smollm2_360m.gguf --config smollm2_360m
 """
 import argparse
 import json
 import os
-import platform
 import re
-import resource
+import signal
 import statistics
 import subprocess
 import sys
-import time
+
+LLAMA_INFO = r"""
+import json, llama_cpp
+print(json.dumps({"version": llama_cpp.__version__, "system_info": llama_cpp.llama_print_system_info().decode()}))
+"""
 
 LLAMA_CHILD = r"""
 import json, resource, sys, time
@@ -26,7 +45,11 @@ t0 = time.perf_counter()
 from llama_cpp import Llama
 path, threads, prompt, n = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4])
 t_import = time.perf_counter()
-llm = Llama(model_path=path, n_ctx=256, n_threads=threads, n_threads_batch=threads, n_batch=256, verbose=False)
+# One batch holds the whole context: the prompt is evaluated in a single ubatch (llama.cpp's best case),
+# and llama-cpp-python keeps one row of scores per batch slot, so every position has its row.
+ctx = max(512, len(prompt) + n + 16)
+llm = Llama(model_path=path, n_ctx=ctx, n_threads=threads, n_threads_batch=threads,
+            n_batch=ctx, n_ubatch=ctx, verbose=False)
 t_load = time.perf_counter()
 llm.eval(prompt)
 t_prefill = time.perf_counter()
@@ -43,22 +66,111 @@ print(json.dumps({
     "load_ms": (t_load - t_import) * 1e3,
     "prefill_tps": len(prompt) / (t_prefill - t_load),
     "first_token_ms": (t_first - t_import) * 1e3,
-    "decode_ms": sorted(times)[len(times) // 2] * 1e3,
+    # The mean, as tlm's --timing reports it.
+    "decode_ms": sum(times) / len(times) * 1e3 if times else float("nan"),
     "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
 }))
 """
 
+# Flags of /proc/cpuinfo and the names llama_print_system_info() gives them.
+CPU_TO_GGML = [("avx2", "AVX2"), ("fma", "FMA"), ("f16c", "F16C"), ("avx512f", "AVX512"),
+               ("avx512_vnni", "AVX512_VNNI"), ("avx512_bf16", "AVX512_BF16"), ("avx512vbmi", "AVX512_VBMI"),
+               ("avx_vnni", "AVX_VNNI"), ("amx_int8", "AMX_INT8")]
 
-def child_rss_mib(before):
-    return (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+
+def cpu_model_and_flags():
+    model, flags = "?", []
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and model == "?":
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = line.split(":", 1)[1].split()
+    return model, flags
 
 
-def run_tlm(build, model, config, threads, prompt, n):
-    cmd = [os.path.join(build, "examples", "generate"), "--model", model, "--config", config, "--threads", str(threads),
-           "--token-ids", ",".join(map(str, prompt)), "-n", str(n + 1), "--timing"]
+def ggml_features(system_info):
+    return {k: v == "1" for k, v in re.findall(r"(\w+) = (\d)", system_info)}
+
+
+def llama_info(python):
+    p = subprocess.run([python, "-c", LLAMA_INFO], capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{python}: cannot import llama_cpp:\n{p.stderr}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def missing_features(system_info, flags):
+    have = ggml_features(system_info)
+    return [g for c, g in CPU_TO_GGML if c in flags and c != "amx_int8" and not have.get(g, False)]
+
+
+def build_llama_venv(venv, version, cmake_args):
+    """llama-cpp-python `version` compiled from source with `cmake_args`, in its own venv."""
+    print(f"building llama-cpp-python {version} in {venv} with CMAKE_ARGS='{cmake_args}' (a few minutes)", flush=True)
+    if not os.path.exists(os.path.join(venv, "bin", "python")):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    env = dict(os.environ, CMAKE_ARGS=cmake_args, CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1))
+    subprocess.run([os.path.join(venv, "bin", "pip"), "install", "-q", "--no-cache-dir", "--force-reinstall",
+                    "--no-binary", "llama-cpp-python", f"llama-cpp-python=={version}", "numpy"], check=True, env=env)
+    return os.path.join(venv, "bin", "python")
+
+
+def run_llama(python, model, threads, prompt, n):
+    p = subprocess.run([python, "-c", LLAMA_CHILD, model, str(threads), json.dumps(prompt), str(n)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise subprocess.CalledProcessError(p.returncode, "llama.cpp child", p.stdout, p.stderr)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def choose_llama(args, flags):
+    """The Python whose llama.cpp is measured, and a sentence on how it was built."""
+    python = args.llama_python
+    info = llama_info(python)
+    how = (f"llama-cpp-python {info['version']} from `{python}`, compiled from source by pip; the project's "
+           "scripts/setup passes no CMAKE_ARGS, so llama.cpp's default GGML_NATIVE=ON applies")
+    missing = missing_features(info["system_info"], flags)
+    if missing:
+        if args.no_build:
+            how += f" (**generic build**: lacks {', '.join(missing)}; not rebuilt because of --no-build)"
+        else:
+            python = build_llama_venv(args.bench_venv, info["version"], "-DGGML_NATIVE=ON")
+            info = llama_info(python)
+            how = (f"llama-cpp-python {info['version']} built for this machine into `{args.bench_venv}` with "
+                   f"CMAKE_ARGS=\"-DGGML_NATIVE=ON\" (the default venv's build lacked {', '.join(missing)})")
+    # Smoke run: a native build that uses AMX crashes on some VMs that expose it.
+    try:
+        run_llama(python, args.model, 1, [1, 2, 3, 4, 5, 6, 7, 8], 2)
+    except subprocess.CalledProcessError as e:
+        died = e.returncode < 0 and -e.returncode in (signal.SIGSEGV, signal.SIGILL, signal.SIGBUS)
+        if not (died and ggml_features(info["system_info"]).get("AMX_INT8", False)) or args.no_build:
+            sys.exit(f"llama.cpp smoke run failed (exit {e.returncode}):\n{e.stderr[-2000:]}")
+        on = lambda f: "ON" if f in flags else "OFF"
+        cmake = ("-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON "
+                 f"-DGGML_AVX512={on('avx512f')} -DGGML_AVX512_VNNI={on('avx512_vnni')} "
+                 f"-DGGML_AVX512_BF16={on('avx512_bf16')} -DGGML_AVX512_VBMI={on('avx512vbmi')} "
+                 "-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF")
+        venv = args.bench_venv + "-noamx"
+        python = build_llama_venv(venv, info["version"], cmake)
+        info = llama_info(python)
+        how = (f"llama-cpp-python {info['version']} built into `{venv}` with CMAKE_ARGS=\"{cmake}\": the native "
+               f"build died with signal {-e.returncode} in a smoke run (the AMX crash), so AMX is off")
+        run_llama(python, args.model, 1, [1, 2, 3, 4, 5, 6, 7, 8], 2)
+    return python, info, how
+
+
+def run_tlm(args, threads, prompt, n):
+    cmd = [os.path.join(args.build, "examples", "generate"), "--model", args.model, "--config", args.config,
+           "--threads", str(threads), "--token-ids", ",".join(map(str, prompt)), "-n", str(n + 1), "--timing"]
+    if args.precision != "exact":
+        # Only passed when asked for, so the script also runs a generate without the flag.
+        cmd += ["--precision", args.precision]
     # A fresh process per run so its peak RSS is its own: measured with /usr/bin/time if present.
     wrapped = ["/usr/bin/time", "-f", "MAXRSS %M"] + cmd if os.path.exists("/usr/bin/time") else cmd
-    p = subprocess.run(wrapped, capture_output=True, text=True, check=True)
+    p = subprocess.run(wrapped, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"generate failed ({' '.join(cmd)}):\n{p.stderr}")
     m = re.search(r"load ([\d.]+) ms, tokenizer ([\d.]+) ms \| prefill (\d+) tokens in ([\d.]+) ms \(([\d.]+) tokens/s\) \| decode (\d+) tokens, ([\d.]+) ms/token", p.stderr)
     if not m:
         sys.exit("cannot parse generate --timing output:\n" + p.stderr)
@@ -74,10 +186,18 @@ def run_tlm(build, model, config, threads, prompt, n):
     }
 
 
-def run_llama(model, threads, prompt, n):
-    p = subprocess.run([sys.executable, "-c", LLAMA_CHILD, model, str(threads), json.dumps(prompt), str(n)],
-                       capture_output=True, text=True, check=True)
-    return json.loads(p.stdout.strip().splitlines()[-1])
+def streaming_floor(build, threads):
+    """ms per token to read every weight byte once, from bench/kernels (None if absent)."""
+    exe = os.path.join(build, "bench", "kernels")
+    if not os.path.exists(exe):
+        return {}
+    p = subprocess.run([exe, "--rounds", "7", "--filter", "floor"], capture_output=True, text=True)
+    out = {}
+    for t in threads:
+        m = re.search(r"\| floor: [^|]*, %d thr \| ([\d.]+) us" % t, p.stdout)
+        if m:
+            out[t] = float(m.group(1)) / 1e3
+    return out
 
 
 def main():
@@ -86,48 +206,85 @@ def main():
     ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--config", default="smollm2_135m", help="config type for tlm (synthetic files of the larger shapes)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--decode", type=int, default=64)
-    ap.add_argument("--out", default=None, help="default: bench/results/generate-<config>.md")
+    ap.add_argument("--threads", default=None, help="comma-separated thread counts (default 1,2,4,.. up to min(16, CPUs))")
+    ap.add_argument("--precision", choices=("exact", "fast"), default="exact", help="tlm's arithmetic (generate --precision)")
+    ap.add_argument("--llama-python", default=sys.executable, help="the Python whose llama_cpp is measured")
+    ap.add_argument("--bench-venv", default=".venv-bench", help="where a native llama-cpp-python is built if needed")
+    ap.add_argument("--no-build", action="store_true", help="never build llama-cpp-python; report the build as it is")
+    ap.add_argument("--out", default=None, help="default: bench/results/generate-<config>[-fast].md")
     args = ap.parse_args()
     if args.out is None:
-        args.out = f"bench/results/generate-{args.config}.md"
-    # 64 prompt tokens: a fixed English passage's ids, repeated ids are fine for timing.
-    prompt = [504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 6557, 314, 18532, 30, 378, 3575, 282,
-              5545, 314, 9893, 30, 378, 3575, 282, 10617, 314, 20521, 30] * 3
-    prompt = prompt[:64]
+        args.out = f"bench/results/generate-{args.config}{'-fast' if args.precision == 'fast' else ''}.md"
+    ncpu = os.cpu_count() or 1
+    if args.threads:
+        threads = [int(t) for t in args.threads.split(",")]
+    else:
+        threads = [t for t in (1, 2, 4, 8, 16) if t <= min(16, ncpu)]
+
+    model_name, flags = cpu_model_and_flags()
+    python, info, how = choose_llama(args, flags)
+    print(f"llama.cpp: {how}\nsystem info: {info['system_info']}", flush=True)
+
+    # A fixed English passage's ids, repeated: the ids do not change the speed.
+    passage = [504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 6557, 314, 18532, 30, 378, 3575, 282,
+               5545, 314, 9893, 30, 378, 3575, 282, 10617, 314, 20521, 30]
+    prompt = lambda n: (passage * (n // len(passage) + 1))[:n]
+    # (name, prompt tokens, new tokens): what each run is for.
+    runs = [("decode32", 64, 32), ("decode128", 64, 128), ("prefill512", 512, 4)]
+    engines = {"tlm": lambda t, p, n: run_tlm(args, t, p, n),
+               "llama.cpp": lambda t, p, n: run_llama(python, args.model, t, p, n)}
     results = {}
     for r in range(args.rounds):
-        for threads in (1, 2):
-            for name, fn in (("tlm", lambda: run_tlm(args.build, args.model, args.config, threads, prompt, args.decode)),
-                             ("llama.cpp", lambda: run_llama(args.model, threads, prompt, args.decode))):
-                res = fn()
-                results.setdefault((name, threads), []).append(res)
-                print(f"round {r} {name:9} threads {threads}: {res}", flush=True)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
-    simd = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni") if f in flags)
+        for t in threads:
+            for name, np_, n in runs:
+                order = list(engines) if r % 2 == 0 else list(engines)[::-1]  # alternate who goes first
+                for e in order:
+                    res = engines[e](t, prompt(np_), n)
+                    results.setdefault((e, t, name), []).append(res)
+                    print(f"round {r} {e:9} threads {t} {name}: {res}", flush=True)
+    floor = streaming_floor(args.build, threads)
+
+    med = lambda e, t, name, key: statistics.median(x[key] for x in results[(e, t, name)])
+    simd = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                                "avx_vnni", "amx_int8") if f in flags)
     load = os.getloadavg()
     lines = [
         "# Generation: tlm vs llama.cpp, same file, same run",
         "",
-        f"- Machine: {cpu}, {os.cpu_count()} CPUs ({simd}); load average {load[0]:.2f} at the end; shared and noisy.",
-        f"- Model: `{os.path.basename(args.model)}` (tlm config `{args.config}`); prompt 64 tokens; decode {args.decode} tokens greedy; "
-        f"{args.rounds} interleaved rounds, medians shown.",
-        "- llama.cpp: llama-cpp-python 0.3.36 (built from source by pip, native CPU flags), `n_batch=256`; its RSS includes the Python interpreter and numpy (~50 MiB).",
-        "- tlm: `examples/generate --timing`; load = mapping + binding + building the tokenizer; "
-        "load + first token = load + prefill of the 64-token prompt (llama.cpp: `Llama()` + `eval` + argmax).",
+        f"- Machine: {model_name}, {ncpu} CPUs ({simd}); load average {load[0]:.2f} at the end; shared and noisy.",
+        f"- Model: `{os.path.basename(args.model)}` (tlm config `{args.config}`); greedy; {args.rounds} rounds, "
+        "the engines alternating (who goes first swaps every round); medians shown.",
+        f"- tlm: `examples/generate --timing`, precision `{args.precision}`; load = mapping + binding + the tokenizer.",
+        f"- llama.cpp: {how}.",
+        f"- llama.cpp system info: `{info['system_info'].strip()}`",
+        "- llama.cpp runs with `n_ctx = n_batch = n_ubatch = max(512, prompt + new + 16)`; its RSS includes the Python interpreter and "
+        "numpy (~50 MiB). Decode ms/token is the mean over the new tokens for both engines.",
+        "- floor: the time to read every weight byte once per token (`bench/kernels --filter floor`), the bound "
+        "decode cannot beat; \"x floor\" is decode time over it.",
         "",
-        "| engine | threads | decode ms/token | prefill tokens/s | load ms | load + first token ms | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|",
+        "## Decode",
+        "",
+        "| threads | new tokens | tlm ms/token | llama.cpp ms/token | speed tlm / llama.cpp | floor ms | tlm x floor | llama.cpp x floor |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for (name, threads), rs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        lines.append(f"| {name} | {threads} | {med['decode_ms']:.2f} | {med['prefill_tps']:.0f} | {med['load_ms']:.1f} | "
-                     f"{med['first_token_ms']:.1f} | {med['rss_mib']:.0f} |")
-    for threads in (1, 2):
-        a = statistics.median(r["decode_ms"] for r in results[("tlm", threads)])
-        b = statistics.median(r["decode_ms"] for r in results[("llama.cpp", threads)])
-        lines.append(f"\nDecode at {threads} thread(s): tlm / llama.cpp time ratio = {a / b:.2f} (below 1 means tlm is faster).")
+    for t in threads:
+        for name, _, n in runs[:2]:
+            a, b = med("tlm", t, name, "decode_ms"), med("llama.cpp", t, name, "decode_ms")
+            f = floor.get(t)
+            fs = (f"{f:.2f}", f"{a / f:.2f}", f"{b / f:.2f}") if f else ("-", "-", "-")
+            lines.append(f"| {t} | {n} | {a:.2f} | {b:.2f} | {b / a:.2f} | {fs[0]} | {fs[1]} | {fs[2]} |")
+    lines += ["", "## Prefill", "", "| threads | prompt tokens | tlm tokens/s | llama.cpp tokens/s | speed tlm / llama.cpp |",
+              "|---|---|---|---|---|"]
+    for t in threads:
+        for name, np_ in (("decode32", 64), ("prefill512", 512)):
+            a, b = med("tlm", t, name, "prefill_tps"), med("llama.cpp", t, name, "prefill_tps")
+            lines.append(f"| {t} | {np_} | {a:.0f} | {b:.0f} | {a / b:.2f} |")
+    lines += ["", "## Load, first token, memory (64-token prompt, 32 new tokens)", "",
+              "| threads | engine | load ms | load + first token ms | peak RSS MiB |", "|---|---|---|---|---|"]
+    for t in threads:
+        for e in engines:
+            lines.append(f"| {t} | {e} | {med(e, t, 'decode32', 'load_ms'):.1f} | "
+                         f"{med(e, t, 'decode32', 'first_token_ms'):.1f} | {med(e, t, 'decode32', 'rss_mib'):.0f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     with open(args.out, "w") as f:

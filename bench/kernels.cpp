@@ -1,6 +1,8 @@
 // Matrix-vector and matrix-matrix kernel speed on the shapes of SmolLM2-135M.
 //
-//   kernels [--rounds N] [--quick] [--out FILE]
+//   kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]...
+//
+// --filter keeps only the measurements whose label contains every TEXT given.
 //
 // Every measurement runs in each of N rounds, interleaved with all the others, and
 // the median round is reported: the machine may be shared, and interleaving spreads
@@ -12,8 +14,16 @@
 // "decode sweep" runs every matrix product of one token of SmolLM2-135M on separate
 // buffers laid out like the model. "read" is a plain streaming sum, the bandwidth
 // ceiling the memory-bound kernels are compared with.
+//
+// The weight-streaming floor ("floor" rows of the sweep): the same 211 matrices,
+// split among the threads exactly as the kernels split them (one parallel region per
+// matrix), but each thread only reads its rows' bytes once (integer adds, nothing
+// decoded). No decode kernel can beat it; every sweep row is also reported as a
+// multiple of the floor at the same thread count. Kernels run in both precisions
+// (exact: float32 activations; fast: int8 activations) at every level the CPU has.
 #include <tlm/kernels.hpp>
 #include <tlm/quant.hpp>
+#include <tlm/sampler.hpp>
 #include <tlm/thread_pool.hpp>
 
 #include <algorithm>
@@ -25,6 +35,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -84,7 +95,8 @@ struct measurement {
   std::vector<double> seconds;  // per call, one entry per round
   std::vector<double> cpu;      // calling thread's CPU time per call, one entry per round
   std::size_t threads = 1;
-  double tokens = 0;            // tokens a call stands for (decode sweep: 1, prefill: 64)
+  double tokens = 0;            // tokens a call stands for (decode sweep: 1, prefill: the batch)
+  bool floor = false;           // the weight-streaming floor of the sweep
 };
 
 double thread_cpu_seconds() {
@@ -153,12 +165,55 @@ double read_sum(const float* p, std::size_t n) {
 
 volatile double sink = 0;
 
+std::uint64_t read_bytes_scalar(const std::byte* p, std::size_t n) {
+  std::uint64_t s[4] = {};
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (std::size_t k = 0; k < 4; ++k) {
+      std::uint64_t v;
+      std::memcpy(&v, p + i + 8 * k, 8);
+      s[k] += v;
+    }
+  }
+  for (; i < n; ++i) s[0] += static_cast<std::uint64_t>(p[i]);
+  return s[0] + s[1] + s[2] + s[3];
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+// 128 bytes per step in four independent integer sums: one load per 32 bytes and no
+// float work, so the time is the time to bring the bytes in.
+[[gnu::target("avx2")]] std::uint64_t read_bytes_avx2(const std::byte* p, std::size_t n) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  std::size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    a = _mm256_add_epi64(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i)));
+    b = _mm256_add_epi64(b, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32)));
+    c = _mm256_add_epi64(c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 64)));
+    d = _mm256_add_epi64(d, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 96)));
+  }
+  alignas(32) std::uint64_t out[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d)));
+  return out[0] + out[1] + out[2] + out[3] + read_bytes_scalar(p + i, n - i);
+}
+#endif
+
+std::uint64_t read_bytes(const std::byte* p, std::size_t n) {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool avx2 = tlm::kernel_level_supported(tlm::kernel_level::avx2);
+  if (avx2) return read_bytes_avx2(p, n);
+#endif
+  return read_bytes_scalar(p, n);
+}
+
+const char* precision_name(tlm::kernels::precision p) { return p == tlm::kernels::precision::fast ? "fast" : "exact"; }
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int rounds = 7;
   double target = 0.025;
   std::string out_path;
+  std::vector<std::string> filters;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rounds" && i + 1 < argc) {
@@ -166,17 +221,21 @@ int main(int argc, char** argv) {
     } else if (a == "--quick") {
       rounds = 1;
       target = 0.002;
+    } else if (a == "--filter" && i + 1 < argc) {
+      filters.push_back(argv[++i]);
     } else if (a == "--out" && i + 1 < argc) {
       out_path = argv[++i];
     } else {
-      std::cerr << "usage: kernels [--rounds N] [--quick] [--out FILE]\n";
+      std::cerr << "usage: kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]...\n";
       return 2;
     }
   }
 
   namespace k = tlm::kernels;
   std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
-  if (tlm::kernel_level_supported(tlm::kernel_level::avx2)) levels.push_back(tlm::kernel_level::avx2);
+  for (auto l : {tlm::kernel_level::avx2, tlm::kernel_level::avx512})
+    if (tlm::kernel_level_supported(l)) levels.push_back(l);
+  const k::precision precisions[] = {k::precision::exact, k::precision::fast};
   const std::size_t thread_counts[] = {1, 2};
   std::vector<std::unique_ptr<tlm::thread_pool>> pools;
   for (std::size_t t : thread_counts) pools.push_back(std::make_unique<tlm::thread_pool>(t));
@@ -227,13 +286,14 @@ int main(int argc, char** argv) {
     for (bool hot : {true, false}) {
       if (hot && s.rows == 49152) continue;  // 30 MB: never hot in practice
       for (auto level : levels) {
+        for (auto prec : precisions) {
         for (std::size_t ti = 0; ti < pools.size(); ++ti) {
           tlm::thread_pool* pool = pools[ti].get();
           measurement m;
           m.group = "matvec";
           m.label = std::string(tlm::name(s.enc)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + " (" +
-                    s.what + "), " + (hot ? "hot" : "cold") + ", " + std::string(tlm::kernel_level_name(level)) + ", " +
-                    std::to_string(pool->size()) + " thr";
+                    s.what + "), " + (hot ? "hot" : "cold") + ", " + std::string(tlm::kernel_level_name(level)) + " " +
+                    precision_name(prec) + ", " + std::to_string(pool->size()) + " thr";
           m.bytes = static_cast<double>(mat_bytes);
           m.threads = pool->size();
           m.flops = 2.0 * static_cast<double>(s.rows * s.cols);
@@ -241,9 +301,10 @@ int main(int argc, char** argv) {
           m.run = [=] {
             k::force_kernel_level(level);
             const std::size_t c = hot ? 0 : (*next = (*next + 1) % copies);
-            k::matvec(s.enc, cold->data() + c * mat_bytes, x->data(), y->data(), s.rows, s.cols, pool);
+            k::matvec(s.enc, cold->data() + c * mat_bytes, x->data(), y->data(), s.rows, s.cols, pool, prec);
           };
           ms.push_back(std::move(m));
+        }
         }
       }
     }
@@ -281,62 +342,114 @@ int main(int argc, char** argv) {
     }
     auto x = std::make_shared<std::vector<float>>(1536, 0.25f);
     auto y = std::make_shared<std::vector<float>>(49152);
+    for (std::size_t ti = 0; ti < pools.size(); ++ti) {
+      tlm::thread_pool* pool = pools[ti].get();
+      measurement m;
+      m.group = "sweep";
+      m.label = "floor: read the 211 matrices once (" + std::to_string(total >> 20) + " MiB), " +
+                std::to_string(pool->size()) + " thr";
+      m.bytes = static_cast<double>(total);
+      m.threads = pool->size();
+      m.tokens = 1;
+      m.floor = true;
+      m.run = [=] {
+        std::atomic<std::uint64_t> sum{0};
+        for (const auto& p : *plan) {
+          const std::size_t rb = tlm::row_bytes(p.enc, p.cols);
+          const std::byte* base = weights->data() + p.offset;
+          k::detail::split_rows(pool, p.rows, p.cols, [&](std::size_t r0, std::size_t r1) {
+            sum.fetch_add(read_bytes(base + r0 * rb, (r1 - r0) * rb), std::memory_order_relaxed);
+          });
+        }
+        sink = sink + static_cast<double>(sum.load());
+      };
+      ms.push_back(std::move(m));
+    }
     for (auto level : levels) {
+      for (auto prec : precisions) {
       for (std::size_t ti = 0; ti < pools.size(); ++ti) {
         tlm::thread_pool* pool = pools[ti].get();
         measurement m;
         m.group = "sweep";
         m.label = "decode sweep, 211 matvecs (" + std::to_string(total >> 20) + " MiB), " +
-                  std::string(tlm::kernel_level_name(level)) + ", " + std::to_string(pool->size()) + " thr";
+                  std::string(tlm::kernel_level_name(level)) + " " + precision_name(prec) + ", " +
+                  std::to_string(pool->size()) + " thr";
         m.bytes = static_cast<double>(total);
         m.threads = pool->size();
         m.tokens = 1;
         m.flops = flops;
         m.run = [=] {
           k::force_kernel_level(level);
-          for (const auto& p : *plan) k::matvec(p.enc, weights->data() + p.offset, x->data(), y->data(), p.rows, p.cols, pool);
+          for (const auto& p : *plan)
+            k::matvec(p.enc, weights->data() + p.offset, x->data(), y->data(), p.rows, p.cols, pool, prec);
         };
         ms.push_back(std::move(m));
+      }
       }
     }
   }
 
-  // Prefill: 64 tokens through one matrix, against 64 separate matvecs.
+  // Prefill: 64 and 512 tokens through one matrix (matmul), each level and precision.
   {
-    const std::size_t batch = 64;
-    for (const auto& s : {shape{encoding::q4_1, 1536, 576, "ffn_gate/up"}, shape{encoding::q4_1, 576, 1536, "ffn_down"}}) {
-      auto w = std::make_shared<std::vector<std::byte>>(random_matrix(s.enc, s.rows, s.cols, rng));
-      auto x = std::make_shared<std::vector<float>>(batch * s.cols, 0.5f);
-      auto y = std::make_shared<std::vector<float>>(batch * s.rows);
-      for (auto level : levels) {
-        for (std::size_t ti = 0; ti < pools.size(); ++ti) {
-          tlm::thread_pool* pool = pools[ti].get();
-          for (bool as_matmul : {true, false}) {
-            measurement m;
-            m.group = "prefill";
-            m.label = std::string(tlm::name(s.enc)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
-                      " x 64 tokens, " + (as_matmul ? "matmul" : "64 x matvec") + ", " +
-                      std::string(tlm::kernel_level_name(level)) + ", " + std::to_string(pool->size()) + " thr";
-            m.bytes = static_cast<double>(w->size());
-            m.threads = pool->size();
-            m.tokens = static_cast<double>(batch);
-            m.flops = 2.0 * static_cast<double>(s.rows * s.cols * batch);
-            m.run = [=] {
-              k::force_kernel_level(level);
-              if (as_matmul) {
-                k::matmul(s.enc, w->data(), x->data(), y->data(), s.rows, s.cols, batch, pool);
-              } else {
-                for (std::size_t b = 0; b < batch; ++b)
-                  k::matvec(s.enc, w->data(), x->data() + b * s.cols, y->data() + b * s.rows, s.rows, s.cols, pool);
-              }
-            };
-            ms.push_back(std::move(m));
+    for (std::size_t batch : {std::size_t{64}, std::size_t{512}}) {
+      for (const auto& s : {shape{encoding::q4_1, 1536, 576, "ffn_gate/up"}, shape{encoding::q4_1, 576, 1536, "ffn_down"}}) {
+        auto w = std::make_shared<std::vector<std::byte>>(random_matrix(s.enc, s.rows, s.cols, rng));
+        auto x = std::make_shared<std::vector<float>>(batch * s.cols);
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        for (auto& v : *x) v = normal(rng);
+        auto y = std::make_shared<std::vector<float>>(batch * s.rows);
+        for (auto level : levels) {
+          if (level == tlm::kernel_level::scalar && batch > 64) continue;  // seconds per call: not worth the wait
+          for (auto prec : precisions) {
+            for (std::size_t ti = 0; ti < pools.size(); ++ti) {
+              tlm::thread_pool* pool = pools[ti].get();
+              measurement m;
+              m.group = "prefill";
+              m.label = std::string(tlm::name(s.enc)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
+                        " (" + s.what + ") x " + std::to_string(batch) + " tokens, " +
+                        std::string(tlm::kernel_level_name(level)) + " " + precision_name(prec) + ", " +
+                        std::to_string(pool->size()) + " thr";
+              m.bytes = static_cast<double>(w->size());
+              m.threads = pool->size();
+              m.tokens = static_cast<double>(batch);
+              m.flops = 2.0 * static_cast<double>(s.rows * s.cols * batch);
+              m.run = [=] {
+                k::force_kernel_level(level);
+                k::matmul(s.enc, w->data(), x->data(), y->data(), s.rows, s.cols, batch, pool, prec);
+              };
+              ms.push_back(std::move(m));
+            }
           }
         }
       }
     }
   }
 
+  // The sampler on a vocabulary of logits shaped like a model's (a few strong
+  // candidates over a normal tail): one call per token.
+  {
+    auto logits = std::make_shared<std::vector<float>>(49152);
+    std::normal_distribution<float> tail(-2.0f, 2.0f);
+    for (auto& v : *logits) v = tail(rng);
+    for (std::size_t i = 0; i < 5; ++i) (*logits)[i * 9001] = 12.0f + static_cast<float>(i);
+    const tlm::sampling settings[] = {{0.8f, 40, 0.95f, 1}, {0.8f, 0, 0.9f, 1}, {1.0f, 0, 1.0f, 1}};
+    const char* names[] = {"T 0.8, top-k 40, top-p 0.95", "T 0.8, top-p 0.9", "T 1, no limit"};
+    for (std::size_t i = 0; i < 3; ++i) {
+      measurement m;
+      m.group = "sampler";
+      m.label = std::string("sample one of 49152 logits, ") + names[i];
+      m.tokens = 1;
+      auto smp = std::make_shared<tlm::sampler>(settings[i]);
+      m.run = [=] { sink = sink + (*smp)(*logits); };
+      ms.push_back(std::move(m));
+    }
+  }
+
+  std::erase_if(ms, [&](const measurement& m) {
+    for (const auto& f : filters)
+      if (m.label.find(f) == std::string::npos) return true;
+    return false;
+  });
   const std::string load_before = load_average();
   for (auto& m : ms) calibrate(m, target);
   for (int r = 0; r < rounds; ++r) {
@@ -351,7 +464,8 @@ int main(int argc, char** argv) {
   std::ostringstream md;
   md << "# Kernel benchmark\n\n";
   md << "- CPU: " << cpu_model() << " (" << tlm::cpu_feature_string() << ")\n";
-  md << "- Threads: the pool size (1 = the calling thread only). Kernel level: scalar or avx2.\n";
+  md << "- Threads: the pool size (1 = the calling thread only). Kernel level: scalar, avx2 or avx512 (those this CPU"
+        " runs); exact = float32 activations, fast = int8 activations (integer dot products).\n";
   md << "- Load average (1, 5, 15 min) before: " << load_before << "; after: " << load_average()
      << " (the machine has " << std::thread::hardware_concurrency() << " CPUs).\n";
   md << "- " << rounds << " interleaved rounds; the median round is shown, min..max in brackets (time per call).\n";
@@ -359,16 +473,21 @@ int main(int argc, char** argv) {
   md << "- on-CPU columns (1-thread rows only): the same work over the calling thread's CPU time,\n"
         "  i.e. the speed while the thread actually held a core; on a shared machine wall time\n"
         "  also counts time spent waiting for a core.\n";
-  md << "- tokens/s: decode sweep = one token's matrix products; prefill = 64 tokens per call.\n";
+  md << "- tokens/s: decode sweep = one token's matrix products; prefill = the batch per call.\n";
+  md << "- x floor (sweep): time per token over the weight-streaming floor's at the same thread count (1.00 = as fast"
+        " as reading the weights once).\n";
   md << "- Produced by `bench/kernels.cpp` (`kernels --out bench/results/kernels.md`).\n";
+  std::map<std::size_t, double> floor_time;  // threads -> median floor time
+  for (auto& m : ms)
+    if (m.floor) floor_time[m.threads] = median(m.seconds);
   std::string group;
   char buf[768];
   for (auto& m : ms) {
     if (m.group != group) {
       group = m.group;
       md << "\n| " << group
-         << " | time per call (min..max) | GB/s | GFLOP/s | tokens/s | on-CPU GB/s | on-CPU GFLOP/s |\n"
-            "|---|---|---|---|---|---|---|\n";
+         << " | time per call (min..max) | GB/s | GFLOP/s | tokens/s | on-CPU GB/s | on-CPU GFLOP/s | x floor |\n"
+            "|---|---|---|---|---|---|---|---|\n";
     }
     const double t = median(m.seconds);
     const double lo = *std::min_element(m.seconds.begin(), m.seconds.end());
@@ -381,8 +500,10 @@ int main(int argc, char** argv) {
       std::snprintf(cpu_gb, sizeof cpu_gb, "%.2f", m.bytes / c * 1e-9);
       if (m.flops > 0) std::snprintf(cpu_flops, sizeof cpu_flops, "%.2f", m.flops / c * 1e-9);
     }
-    std::snprintf(buf, sizeof buf, "| %s | %.1f us (%.1f..%.1f) | %.2f | %s | %s | %s | %s |\n", m.label.c_str(),
-                  t * 1e6, lo * 1e6, hi * 1e6, m.bytes / t * 1e-9, flops, tokens, cpu_gb, cpu_flops);
+    char vs_floor[32] = "-";
+    if (m.group == "sweep" && floor_time.count(m.threads)) std::snprintf(vs_floor, sizeof vs_floor, "%.2f", t / floor_time[m.threads]);
+    std::snprintf(buf, sizeof buf, "| %s | %.1f us (%.1f..%.1f) | %.2f | %s | %s | %s | %s | %s |\n", m.label.c_str(),
+                  t * 1e6, lo * 1e6, hi * 1e6, m.bytes / t * 1e-9, flops, tokens, cpu_gb, cpu_flops, vs_floor);
     md << buf;
   }
   std::cout << md.str();

@@ -448,7 +448,8 @@ TEST_CASE("kernel level override: force_kernel_level and TLM_KERNELS") {
 
   CHECK(tlm::parse_kernel_level("scalar") == tlm::kernel_level::scalar);
   CHECK(tlm::parse_kernel_level("avx2") == tlm::kernel_level::avx2);
-  CHECK_THROWS_AS(tlm::parse_kernel_level("avx512"), tlm::error);
+  CHECK(tlm::parse_kernel_level("avx512") == tlm::kernel_level::avx512);
+  CHECK_THROWS_AS(tlm::parse_kernel_level("avx1024"), tlm::error);
   CHECK_THROWS_AS(tlm::parse_kernel_level(""), tlm::error);
 
   const char* old = std::getenv("TLM_KERNELS");
@@ -463,11 +464,242 @@ TEST_CASE("kernel level override: force_kernel_level and TLM_KERNELS") {
 
   // The start-up choice never exceeds what the CPU supports.
   CHECK(tlm::kernel_level_supported(tlm::best_kernel_level()));
-  if (tlm::cpu().avx2 && tlm::cpu().fma && tlm::cpu().f16c) {
+  const auto& f = tlm::cpu();
+  if (f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) {
+    CHECK(tlm::best_kernel_level() == tlm::kernel_level::avx512);
+  } else if (f.avx2 && f.fma && f.f16c) {
     CHECK(tlm::best_kernel_level() == tlm::kernel_level::avx2);
+    CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx512), tlm::error);
   } else {
     CHECK(tlm::best_kernel_level() == tlm::kernel_level::scalar);
     CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx2), tlm::error);
   }
   MESSAGE("cpu features: " << tlm::cpu_feature_string() << "; start-up level " << k::kernel_level_name());
+}
+
+// ---- precision::fast -------------------------------------------------------------
+//
+// Three properties:
+//  1. Every level quantizes the activations bit for bit as the scalar reference
+//     (same IEEE operations, round to nearest even), so all levels see the same
+//     integers.
+//  2. Every level's fast kernel equals the scalar fast reference up to the order of
+//     float additions: the integer block sums are exact, and each block's float
+//     term is (d_w d_x) isum (+ m s). Tolerance 1e-6 of the sum of the absolute
+//     values of the terms' parts, bound_b = d_x sum_j |w_j - m| |q_j| + |m s|
+//     (a SIMD kernel may split a block's integer sum over lanes before scaling).
+//  3. Fast against exact: each activation is replaced by q d with |x - q d| <= d/2,
+//     so |y_fast - y| <= sum_b (d_b / 2) sum_j |w_j| (plus float rounding, held to
+//     the exact mode's 1e-5 sum|w x|). This is the documented error bound of the mode.
+namespace {
+
+constexpr double fast_rel_tol = 1e-6;
+
+const encoding fast_encodings[] = {encoding::q8_0, encoding::q4_0, encoding::q4_1};
+
+struct fast_bounds {
+  std::vector<double> vs_reference;  // [rows] property 2
+  std::vector<double> vs_exact;      // [rows] property 3
+  std::vector<double> abs_wx;        // [rows] sum |w x|
+};
+
+fast_bounds bounds_for(encoding enc, const std::byte* w, const float* x, std::size_t rows, std::size_t cols) {
+  tlm::kernels::q8_activations q;
+  tlm::kernels::detail::quantize_scalar(x, 1, cols, q);
+  const std::size_t rb = tlm::row_bytes(enc, cols), bb = tlm::traits(enc).block_bytes;
+  fast_bounds out;
+  std::vector<float> row(cols);
+  for (std::size_t r = 0; r < rows; ++r) {
+    tlm::dequantize_row(enc, w + r * rb, row.data(), cols);
+    double ref = 0, ex = 0, awx = 0;
+    for (std::size_t b = 0; b < cols / 32; ++b) {
+      const std::byte* p = w + r * rb + b * bb;
+      const double m = enc == encoding::q4_1 ? tlm::fp16_to_f32(tlm::load_u16(p + 2)) : 0.0;
+      const double d = q.ds[2 * b], sq = q.ds[2 * b + 1];
+      double codes = 0, absw = 0;
+      for (std::size_t j = 0; j < 32; ++j) {
+        const double wj = row[32 * b + j];
+        codes += std::fabs(wj - m) * std::abs(q.q[32 * b + j]);
+        absw += std::fabs(wj);
+        awx += std::fabs(wj * x[32 * b + j]);
+      }
+      ref += d * codes + std::fabs(m * sq);
+      ex += d / 2 * absw;
+    }
+    out.vs_reference.push_back(fast_rel_tol * ref + 1e-30);
+    out.vs_exact.push_back(ex * (1 + 1e-5) + rel_tol * awx + 1e-30);
+    out.abs_wx.push_back(awx);
+  }
+  return out;
+}
+
+std::string describe(tlm::kernel_level level, encoding enc, std::size_t rows, std::size_t cols, std::size_t batch = 1) {
+  return std::string(tlm::kernel_level_name(level)) + " " + std::string(tlm::name(enc)) + " rows " +
+         std::to_string(rows) + " cols " + std::to_string(cols) + " batch " + std::to_string(batch);
+}
+
+}  // namespace
+
+TEST_CASE("fast: every level quantizes the activations bit for bit as the scalar reference") {
+  level_guard g;
+  std::mt19937 rng(11);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (std::size_t cols : {32, 64, 96, 576, 1536}) {
+      for (std::size_t rows : {1, 3}) {
+        auto x = random_floats(rows * cols, rng);
+        // Edge cases: an all-zero block (d = 0), exact ties (x * (1/d) = k + 0.5), large values.
+        std::fill(x.begin(), x.begin() + 32, 0.0f);
+        if (cols >= 64) {
+          for (std::size_t j = 0; j < 32; ++j) x[32 + j] = static_cast<float>(static_cast<int>(j) - 16) * 0.5f + 0.25f;
+          x[32] = 127.0f;
+        }
+        x.back() = 3.0e4f;
+        k::q8_activations a, b;
+        k::detail::quantize_scalar(x.data(), rows, cols, a);
+        k::detail::table().quantize(x.data(), rows, cols, b);
+        INFO(tlm::kernel_level_name(level) << " cols " << cols << " rows " << rows);
+        REQUIRE(a.q.size() == b.q.size());
+        CHECK(a.rows == b.rows);
+        CHECK(a.blocks == b.blocks);
+        CHECK(std::memcmp(a.q.data(), b.q.data(), a.q.size()) == 0);
+        CHECK(std::memcmp(a.ds.data(), b.ds.data(), a.ds.size() * sizeof(float)) == 0);
+        // |x - q d| <= d/2 (up to the rounding of x * (1/d)).
+        for (std::size_t i = 0; i < rows * cols; ++i) {
+          const double d = a.ds[2 * (i / 32)];
+          CHECK(std::fabs(x[i] - a.q[i] * d) <= d * 0.5 * (1 + 1e-6));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("fast: matvec at every level against the scalar integer reference, and against exact") {
+  level_guard g;
+  std::mt19937 rng(2718);
+  double worst_ref = 0, worst_exact = 0, sum_rel = 0;
+  std::size_t cases = 0, outputs = 0;
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (encoding enc : fast_encodings) {
+      for (std::size_t cols : cols_for(enc)) {
+        for (std::size_t rows : row_counts) {
+          const auto wsrc = random_rows(enc, rows, cols, rng);
+          const auto xsrc = random_floats(cols, rng);
+          const std::size_t woff = (rows * 5 + cols) % 8, xoff = (rows + 1) % 4, yoff = rows % 4;
+          placed_bytes w(wsrc, woff);
+          placed_floats x(xsrc, xoff);
+          placed_floats y(std::vector<float>(rows, 0.0f), yoff);
+          std::vector<float> ref(rows), exact(rows);
+          k::matvec(enc, w.data, x.data, y.data, rows, cols, nullptr, k::precision::fast);
+          k::matvec_fast_reference(enc, w.data, x.data, ref.data(), rows, cols);
+          k::matvec_reference(enc, w.data, x.data, exact.data(), rows, cols);
+          const auto bounds = bounds_for(enc, w.data, x.data, rows, cols);
+          const std::string where = describe(level, enc, rows, cols) + " offsets " + std::to_string(woff) + "/" +
+                                    std::to_string(xoff) + "/" + std::to_string(yoff);
+          for (std::size_t r = 0; r < rows; ++r) {
+            const double e_ref = std::fabs(static_cast<double>(y.data[r]) - ref[r]);
+            const double e_exact = std::fabs(static_cast<double>(y.data[r]) - exact[r]);
+            worst_ref = std::max(worst_ref, e_ref / bounds.vs_reference[r]);
+            worst_exact = std::max(worst_exact, e_exact / bounds.vs_exact[r]);
+            sum_rel += e_exact / (bounds.abs_wx[r] + 1e-30);
+            ++outputs;
+            if (!(e_ref <= bounds.vs_reference[r]) || !(e_exact <= bounds.vs_exact[r])) {
+              INFO(where << " row " << r << ": fast " << y.data[r] << " fast ref " << ref[r] << " exact " << exact[r]);
+              CHECK(e_ref <= bounds.vs_reference[r]);
+              CHECK(e_exact <= bounds.vs_exact[r]);
+              break;
+            }
+          }
+          CHECK(std::all_of(y.storage.begin(), y.storage.begin() + static_cast<std::ptrdiff_t>(yoff),
+                            [](float v) { return v == -777.0f; }));
+          CHECK(std::all_of(y.storage.begin() + static_cast<std::ptrdiff_t>(yoff + rows), y.storage.end(),
+                            [](float v) { return v == -777.0f; }));
+          ++cases;
+        }
+      }
+    }
+  }
+  MESSAGE("fast matvec cases: " << cases << "; worst error / tolerance against the fast reference: " << worst_ref
+                                << ", against the exact bound: " << worst_exact
+                                << "; mean |fast - exact| / sum|w x|: " << sum_rel / static_cast<double>(outputs));
+  CHECK(cases > 300);
+}
+
+TEST_CASE("fast: matmul at every level against the scalar integer reference, and row b equals matvec of row b") {
+  level_guard g;
+  std::mt19937 rng(1618);
+  double worst = 0;
+  const std::size_t batches[] = {2, 3, 4, 5, 7, 9, 64, 67};
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (encoding enc : fast_encodings) {
+      for (std::size_t cols : {32, 96, 576, 1536}) {
+        for (std::size_t rows : {1, 5, 13, 67}) {
+          for (std::size_t batch : batches) {
+            if (batch > 9 && cols > 600) continue;
+            const auto wsrc = random_rows(enc, rows, cols, rng);
+            const auto xsrc = random_floats(batch * cols, rng);
+            const std::size_t woff = (batch + rows) % 8, xoff = batch % 4, yoff = (batch + 3) % 4;
+            placed_bytes w(wsrc, woff);
+            placed_floats x(xsrc, xoff);
+            placed_floats y(std::vector<float>(batch * rows, 0.0f), yoff);
+            std::vector<float> ref(batch * rows), yv(rows);
+            k::matmul(enc, w.data, x.data, y.data, rows, cols, batch, nullptr, k::precision::fast);
+            k::matmul_fast_reference(enc, w.data, x.data, ref.data(), rows, cols, batch);
+            int bad = 0;
+            for (std::size_t b = 0; b < batch; ++b) {
+              const auto bounds = bounds_for(enc, w.data, x.data + b * cols, rows, cols);
+              k::matvec(enc, w.data, x.data + b * cols, yv.data(), rows, cols, nullptr, k::precision::fast);
+              for (std::size_t r = 0; r < rows; ++r) {
+                const double e = std::fabs(static_cast<double>(y.data[b * rows + r]) - ref[b * rows + r]);
+                const double ev = std::fabs(static_cast<double>(y.data[b * rows + r]) - yv[r]);
+                worst = std::max(worst, e / bounds.vs_reference[r]);
+                if (!(e <= bounds.vs_reference[r]) || !(ev <= 2 * bounds.vs_reference[r])) ++bad;
+              }
+            }
+            INFO(describe(level, enc, rows, cols, batch));
+            CHECK(bad == 0);
+            CHECK(std::all_of(y.storage.begin() + static_cast<std::ptrdiff_t>(yoff + batch * rows), y.storage.end(),
+                              [](float v) { return v == -777.0f; }));
+          }
+        }
+      }
+    }
+  }
+  MESSAGE("fast matmul: worst error / tolerance against the fast reference: " << worst);
+}
+
+TEST_CASE("fast: thread pools of 1, 2 and 3 threads give bitwise the single-threaded result") {
+  level_guard g;
+  std::mt19937 rng(4);
+  tlm::thread_pool p2(2), p3(3);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (encoding enc : all_encodings) {
+      const std::size_t cols = tlm::traits(enc).block_values == 256 ? 768 : 576;
+      for (std::size_t rows : {std::size_t{1}, std::size_t{67}, std::size_t{1536}}) {
+        const auto w = random_rows(enc, rows, cols, rng);
+        const std::size_t batch = 6;
+        const auto x = random_floats(batch * cols, rng);
+        std::vector<float> y0(rows), m0(batch * rows);
+        k::matvec(enc, w.data(), x.data(), y0.data(), rows, cols, nullptr, k::precision::fast);
+        k::matmul(enc, w.data(), x.data(), m0.data(), rows, cols, batch, nullptr, k::precision::fast);
+        for (auto* pool : {&p2, &p3}) {
+          std::vector<float> y(rows, -1.0f), m(batch * rows, -1.0f);
+          k::matvec(enc, w.data(), x.data(), y.data(), rows, cols, pool, k::precision::fast);
+          k::matmul(enc, w.data(), x.data(), m.data(), rows, cols, batch, pool, k::precision::fast);
+          INFO(tlm::kernel_level_name(level) << " " << tlm::name(enc) << " rows " << rows << " threads " << pool->size());
+          CHECK(std::memcmp(y.data(), y0.data(), rows * sizeof(float)) == 0);
+          CHECK(std::memcmp(m.data(), m0.data(), batch * rows * sizeof(float)) == 0);
+        }
+        if (!k::has_fast_kernel(enc)) {
+          // No integer path: fast is the exact product, bit for bit.
+          std::vector<float> ye(rows);
+          k::matvec(enc, w.data(), x.data(), ye.data(), rows, cols);
+          CHECK(std::memcmp(ye.data(), y0.data(), rows * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
 }

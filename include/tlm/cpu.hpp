@@ -6,7 +6,7 @@
 // kernels.hpp), and this header decides once, at first use, which of them may run.
 // A CPU without AVX2 gets the portable scalar kernels instead of SIGILL.
 //
-// Override: the environment variable TLM_KERNELS=scalar|avx2 (read once, at first
+// Override: the environment variable TLM_KERNELS=scalar|avx2|avx512 (read once, at first
 // use) or force_kernel_level() (tests and benchmarks). Asking for a level the CPU
 // cannot run is an error, never a silent downgrade.
 #include <tlm/error.hpp>

@@ -10,12 +10,19 @@
 //
 // Dispatch: one table of function pointers per kernel level (cpu.hpp), chosen at
 // first use from the CPU and TLM_KERNELS; force_kernel_level() switches it for tests
-// and benchmarks. Every level computes in float32 from float32 activations; levels
-// differ only in summation order (tolerances in tests/test_kernels.cpp).
+// and benchmarks.
+//
+// Precision (kernels/scalar.hpp): `exact` computes in float32 from float32
+// activations at every level; levels differ only in summation order. `fast`
+// quantizes the activations per 32-block to int8 for Q4_0 / Q4_1 / Q8_0 weights and
+// sums integer products; the integer sums are the same at every level, so levels
+// again differ only in the order the per-block float terms are added. Tolerances and
+// the fast-against-exact error bound are in tests/test_kernels.cpp.
 #include <tlm/cpu.hpp>
 #include <tlm/encoding.hpp>
 #include <tlm/error.hpp>
 #include <tlm/kernels/avx2.hpp>
+#include <tlm/kernels/avx512.hpp>
 #include <tlm/kernels/scalar.hpp>
 #include <tlm/quant.hpp>
 #include <tlm/thread_pool.hpp>
@@ -49,9 +56,16 @@ struct kernel_table {
   matvec_rows_fn matvec[table_size];
   prepare_x_fn prepare[table_size];  // null: matvec takes x as it is
   matmul_rows_fn matmul[table_size];
+  // precision::fast; null where the encoding has no integer path (it runs exact).
+  quantize_fn quantize;
+  matvec_q8_fn matvec_q8[table_size];
+  matmul_q8_fn matmul_q8[table_size];
   float (*dot)(const float*, const float*, std::size_t);
   void (*axpy)(float, const float*, float*, std::size_t);
 };
+
+// Encodings with an integer (precision::fast) path.
+inline constexpr encoding fast_encodings[] = {encoding::q8_0, encoding::q4_0, encoding::q4_1};
 
 inline const kernel_table& scalar_table() {
   static const kernel_table t = [] {
@@ -60,6 +74,11 @@ inline const kernel_table& scalar_table() {
     for (std::size_t i = 0; i < table_size; ++i) {
       k.matvec[i] = &matvec_rows_scalar;
       k.matmul[i] = &matmul_rows_scalar;
+    }
+    k.quantize = &quantize_scalar;
+    for (encoding e : fast_encodings) {
+      k.matvec_q8[slot(e)] = &matvec_q8_scalar;
+      k.matmul_q8[slot(e)] = &matmul_q8_scalar;
     }
     k.dot = &dot_scalar;
     k.axpy = &axpy_scalar;
@@ -83,6 +102,12 @@ constexpr void set_avx2_q4(kernel_table& k) {
   k.matmul[slot(E)] = &avx2::matmul_rows<&avx2::decode_row<E>>;
 }
 
+template <encoding E>
+constexpr void set_avx2_fast(kernel_table& k) {
+  k.matvec_q8[slot(E)] = &avx2::matvec_q8<E>;
+  k.matmul_q8[slot(E)] = &avx2::matmul_q8<E>;
+}
+
 inline const kernel_table& avx2_table() {
   static const kernel_table t = [] {
     kernel_table k{};
@@ -100,17 +125,53 @@ inline const kernel_table& avx2_table() {
     }
     k.dot = &avx2::dot;
     k.axpy = &avx2::axpy;
+    k.quantize = &avx2::quantize;
+    set_avx2_fast<encoding::q8_0>(k);
+    set_avx2_fast<encoding::q4_0>(k);
+    set_avx2_fast<encoding::q4_1>(k);
     return k;
   }();
   return t;
 }
+#endif
 
-// Until AVX-512 matrix kernels exist, that level runs the AVX2 ones (other kernels,
-// such as the training GEMM, have AVX-512 versions of their own).
+#ifdef TLM_HAVE_AVX512_KERNELS
+template <encoding E>
+constexpr void set_avx512(kernel_table& k) {
+  k.matvec[slot(E)] = &avx512::matvec_rows<E>;
+  k.prepare[slot(E)] = E == encoding::q4_1 || E == encoding::q4_0 ? &avx512::prepare_q4_x<E> : nullptr;
+  k.matmul[slot(E)] = &avx512::matmul_rows<&avx2::decode_row<E>>;
+}
+
+template <encoding E>
+constexpr void set_avx512_fast(kernel_table& k) {
+  k.matvec_q8[slot(E)] = &avx512::matvec_q8<E>;
+  k.matmul_q8[slot(E)] = &avx512::matmul_q8<E>;
+}
+
+// Starts from the AVX2 table (the level needs everything AVX2 does) and replaces the
+// kernels that have AVX-512 versions. The fast mode uses VNNI where the CPU has it,
+// and the AVX2 maddubs kernels otherwise (AVX-512 without VNNI: Skylake-SP).
 inline const kernel_table& avx512_table() {
   static const kernel_table t = [] {
     kernel_table k = avx2_table();
     k.level = kernel_level::avx512;
+    set_avx512<encoding::f32>(k);
+    set_avx512<encoding::f16>(k);
+    set_avx512<encoding::bf16>(k);
+    set_avx512<encoding::q8_0>(k);
+    set_avx512<encoding::q4_0>(k);
+    set_avx512<encoding::q4_1>(k);
+    for (encoding e : {encoding::q4_k, encoding::q5_k, encoding::q6_k})
+      k.matmul[slot(e)] = &avx512::matmul_rows<&avx2::decode_row_generic>;
+    k.dot = &avx512::dot;
+    k.axpy = &avx512::axpy;
+    k.quantize = &avx512::quantize;
+    if (cpu().avx512vnni) {
+      set_avx512_fast<encoding::q8_0>(k);
+      set_avx512_fast<encoding::q4_0>(k);
+      set_avx512_fast<encoding::q4_1>(k);
+    }
     return k;
   }();
   return t;
@@ -120,6 +181,8 @@ inline const kernel_table& avx512_table() {
 inline const kernel_table& table_for(kernel_level l) {
 #ifdef TLM_HAVE_AVX2_KERNELS
   if (l == kernel_level::avx2) return avx2_table();
+#endif
+#ifdef TLM_HAVE_AVX512_KERNELS
   if (l == kernel_level::avx512) return avx512_table();
 #endif
   (void)l;
@@ -161,11 +224,50 @@ inline std::size_t check_args(const char* what, encoding enc, const std::byte* w
 // of claiming it (under a microsecond).
 inline std::size_t row_grain(std::size_t cols) { return std::max<std::size_t>(1, 32768 / std::max<std::size_t>(cols, 1)); }
 
+// Rows are handed to threads in whole groups of 16: 16 float outputs are one 64-byte
+// cache line, so two threads never write the same line of y (no false sharing when y
+// is 64-byte aligned, and at most one shared line per chunk boundary otherwise).
+inline constexpr std::size_t row_group = 16;
+
+// Runs fn(r0, r1) over [0, rows) on the pool. The split is one contiguous share per
+// thread (each thread streams its own part of the matrix, the access pattern the
+// hardware prefetcher follows best), unless that share would be below the grain.
+// A descheduled worker's share is taken by whichever thread finishes first (the pool
+// hands out chunks dynamically), so a busy core delays the product, never stalls it.
+template <class F>
+inline void split_rows(thread_pool* pool, std::size_t rows, std::size_t cols, F&& fn) {
+  if (pool == nullptr || pool->size() == 1) {
+    fn(std::size_t{0}, rows);
+    return;
+  }
+  const std::size_t groups = (rows + row_group - 1) / row_group;
+  const std::size_t share = (groups + pool->size() - 1) / pool->size();
+  const std::size_t grain = std::max(share, (row_grain(cols) + row_group - 1) / row_group);
+  pool->parallel_for(groups, grain, [&](std::size_t g0, std::size_t g1) {
+    fn(g0 * row_group, std::min(rows, g1 * row_group));
+  });
+}
+
+// The activations of the fast mode, quantized once per call before the rows are split;
+// one buffer per calling thread, reused, so a decode step allocates nothing.
+inline q8_activations& quantized_x() {
+  thread_local q8_activations q;
+  return q;
+}
+
 }  // namespace detail
 
 // Whether matvec and matmul accept weights in `enc`: the one list of such encodings,
 // which binding a file also consults.
 constexpr bool has_matrix_kernel(encoding enc) { return detail::slot(enc) >= 0; }
+
+// Whether precision::fast changes the arithmetic for weights in `enc` (otherwise a
+// fast product is the exact one).
+constexpr bool has_fast_kernel(encoding enc) {
+  for (encoding e : detail::fast_encodings)
+    if (e == enc) return true;
+  return false;
+}
 
 // The kernel level in use, and its name for --timing output.
 inline kernel_level active_kernel_level() { return detail::table().level; }
@@ -184,9 +286,9 @@ inline kernel_level force_kernel_level(kernel_level l) {
 
 // y[r] = sum_c W[r,c] * x[c].   W [rows, cols] in `enc`, x [cols], y [rows].
 // y must not overlap x or W. Results do not depend on the pool or its size: each row is summed by one thread in
-// a fixed order.
+// a fixed order. precision::fast: see kernels/scalar.hpp (Q4_0, Q4_1, Q8_0 only; others compute exactly).
 inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows, std::size_t cols,
-                   thread_pool* pool = nullptr) {
+                   thread_pool* pool = nullptr, precision p = precision::exact) {
   const std::size_t s = detail::check_args("matvec", enc, w, x, y, rows, cols);
   if (rows == 0) return;
   if (cols == 0) {
@@ -194,8 +296,15 @@ inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, s
     return;
   }
   const auto& t = detail::table();
-  const auto fn = t.matvec[s];
   const std::size_t rb = row_bytes(enc, cols);
+  if (p == precision::fast && t.matvec_q8[s] != nullptr) {
+    auto& qx = detail::quantized_x();
+    t.quantize(x, 1, cols, qx);
+    const auto fq = t.matvec_q8[s];
+    detail::split_rows(pool, rows, cols, [&](std::size_t r0, std::size_t r1) { fq(enc, w, rb, qx, y, r0, r1, cols); });
+    return;
+  }
+  const auto fn = t.matvec[s];
   // Reused across calls, so decoding a token allocates nothing here; one per thread
   // because callers on different threads may multiply at the same time.
   thread_local std::vector<float> prepared;
@@ -203,12 +312,7 @@ inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, s
     t.prepare[s](x, cols, prepared);
     x = prepared.data();
   }
-  if (pool == nullptr) {
-    fn(enc, w, rb, x, y, 0, rows, cols);
-    return;
-  }
-  pool->parallel_for(rows, detail::row_grain(cols),
-                     [&](std::size_t r0, std::size_t r1) { fn(enc, w, rb, x, y, r0, r1, cols); });
+  detail::split_rows(pool, rows, cols, [&](std::size_t r0, std::size_t r1) { fn(enc, w, rb, x, y, r0, r1, cols); });
 }
 
 // Y[b, r] = sum_c W[r,c] * X[b,c] for b < batch (prompt prefill).
@@ -216,7 +320,7 @@ inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, s
 // Each decoded weight row is reused across the batch, so this is much faster than
 // `batch` calls of matvec. Results do not depend on the pool or its size.
 inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows, std::size_t cols,
-                   std::size_t batch, thread_pool* pool = nullptr) {
+                   std::size_t batch, thread_pool* pool = nullptr, precision p = precision::exact) {
   const std::size_t s = detail::check_args("matmul", enc, w, x, y, rows, cols);
   if (rows == 0 || batch == 0) return;
   if (cols == 0) {
@@ -225,17 +329,21 @@ inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, s
   }
   if (batch == 1) {
     // One activation row: the decode-speed matvec kernels are the faster path.
-    matvec(enc, w, x, y, rows, cols, pool);
+    matvec(enc, w, x, y, rows, cols, pool, p);
     return;
   }
   const auto& t = detail::table();
-  const auto fn = t.matmul[s];
   const std::size_t rb = row_bytes(enc, cols);
-  if (pool == nullptr) {
-    fn(enc, w, rb, x, y, 0, rows, rows, cols, batch);
+  if (p == precision::fast && t.matmul_q8[s] != nullptr) {
+    auto& qx = detail::quantized_x();
+    t.quantize(x, batch, cols, qx);
+    const auto fq = t.matmul_q8[s];
+    detail::split_rows(pool, rows, cols,
+                       [&](std::size_t r0, std::size_t r1) { fq(enc, w, rb, qx, y, r0, r1, rows, cols); });
     return;
   }
-  pool->parallel_for(rows, detail::row_grain(cols),
+  const auto fn = t.matmul[s];
+  detail::split_rows(pool, rows, cols,
                      [&](std::size_t r0, std::size_t r1) { fn(enc, w, rb, x, y, r0, r1, rows, cols, batch); });
 }
 
@@ -269,6 +377,27 @@ inline void matmul_reference(encoding enc, const std::byte* w, const float* x, f
       y[b * rows + r] = static_cast<float>(s);
     }
   }
+}
+
+// The definitions the fast-mode kernels are tested against: the scalar quantizer and
+// scalar integer block sums (kernels/scalar.hpp). Encodings without an integer path
+// fall back to matvec_reference / matmul_reference, as matvec and matmul do.
+inline void matvec_fast_reference(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows,
+                                  std::size_t cols, thread_pool* pool = nullptr) {
+  detail::check_args("matvec_fast_reference", enc, w, x, y, rows, cols);
+  if (!has_fast_kernel(enc)) return matvec_reference(enc, w, x, y, rows, cols, pool);
+  q8_activations qx;
+  detail::quantize_scalar(x, 1, cols, qx);
+  detail::matvec_q8_scalar(enc, w, row_bytes(enc, cols), qx, y, 0, rows, cols);
+}
+
+inline void matmul_fast_reference(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows,
+                                  std::size_t cols, std::size_t batch, thread_pool* pool = nullptr) {
+  detail::check_args("matmul_fast_reference", enc, w, x, y, rows, cols);
+  if (!has_fast_kernel(enc)) return matmul_reference(enc, w, x, y, rows, cols, batch, pool);
+  q8_activations qx;
+  detail::quantize_scalar(x, batch, cols, qx);
+  detail::matmul_q8_scalar(enc, w, row_bytes(enc, cols), qx, y, 0, rows, rows, cols);
 }
 
 // sum_i a[i] * b[i] in float32.

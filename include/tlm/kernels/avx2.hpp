@@ -457,6 +457,130 @@ TLM_AVX2_FN inline void matmul_rows(encoding enc, const std::byte* w, std::size_
   }
 }
 
+// ---- Fast mode: int8 activations (maddubs) ---------------------------------------
+//
+// Plain AVX2 has no VNNI: vpmaddubsw multiplies unsigned by signed bytes into pairs
+// of saturating int16 sums, vpmaddwd with ones widens them to int32. No pair can
+// saturate: |w| <= 128 (Q8_0, after the sign moves to q) or <= 15 (Q4), |q| <= 127,
+// so a pair is at most 2 * 128 * 127 = 32512 < 32767. The integer sums are exact.
+
+// Bit for bit detail::quantize_block_scalar (see avx512::quantize for why).
+TLM_AVX2_FN inline void quantize(const float* x, std::size_t rows, std::size_t cols, q8_activations& out) {
+  const std::size_t blocks = cols / 32;
+  out.rows = rows;
+  out.blocks = blocks;
+  out.q.resize(rows * blocks * 32);
+  out.ds.resize(rows * blocks * 2);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i lim = _mm256_set1_epi32(127), neg = _mm256_set1_epi32(-127);
+  for (std::size_t i = 0; i < rows * blocks; ++i) {
+    const float* s = x + 32 * i;
+    __m256 v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(s + 8 * k);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                             _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float d = _mm_cvtss_f32(h) / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k)
+      q[k] = _mm256_max_epi32(neg, _mm256_min_epi32(lim, _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid))));
+    const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+    // packs work per 128-bit lane: the permute restores value order.
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + 32 * i), ordered);
+    out.ds[2 * i] = d;
+    out.ds[2 * i + 1] = d * static_cast<float>(_mm_cvtsi128_si32(t));
+  }
+}
+
+// The 32 codes of one block in value order: Q4_1 unsigned 0..15, Q4_0 signed -8..7,
+// Q8_0 signed.
+template <encoding E>
+TLM_AVX2_INLINE inline __m256i codes32(const std::byte* p) {
+  if constexpr (E == encoding::q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+  } else {
+    constexpr std::size_t head = E == encoding::q4_1 ? 4 : 2;
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + head));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
+    if constexpr (E == encoding::q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+    return w;
+  }
+}
+
+// 32 products summed into 8 int32 lanes; for signed weights the sign moves to q.
+template <encoding E>
+TLM_AVX2_INLINE inline __m256i dot32(__m256i w, __m256i q) {
+  if constexpr (E != encoding::q4_1) {
+    q = _mm256_sign_epi8(q, w);
+    w = _mm256_abs_epi8(w);
+  }
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), _mm256_set1_epi16(1));
+}
+
+// One weight row against NB quantized activation rows; the weights are unpacked once.
+template <encoding E, int NB>
+TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks, const std::int8_t* q,
+                                        std::size_t qstride, const float* ds, std::size_t dstride, float* out) {
+  constexpr std::size_t bb = bytes32<E>();
+  __m256 acc[NB];
+  float mins[NB];
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) {
+    acc[j] = _mm256_setzero_ps();
+    mins[j] = 0;
+  }
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* p = row + b * bb;
+    const __m256i w = codes32<E>(p);
+    const float dw = _cvtsh_ss(load_u16(p));
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const float* dj = ds + static_cast<std::size_t>(j) * dstride + 2 * b;
+      const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + static_cast<std::size_t>(j) * qstride + 32 * b));
+      const __m256i s = dot32<E>(w, qv);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * dj[0]), acc[j]);
+      if constexpr (E == encoding::q4_1) mins[j] += _cvtsh_ss(load_u16(p + 2)) * dj[1];
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) out[j] = hsum(acc[j]) + mins[j];
+}
+
+template <encoding E>
+TLM_AVX2_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                  std::size_t r0, std::size_t r1, std::size_t) {
+  for (std::size_t r = r0; r < r1; ++r) row_dots_q8<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+}
+
+template <encoding E>
+TLM_AVX2_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                  std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
+  const std::size_t nb = x.blocks, qs = nb * 32, dss = nb * 2;
+  float out[4];
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::byte* row = w + r * rb;
+    std::size_t b = 0;
+    for (; b + 4 <= x.rows; b += 4) {
+      row_dots_q8<E, 4>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
+      for (std::size_t j = 0; j < 4; ++j) y[(b + j) * rows + r] = out[j];
+    }
+    for (; b < x.rows; ++b) {
+      row_dots_q8<E, 1>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
+      y[b * rows + r] = out[0];
+    }
+  }
+}
+
 }  // namespace tlm::kernels::avx2
 
 #undef TLM_AVX2_FN

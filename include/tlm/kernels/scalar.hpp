@@ -7,8 +7,34 @@
 #include <tlm/quant.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
+
+namespace tlm::kernels {
+
+// How a matrix product treats its activations.
+//   exact: float32 activations, float32 sums of the dequantized weights (the
+//          fidelity the model's logits are checked at: 2e-6 against float64).
+//   fast:  for Q4_0 / Q4_1 / Q8_0 weights, each 32-value block of the activations is
+//          quantized to int8 with its own scale (as llama.cpp's Q8_0 / Q8_1), and the
+//          block dot products are exact integer sums (VNNI where the CPU has it).
+//          Other encodings have no integer path and compute as `exact`.
+enum class precision { exact, fast };
+
+// Activation rows quantized per block of 32 for the fast kernels: value j of block b
+// of row i is about q[(i*blocks + b)*32 + j] * d, with d = ds[2*(i*blocks + b)] and
+// ds[2*(i*blocks + b) + 1] = d * sum_j q (Q8_1's s, which a Q4_1 block's min m
+// multiplies: sum_j (c_j d_w + m) x_j = d_w d sum_j c_j q_j + m s).
+struct q8_activations {
+  std::size_t rows = 0;
+  std::size_t blocks = 0;     // per row
+  std::vector<std::int8_t> q; // [rows, blocks, 32]
+  std::vector<float> ds;      // [rows, blocks, 2]: d, d * sum(q)
+};
+
+}  // namespace tlm::kernels
 
 namespace tlm::kernels::detail {
 
@@ -25,6 +51,16 @@ using matmul_rows_fn = void (*)(encoding enc, const std::byte* w, std::size_t rb
 // Optional rewrite of x shared by all rows of one matvec (layout the kernel wants,
 // per-block sums); done once per call, before the rows are split among threads.
 using prepare_x_fn = void (*)(const float* x, std::size_t cols, std::vector<float>& prepared);
+
+// Fast-mode kernels (precision::fast), same row split as above.
+//   quantize: x [rows, cols] -> out (cols a multiple of 32)
+//   matvec:   W [rows, cols] times the one quantized row of x -> y [rows]
+//   matmul:   W times every row of x -> y [x.rows, rows]
+using quantize_fn = void (*)(const float* x, std::size_t rows, std::size_t cols, q8_activations& out);
+using matvec_q8_fn = void (*)(encoding enc, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                              std::size_t r0, std::size_t r1, std::size_t cols);
+using matmul_q8_fn = void (*)(encoding enc, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                              std::size_t r0, std::size_t r1, std::size_t rows, std::size_t cols);
 
 // Values dequantized per step: a multiple of every block size (1, 32, 256) and small
 // enough (4 KiB) to stay in L1 next to x.
@@ -72,6 +108,92 @@ inline void matmul_rows_scalar(encoding enc, const std::byte* w, std::size_t rb,
   for (std::size_t r = r0; r < r1; ++r) {
     dequantize_row(enc, w + r * rb, row.data(), cols);
     for (std::size_t b = 0; b < batch; ++b) y[b * rows + r] = dot_scalar(row.data(), x + b * cols, cols);
+  }
+}
+
+// ---- Fast mode: the scalar integer reference ---------------------------------------
+//
+// Quantizing a block: d = max|x| / 127 and q = round(x / d) to nearest, ties to even,
+// computed as x * (1/d), as every SIMD level does too (same IEEE operations in the same
+// order, and the SIMD conversions round to nearest even), so every level quantizes
+// bit for bit alike and the fast kernels of all levels see the same integers.
+// |x - q d| <= d/2 (plus the rounding of x * (1/d), far below it): that is the error
+// bound the tests hold the fast mode to.
+
+// Round to nearest, ties to even, for |v| < 2^22, without calling libm (baseline
+// x86-64 has no SSE4.1 rounding instruction): adding 1.5 * 2^23 leaves no fraction bits.
+inline float round_even(float v) {
+  volatile float magic = 12582912.0f;  // volatile: keeps the add-subtract from being folded away
+  const float m = magic;
+  return (v + m) - m;
+}
+
+inline void quantize_block_scalar(const float* x, std::int8_t* q, float* ds) {
+  float amax = 0;
+  for (std::size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  int sum = 0;
+  for (std::size_t j = 0; j < 32; ++j) {
+    const float r = std::clamp(round_even(x[j] * id), -127.0f, 127.0f);
+    q[j] = static_cast<std::int8_t>(r);
+    sum += q[j];
+  }
+  ds[0] = d;
+  ds[1] = d * static_cast<float>(sum);
+}
+
+inline void quantize_scalar(const float* x, std::size_t rows, std::size_t cols, q8_activations& out) {
+  const std::size_t blocks = cols / 32;
+  out.rows = rows;
+  out.blocks = blocks;
+  out.q.resize(rows * blocks * 32);
+  out.ds.resize(rows * blocks * 2);
+  for (std::size_t i = 0; i < rows * blocks; ++i) quantize_block_scalar(x + 32 * i, out.q.data() + 32 * i, out.ds.data() + 2 * i);
+}
+
+// The integer dot of one weight block with one quantized activation block, and the
+// block's float term: (d_w * d_x) * isum (+ m * s for Q4_1). Every SIMD level forms
+// the same per-block terms (the integer sum is exact, the two products round alike)
+// and differs from this only in the order the terms are added.
+inline float block_term_scalar(encoding enc, const std::byte* p, const std::int8_t* q, const float* ds) {
+  const auto* u = reinterpret_cast<const std::uint8_t*>(p);
+  std::int32_t isum = 0;
+  float m_term = 0;
+  if (enc == encoding::q8_0) {
+    for (std::size_t j = 0; j < 32; ++j) isum += static_cast<std::int8_t>(u[2 + j]) * q[j];
+  } else {
+    const std::size_t head = enc == encoding::q4_1 ? 4 : 2;
+    const int off = enc == encoding::q4_1 ? 0 : 8;
+    for (std::size_t j = 0; j < 16; ++j) {
+      isum += ((u[head + j] & 15) - off) * q[j];
+      isum += ((u[head + j] >> 4) - off) * q[j + 16];
+    }
+    if (enc == encoding::q4_1) m_term = fp16_to_f32(load_u16(p + 2)) * ds[1];
+  }
+  const float scale = fp16_to_f32(load_u16(p)) * ds[0];
+  return scale * static_cast<float>(isum) + m_term;
+}
+
+inline float row_dot_q8_scalar(encoding enc, const std::byte* row, const std::int8_t* q, const float* ds,
+                               std::size_t blocks) {
+  const std::size_t bb = traits(enc).block_bytes;
+  float s = 0;
+  for (std::size_t b = 0; b < blocks; ++b) s += block_term_scalar(enc, row + b * bb, q + 32 * b, ds + 2 * b);
+  return s;
+}
+
+inline void matvec_q8_scalar(encoding enc, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                             std::size_t r0, std::size_t r1, std::size_t) {
+  for (std::size_t r = r0; r < r1; ++r) y[r] = row_dot_q8_scalar(enc, w + r * rb, x.q.data(), x.ds.data(), x.blocks);
+}
+
+inline void matmul_q8_scalar(encoding enc, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                             std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
+  const std::size_t nb = x.blocks;
+  for (std::size_t r = r0; r < r1; ++r) {
+    for (std::size_t b = 0; b < x.rows; ++b)
+      y[b * rows + r] = row_dot_q8_scalar(enc, w + r * rb, x.q.data() + b * nb * 32, x.ds.data() + b * nb * 2, nb);
   }
 }
 

@@ -1,0 +1,637 @@
+#pragma once
+// AVX-512 (F, BW, VL, DQ) kernels, with VNNI for the fast mode where the CPU has it.
+// As in avx2.hpp every function carries its own target attribute, so the program
+// stays baseline x86-64 and a CPU without AVX-512 never reaches these (kernels.hpp
+// installs them only after cpu.hpp has checked the features).
+//
+// Exact mode (float32 activations):
+//   matvec: one row at a time, the block scale factored out of the block's sum (as
+//           avx2.hpp does), 16 lanes = half a block, so a Q4 block is two multiplies
+//           with no permutation of x; two accumulators; software prefetch ahead of
+//           the weight stream.
+//   matmul: a register-blocked outer-product micro-kernel. Weight rows are decoded
+//           once per slice of the batch into a float32 panel [rt, cols]; the slice of
+//           activations is transposed once into [cols, 16] columns, so each
+//           multiply-add takes one weight (broadcast) and 16 batch rows (a vector):
+//           12 rows x 32 batch rows = 24 accumulators in registers.
+// Fast mode (int8 activations, VNNI): 64 weight bytes (two blocks) per vpdpbusd.
+#if defined(__x86_64__) || defined(__i386__)
+#define TLM_HAVE_AVX512_KERNELS 1
+
+#include <tlm/blocks.hpp>
+#include <tlm/encoding.hpp>
+#include <tlm/kernels/avx2.hpp>
+#include <tlm/kernels/scalar.hpp>
+#include <tlm/quant.hpp>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+// GCC 12 reports its own intrinsics (_mm512_cvtepu8_epi32 and others start from
+// _mm512_undefined_*(), a self-initialized variable) as "used uninitialized" once
+// they are inlined here (GCC bug 105593, fixed in GCC 13); the warning is false.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#define TLM_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+#define TLM_AVX512_FN [[gnu::target(TLM_AVX512_TARGET)]]
+#define TLM_AVX512_INLINE [[gnu::target(TLM_AVX512_TARGET), gnu::always_inline]]
+#define TLM_VNNI_FN [[gnu::target(TLM_AVX512_TARGET ",avx512vnni")]]
+#define TLM_VNNI_INLINE [[gnu::target(TLM_AVX512_TARGET ",avx512vnni"), gnu::always_inline]]
+
+namespace tlm::kernels::avx512 {
+
+// How far ahead of the current block the weight stream is prefetched. The hardware
+// prefetcher follows one sequential stream well; the software prefetch mainly covers
+// the start of each chunk and the page boundaries, where the hardware one restarts.
+inline constexpr std::size_t prefetch_ahead = 1024;
+
+TLM_AVX512_INLINE inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+
+TLM_AVX512_INLINE inline float half_at(const std::byte* p) { return _cvtsh_ss(load_u16(p)); }
+
+// 32 consecutive values of a float-type row (f32, f16, bf16) as two vectors.
+template <encoding E>
+TLM_AVX512_INLINE inline void float32_values(const std::byte* p, __m512& a, __m512& b) {
+  if constexpr (E == encoding::f32) {
+    a = _mm512_loadu_ps(p);
+    b = _mm512_loadu_ps(p + 64);
+  } else if constexpr (E == encoding::f16) {
+    a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    b = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
+  } else {
+    static_assert(E == encoding::bf16);
+    a = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+    b = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))), 16));
+  }
+}
+
+TLM_AVX512_FN inline float dot(const float* a, const float* b, std::size_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  if (i + 16 <= n) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    i += 16;
+  }
+  if (i < n) {
+    // The tail as one masked step: lanes past n load as zero and add nothing.
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+  }
+  return hsum(_mm512_add_ps(s0, s1));
+}
+
+TLM_AVX512_FN inline void axpy(float a, const float* x, float* y, std::size_t n) {
+  const __m512 va = _mm512_set1_ps(a);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+// ---- Exact matvec -------------------------------------------------------------------
+//
+// Q4 blocks: the 16 code bytes are broadcast to the four 128-bit lanes, the upper two
+// lanes shifted to the high nibbles, and two in-lane byte shuffles widen 4 codes per
+// lane to int32: e0 = values [0,4) [4,8) [16,20) [20,24), e1 = [8,12) [12,16) [24,28)
+// [28,32). In-lane shuffles instead of vpmovzxbd: on AMD Zen 4 the lane-crossing
+// widening of a 512-bit register is the bottleneck of this loop. x is permuted once
+// per matvec to match (prepare_q4_x), followed by the pairs [0, sum x_b] per block
+// that multiply [d_b, m_b] (only Q4_1 has a min; Q4_0's codes are re-centred).
+
+inline constexpr std::size_t q4_order[32] = {0, 1, 2,  3,  4,  5,  6,  7,  16, 17, 18, 19, 20, 21, 22, 23,
+                                             8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+
+// x [cols] -> [cols] in q4_order per block, then [blocks, 2] = {0, sum of the block}.
+template <encoding E>
+inline void prepare_q4_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
+  const std::size_t blocks = cols / 32;
+  prepared.resize(cols + 2 * blocks);  // [cols] permuted x, then [blocks, 2]
+  for (std::size_t b = 0; b < blocks; ++b) {
+    float t = 0;
+    for (std::size_t i = 0; i < 32; ++i) {
+      prepared[32 * b + i] = x[32 * b + q4_order[i]];
+      t += x[32 * b + i];
+    }
+    prepared[cols + 2 * b] = 0.0f;
+    prepared[cols + 2 * b + 1] = t;
+  }
+}
+
+template <encoding E>
+TLM_AVX512_INLINE inline void q4_codes(const std::byte* qs, __m512& e0, __m512& e1) {
+  __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  b = _mm512_and_si512(_mm512_srlv_epi64(b, _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4)), _mm512_set1_epi8(0x0f));
+  if constexpr (E == encoding::q4_0) b = _mm512_sub_epi8(b, _mm512_set1_epi8(8));
+  // Lanes 0, 2 widen bytes 0..3 (c0) or 8..11 (c1), lanes 1, 3 bytes 4..7 or 12..15;
+  // control bytes 0xff give zero.
+  const __m512i c0 = _mm512_setr_epi32(0xffffff00, 0xffffff01, 0xffffff02, 0xffffff03,   //
+                                       0xffffff04, 0xffffff05, 0xffffff06, 0xffffff07,   //
+                                       0xffffff00, 0xffffff01, 0xffffff02, 0xffffff03,   //
+                                       0xffffff04, 0xffffff05, 0xffffff06, 0xffffff07);
+  const __m512i c1 = _mm512_add_epi32(c0, _mm512_set1_epi32(8));
+  if constexpr (E == encoding::q4_0) {
+    // Signed codes: the byte goes to the top of the int32 and an arithmetic shift
+    // brings it down with its sign.
+    const __m512i top = _mm512_set1_epi32(0x00ffffff);
+    const __m512i s0 = _mm512_or_si512(_mm512_slli_epi32(c0, 24), top);
+    const __m512i s1 = _mm512_or_si512(_mm512_slli_epi32(c1, 24), top);
+    e0 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_shuffle_epi8(b, s0), 24));
+    e1 = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_shuffle_epi8(b, s1), 24));
+  } else {
+    e0 = _mm512_cvtepi32_ps(_mm512_shuffle_epi8(b, c0));
+    e1 = _mm512_cvtepi32_ps(_mm512_shuffle_epi8(b, c1));
+  }
+}
+
+// [d0, m0, d1, m1] of two Q4_1 blocks, [d0, 0, d1, 0] of Q4_0 / Q8_0 blocks.
+template <encoding E>
+TLM_AVX512_INLINE inline __m128 scale_pair(const std::byte* p0, const std::byte* p1) {
+  std::uint64_t bits;
+  if constexpr (E == encoding::q4_1) {
+    std::uint32_t a, b;
+    std::memcpy(&a, p0, 4);
+    std::memcpy(&b, p1, 4);
+    bits = a | (std::uint64_t{b} << 32);
+  } else {
+    bits = load_u16(p0) | (std::uint64_t{load_u16(p1)} << 32);
+  }
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(bits)));
+}
+
+// sum_j c_j x_j of one quantized block (codes . x, before the scale).
+template <encoding E>
+TLM_AVX512_INLINE inline __m512 block_codes_dot(const std::byte* p, const float* xb) {
+  __m512 w0, w1;
+  if constexpr (E == encoding::q8_0) {
+    w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2))));
+    w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18))));
+  } else {
+    q4_codes<E>(p + (E == encoding::q4_1 ? 4 : 2), w0, w1);
+  }
+  return _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xb)));
+}
+
+// One row of a quantized matrix: sum_b d_b (codes_b . x_b) [+ m_b sum(x_b)], two
+// blocks per step (one conversion of the four scales, two accumulators).
+template <encoding E>
+TLM_AVX512_FN inline float row_dot_quant(const std::byte* row, const float* x, const float* xsum, std::size_t blocks) {
+  constexpr std::size_t bb = row_bytes(E, 32);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m128 mins = _mm_setzero_ps();
+  std::size_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    const std::byte* p = row + b * bb;
+    _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_ahead), _MM_HINT_T0);
+    const __m128 dm = scale_pair<E>(p, p + bb);
+    const __m512 t0 = block_codes_dot<E>(p, x + 32 * b);
+    const __m512 t1 = block_codes_dot<E>(p + bb, x + 32 * b + 32);
+    acc0 = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t0, acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_broadcastss_ps(_mm_movehl_ps(dm, dm)), t1, acc1);
+    if constexpr (E == encoding::q4_1) mins = _mm_fmadd_ps(dm, _mm_loadu_ps(xsum + 2 * b), mins);
+  }
+  if (b < blocks) {
+    const std::byte* p = row + b * bb;
+    const __m128 dm = scale_pair<E>(p, p);
+    acc0 = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), block_codes_dot<E>(p, x + 32 * b), acc0);
+    if constexpr (E == encoding::q4_1) mins = _mm_fmadd_ps(dm, _mm_setr_ps(0.0f, xsum[2 * b + 1], 0.0f, 0.0f), mins);
+  }
+  float s = hsum(_mm512_add_ps(acc0, acc1));
+  if constexpr (E == encoding::q4_1) {
+    alignas(16) float m[4];
+    _mm_store_ps(m, mins);
+    s += m[1] + m[3];
+  }
+  return s;
+}
+
+// One row of a float matrix (f32, f16, bf16), the last cols % 32 as a scalar tail.
+template <encoding E>
+TLM_AVX512_FN inline float row_dot_float(const std::byte* row, const float* x, std::size_t cols) {
+  constexpr std::size_t bb = row_bytes(E, 32);
+  const std::size_t blocks = cols / 32;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* p = row + b * bb;
+    _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_ahead), _MM_HINT_T0);
+    __m512 w0, w1;
+    float32_values<E>(p, w0, w1);
+    acc0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + 32 * b), acc0);
+    acc1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 32 * b + 16), acc1);
+  }
+  float s = hsum(_mm512_add_ps(acc0, acc1));
+  if (blocks * 32 < cols) s += avx2::tail_dot<E>(row, x, blocks * 32, cols);
+  return s;
+}
+
+// x: for Q4_0 / Q4_1 the output of prepare_q4_x; otherwise x itself.
+template <encoding E>
+TLM_AVX512_FN inline void matvec_rows(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
+                                      std::size_t r0, std::size_t r1, std::size_t cols) {
+  for (std::size_t r = r0; r < r1; ++r) {
+    if constexpr (E == encoding::q8_0 || E == encoding::q4_0 || E == encoding::q4_1) {
+      y[r] = row_dot_quant<E>(w + r * rb, x, x + cols, cols / 32);
+    } else {
+      y[r] = row_dot_float<E>(w + r * rb, x, cols);
+    }
+  }
+}
+
+// ---- Exact matmul (prefill) --------------------------------------------------------
+
+// Y[b, r] for RT weight rows (panel + i*cols, decoded) and BV*16 batch rows held as
+// transposed columns xt [cols, 16] per vector (xt + v*cols*16). Every k is one
+// broadcast per row and one load per batch vector: RT*BV multiply-adds from RT+BV loads.
+// noinline for the same reason as avx2::tile (GCC keeps `acc` in registers only when
+// the micro-kernel is a function of its own).
+template <int RT, int BV>
+[[gnu::noinline]] TLM_AVX512_FN inline void micro_kernel(const float* panel, const float* xt, std::size_t cols,
+                                                           float* y, std::size_t ldy, std::size_t nb) {
+  __m512 acc[RT][BV];
+#pragma GCC unroll 12
+  for (int i = 0; i < RT; ++i)
+#pragma GCC unroll 2
+    for (int v = 0; v < BV; ++v) acc[i][v] = _mm512_setzero_ps();
+  for (std::size_t k = 0; k < cols; ++k) {
+    __m512 xv[BV];
+#pragma GCC unroll 2
+    for (int v = 0; v < BV; ++v) xv[v] = _mm512_loadu_ps(xt + static_cast<std::size_t>(v) * cols * 16 + k * 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < RT; ++i) {
+      const __m512 wv = _mm512_set1_ps(panel[static_cast<std::size_t>(i) * cols + k]);
+#pragma GCC unroll 2
+      for (int v = 0; v < BV; ++v) acc[i][v] = _mm512_fmadd_ps(wv, xv[v], acc[i][v]);
+    }
+  }
+  // acc[i][v] lane l is Y[v*16 + l, i]: scattered with stride ldy, masked to nb rows.
+  const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(static_cast<int>(ldy)));
+#pragma GCC unroll 2
+  for (int v = 0; v < BV; ++v) {
+    const std::size_t left = nb - std::min<std::size_t>(nb, static_cast<std::size_t>(v) * 16);
+    const __mmask16 m = left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+#pragma GCC unroll 12
+    for (int i = 0; i < RT; ++i)
+      _mm512_mask_i32scatter_ps(y + static_cast<std::size_t>(v) * 16 * ldy + static_cast<std::size_t>(i), m, idx,
+                                acc[i][v], 4);
+  }
+}
+
+template <int RT>
+TLM_AVX512_FN inline void micro_rows(const float* panel, const float* xt, std::size_t cols, float* y, std::size_t ldy,
+                                     std::size_t nb) {
+  std::size_t b = 0;
+  for (; b + 16 < nb; b += 32) micro_kernel<RT, 2>(panel, xt + b * cols, cols, y + b * ldy, ldy, nb - b);
+  if (b < nb) micro_kernel<RT, 1>(panel, xt + b * cols, cols, y + b * ldy, ldy, nb - b);
+}
+
+// Rows [r0, r1) of Y [batch, rows] = X [batch, cols] W^T. The batch goes in slices of
+// 64 rows, transposed into xt [ceil(nb/16), cols, 16] (zero-padded, 384 KiB at most for
+// cols 1536: it stays in L2); the weights in panels of 12 decoded rows [12, cols].
+// A weight row is decoded once per slice, so decoding costs 1/64 of the multiply-adds.
+// Scatter addresses are 32-bit: checked by the caller (rows * batch < 2^31).
+template <void (*Decode)(encoding, const std::byte*, float*, std::size_t)>
+TLM_AVX512_FN inline void matmul_rows(encoding enc, const std::byte* w, std::size_t rb, const float* x, float* y,
+                                      std::size_t r0, std::size_t r1, std::size_t rows, std::size_t cols,
+                                      std::size_t batch) {
+  constexpr std::size_t slice = 64;
+  constexpr std::size_t rt = 12;
+  thread_local std::vector<float> xt;     // [slice / 16, cols, 16]
+  thread_local std::vector<float> panel;  // [rt, cols]
+  xt.resize(slice * cols);
+  panel.resize(rt * cols);
+  for (std::size_t b0 = 0; b0 < batch; b0 += slice) {
+    const std::size_t nb = std::min(slice, batch - b0);
+    const std::size_t nv = (nb + 15) / 16;
+    for (std::size_t v = 0; v < nv; ++v) {
+      float* dst = xt.data() + v * cols * 16;
+      for (std::size_t l = 0; l < 16; ++l) {
+        const std::size_t b = v * 16 + l;
+        if (b < nb) {
+          const float* src = x + (b0 + b) * cols;
+          for (std::size_t k = 0; k < cols; ++k) dst[k * 16 + l] = src[k];
+        } else {
+          for (std::size_t k = 0; k < cols; ++k) dst[k * 16 + l] = 0.0f;
+        }
+      }
+    }
+    float* ys = y + b0 * rows;
+    std::size_t r = r0;
+    for (; r + rt <= r1; r += rt) {
+      for (std::size_t i = 0; i < rt; ++i) Decode(enc, w + (r + i) * rb, panel.data() + i * cols, cols);
+      micro_rows<12>(panel.data(), xt.data(), cols, ys + r, rows, nb);
+    }
+    for (; r + 4 <= r1; r += 4) {
+      for (std::size_t i = 0; i < 4; ++i) Decode(enc, w + (r + i) * rb, panel.data() + i * cols, cols);
+      micro_rows<4>(panel.data(), xt.data(), cols, ys + r, rows, nb);
+    }
+    for (; r < r1; ++r) {
+      Decode(enc, w + r * rb, panel.data(), cols);
+      micro_rows<1>(panel.data(), xt.data(), cols, ys + r, rows, nb);
+    }
+  }
+}
+
+// ---- Fast mode: int8 activations ---------------------------------------------------
+
+// Same arithmetic as detail::quantize_block_scalar, 16 lanes at a time: the maximum is
+// exact, d and 1/d are the same scalar operations, and the conversion rounds to
+// nearest even (the default MXCSR mode), so the result is bit for bit the scalar one.
+TLM_AVX512_FN inline void quantize(const float* x, std::size_t rows, std::size_t cols, q8_activations& out) {
+  const std::size_t blocks = cols / 32;
+  out.rows = rows;
+  out.blocks = blocks;
+  out.q.resize(rows * blocks * 32);
+  out.ds.resize(rows * blocks * 2);
+  const __m512i lim = _mm512_set1_epi32(127), neg = _mm512_set1_epi32(-127);
+  for (std::size_t i = 0; i < rows * blocks; ++i) {
+    const __m512 a = _mm512_loadu_ps(x + 32 * i), b = _mm512_loadu_ps(x + 32 * i + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i qa = _mm512_max_epi32(neg, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(a, vid))));
+    const __m512i qb = _mm512_max_epi32(neg, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(b, vid))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q.data() + 32 * i), _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q.data() + 32 * i + 16), _mm512_cvtepi32_epi8(qb));
+    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+    out.ds[2 * i] = d;
+    out.ds[2 * i + 1] = d * static_cast<float>(sum);
+  }
+}
+
+// The 64 weight codes of blocks p0 and p1 in value order, as bytes: Q4_1 unsigned
+// 0..15, Q4_0 signed -8..7, Q8_0 signed.
+template <encoding E>
+TLM_VNNI_INLINE inline __m512i codes64(const std::byte* p0, const std::byte* p1) {
+  if constexpr (E == encoding::q8_0) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + 2));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1 + 2));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+  } else {
+    constexpr std::size_t head = E == encoding::q4_1 ? 4 : 2;
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + head));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + head));
+    __m512i z = _mm512_castsi256_si512(_mm256_set_m128i(b, a));
+    z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(1, 1, 0, 0));  // [a, a, b, b]
+    // Low nibbles in the first copy of each block, high nibbles in the second.
+    z = _mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+    z = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+    if constexpr (E == encoding::q4_0) z = _mm512_sub_epi8(z, _mm512_set1_epi8(8));
+    return z;
+  }
+}
+
+// The scales of blocks p0, p1 as [d0, m0, d1, m1] (m = 0 for Q4_0 and Q8_0).
+template <encoding E>
+TLM_VNNI_INLINE inline __m128 scales2(const std::byte* p0, const std::byte* p1) {
+  std::uint64_t bits;
+  if constexpr (E == encoding::q4_1) {
+    std::uint32_t a, b;
+    std::memcpy(&a, p0, 4);
+    std::memcpy(&b, p1, 4);
+    bits = a | (std::uint64_t{b} << 32);
+  } else {
+    bits = load_u16(p0) | (std::uint64_t{load_u16(p1)} << 32);
+  }
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(bits)));
+}
+
+// Integer sums of 64 products in 16 lanes (four products each; a block's sum is
+// spread over 8 lanes). Signed weights: sum w q = sum |w| (sign(w) q), since vpdpbusd
+// multiplies unsigned by signed bytes; |q| <= 127, so negating q cannot overflow.
+template <encoding E>
+TLM_VNNI_INLINE inline __m512i dot64(__m512i w, __m512i q) {
+  if constexpr (E != encoding::q4_1) {
+    const __mmask64 neg = _mm512_movepi8_mask(w);
+    q = _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q);
+    w = _mm512_abs_epi8(w);
+  }
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, q);
+}
+
+// The last block of an odd count, in 8 lanes.
+template <encoding E>
+TLM_VNNI_INLINE inline float block_term_vnni(const std::byte* p, const std::int8_t* q, const float* ds) {
+  __m256i w;
+  if constexpr (E == encoding::q8_0) {
+    w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+  } else {
+    constexpr std::size_t head = E == encoding::q4_1 ? 4 : 2;
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + head));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
+    if constexpr (E == encoding::q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+  }
+  __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  if constexpr (E != encoding::q4_1) {
+    qv = _mm256_sign_epi8(qv, w);
+    w = _mm256_abs_epi8(w);
+  }
+  const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, qv);
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  const float scale = half_at(p) * ds[0];
+  float term = scale * static_cast<float>(_mm_cvtsi128_si32(t));
+  if constexpr (E == encoding::q4_1) term += half_at(p + 2) * ds[1];
+  return term;
+}
+
+// One weight row against `NB` quantized activation rows (q + j*qstride, ds + j*dstride):
+// the weights are loaded and unpacked once for all of them.
+template <encoding E, int NB>
+TLM_VNNI_INLINE inline void row_dots_vnni(const std::byte* row, std::size_t blocks, const std::int8_t* q,
+                                          std::size_t qstride, const float* ds, std::size_t dstride, float* out) {
+  constexpr std::size_t bb = row_bytes(E, 32);
+  // Lanes 0..7 take the scale of the first block of the pair, lanes 8..15 the second.
+  const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+  __m512 acc[NB];
+  __m128 mins[NB];
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) {
+    acc[j] = _mm512_setzero_ps();
+    mins[j] = _mm_setzero_ps();
+  }
+  std::size_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    const std::byte* p0 = row + b * bb;
+    _mm_prefetch(reinterpret_cast<const char*>(p0 + prefetch_ahead), _MM_HINT_T0);
+    const __m512i w = codes64<E>(p0, p0 + bb);
+    const __m128 wd = scales2<E>(p0, p0 + bb);
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const __m512i qv = _mm512_loadu_si512(q + static_cast<std::size_t>(j) * qstride + 32 * b);
+      const __m512i s = dot64<E>(w, qv);
+      // [d0 dx0, m0 s0, d1 dx1, m1 s1]: the same two products as the scalar reference.
+      const __m128 prod = _mm_mul_ps(wd, _mm_loadu_ps(ds + static_cast<std::size_t>(j) * dstride + 2 * b));
+      const __m512 scale = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(prod));
+      acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[j]);
+      if constexpr (E == encoding::q4_1) mins[j] = _mm_add_ps(mins[j], prod);
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) {
+    float s = hsum(acc[j]);
+    if constexpr (E == encoding::q4_1) {
+      alignas(16) float m[4];
+      _mm_store_ps(m, mins[j]);
+      s += m[1] + m[3];
+    }
+    if (b < blocks)
+      s += block_term_vnni<E>(row + b * bb, q + static_cast<std::size_t>(j) * qstride + 32 * b,
+                              ds + static_cast<std::size_t>(j) * dstride + 2 * b);
+    out[j] = s;
+  }
+}
+
+template <encoding E>
+TLM_VNNI_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                  std::size_t r0, std::size_t r1, std::size_t) {
+  for (std::size_t r = r0; r < r1; ++r) row_dots_vnni<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+}
+
+// The output of one (weight row, activation row j) of matmul_q8 from its accumulator:
+// the min terms (Q4_1: sum_b m_b s_jb, over the blocks of the pairs) and the last
+// block of an odd count.
+template <encoding E>
+TLM_VNNI_INLINE inline float finish_q8(__m512 acc, const std::byte* row, const q8_activations& x, std::size_t j,
+                                       const float* mins, const float* sums) {
+  constexpr std::size_t bb = row_bytes(E, 32);
+  const std::size_t nb = x.blocks, paired = nb / 2 * 2;
+  float s = hsum(acc);
+  if constexpr (E == encoding::q4_1) s += dot(mins, sums + j * nb, paired);
+  if (paired < nb) {
+    const std::size_t b = nb - 1;
+    s += block_term_vnni<E>(row + b * bb, x.q.data() + j * nb * 32 + 32 * b, x.ds.data() + (j * nb + b) * 2);
+  }
+  return s;
+}
+
+// Prefill in fast mode. Each weight row is unpacked once into a row buffer (64 code
+// bytes, the 16-lane scale vector [d0 x8, d1 x8] and, for signed codes, a correction
+// per block pair) and then used for every activation row of the batch, four at a
+// time. The activations' scales are expanded once per call to the same 16-lane
+// pattern, so a block pair of one (weight row, activation row) costs one vpdpbusd,
+// one conversion, one multiply and one multiply-add, as a float32 GEMM spends on 64
+// values. Signed codes (Q8_0, Q4_0) use biased activations instead of moving signs:
+// sum w q = sum w (q + 128) - 128 sum w, where q + 128 is an unsigned byte and the
+// second term, per lane, is vpdpbusd(128, w), computed once per weight row.
+// Q4_1's min terms are one float dot product per output over the blocks.
+template <encoding E>
+TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                  std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
+  constexpr bool is_signed = E != encoding::q4_1;
+  constexpr std::size_t bb = row_bytes(E, 32);
+  const std::size_t nb = x.blocks, pairs = nb / 2, batch = x.rows;
+  const std::size_t qs = nb * 32;
+  // Per call: activation scales in the 16-lane pattern, Q4_1's block sums, biased codes.
+  thread_local std::vector<float> dxv;           // [batch, pairs, 16]
+  thread_local std::vector<float> sums;          // [batch, nb]
+  thread_local std::vector<std::uint8_t> biased; // [batch, nb * 32] (signed codes only)
+  // Per weight row.
+  thread_local std::vector<std::uint8_t> codes;  // [pairs, 64]
+  thread_local std::vector<float> dwv;           // [pairs, 16]
+  thread_local std::vector<std::int32_t> ncorr;  // [pairs, 16] (signed codes only)
+  thread_local std::vector<float> mins;          // [nb]
+  dxv.resize(batch * pairs * 16);
+  sums.resize(batch * nb);
+  codes.resize(pairs * 64);
+  dwv.resize(pairs * 16);
+  ncorr.resize(pairs * 16);
+  mins.resize(nb);
+  for (std::size_t j = 0; j < batch; ++j) {
+    for (std::size_t p = 0; p < pairs; ++p) {
+      const float* d = x.ds.data() + (j * nb + 2 * p) * 2;
+      float* o = dxv.data() + (j * pairs + p) * 16;
+      for (std::size_t l = 0; l < 8; ++l) {
+        o[l] = d[0];
+        o[8 + l] = d[2];
+      }
+    }
+    for (std::size_t b = 0; b < nb; ++b) sums[j * nb + b] = x.ds[(j * nb + b) * 2 + 1];
+  }
+  if constexpr (is_signed) {
+    biased.resize(batch * qs);
+    for (std::size_t i = 0; i < batch * qs; ++i) biased[i] = static_cast<std::uint8_t>(x.q[i] ^ std::int8_t(-128));
+  }
+  const std::uint8_t* qa = is_signed ? biased.data() : reinterpret_cast<const std::uint8_t*>(x.q.data());
+  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::byte* row = w + r * rb;
+    for (std::size_t p = 0; p < pairs; ++p) {
+      const std::byte* p0 = row + 2 * p * bb;
+      const __m512i cv = codes64<E>(p0, p0 + bb);
+      _mm512_storeu_si512(codes.data() + 64 * p, cv);
+      const __m128 dm = scales2<E>(p0, p0 + bb);
+      _mm512_storeu_ps(dwv.data() + 16 * p, _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(dm)));
+      if constexpr (is_signed) {
+        const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, cv);
+        _mm512_storeu_si512(ncorr.data() + 16 * p, _mm512_sub_epi32(_mm512_setzero_si512(), corr));
+      }
+    }
+    if constexpr (E == encoding::q4_1)
+      for (std::size_t b = 0; b < nb; ++b) mins[b] = half_at(row + b * bb + 2);
+    std::size_t j = 0;
+    for (; j + 4 <= batch; j += 4) {
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+      for (std::size_t p = 0; p < pairs; ++p) {
+        const __m512i cv = _mm512_loadu_si512(codes.data() + 64 * p);
+        const __m512 dw = _mm512_loadu_ps(dwv.data() + 16 * p);
+        const __m512i init = is_signed ? _mm512_loadu_si512(ncorr.data() + 16 * p) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (std::size_t t = 0; t < 4; ++t) {
+          const __m512i qv = _mm512_loadu_si512(qa + (j + t) * qs + 64 * p);
+          const __m512i sv = is_signed ? _mm512_dpbusd_epi32(init, qv, cv) : _mm512_dpbusd_epi32(init, cv, qv);
+          const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(dxv.data() + ((j + t) * pairs + p) * 16));
+          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), sc, acc[t]);
+        }
+      }
+      for (std::size_t t = 0; t < 4; ++t)
+        y[(j + t) * rows + r] = finish_q8<E>(acc[t], row, x, j + t, mins.data(), sums.data());
+    }
+    for (; j < batch; ++j) {
+      __m512 acc = _mm512_setzero_ps();
+      for (std::size_t p = 0; p < pairs; ++p) {
+        const __m512i cv = _mm512_loadu_si512(codes.data() + 64 * p);
+        const __m512i init = is_signed ? _mm512_loadu_si512(ncorr.data() + 16 * p) : _mm512_setzero_si512();
+        const __m512i qv = _mm512_loadu_si512(qa + j * qs + 64 * p);
+        const __m512i sv = is_signed ? _mm512_dpbusd_epi32(init, qv, cv) : _mm512_dpbusd_epi32(init, cv, qv);
+        const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(dwv.data() + 16 * p), _mm512_loadu_ps(dxv.data() + (j * pairs + p) * 16));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), sc, acc);
+      }
+      y[j * rows + r] = finish_q8<E>(acc, row, x, j, mins.data(), sums.data());
+    }
+  }
+}
+
+}  // namespace tlm::kernels::avx512
+
+#undef TLM_AVX512_TARGET
+#undef TLM_AVX512_FN
+#undef TLM_AVX512_INLINE
+#undef TLM_VNNI_FN
+#undef TLM_VNNI_INLINE
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#endif

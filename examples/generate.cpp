@@ -12,6 +12,9 @@
 #include <fmt/core.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -24,6 +27,9 @@
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+
+// More threads than this is a typo, not a machine.
+constexpr std::size_t max_threads = 1024;
 
 constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
   --model PATH        GGUF file (default: $TLM_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)
@@ -49,10 +55,11 @@ struct options {
   std::string model;
   std::string config = "smollm2_135m";
   std::optional<std::string> prompt;
-  std::optional<std::string> token_ids;
+  std::optional<std::vector<std::int32_t>> token_ids;
   std::optional<std::string> system;
   std::optional<std::string> dump_logits;
-  std::size_t n = 32, threads = 0, ctx = 0;
+  std::size_t n = 32, threads = 0;
+  std::optional<std::size_t> ctx;
   bool chat = false, special = false, print_ids = false, show_config = false, timing = false, trace = false;
   tlm::sampling sampling;
 };
@@ -65,26 +72,50 @@ struct usage_error : std::runtime_error {
 
 [[noreturn]] void fail(const std::string& msg) { throw usage_error(msg); }
 
-std::size_t to_count(std::string_view flag, const std::string& v) {
-  try {
-    std::size_t used = 0;
-    const long long n = std::stoll(v, &used);
-    if (used != v.size() || n < 0) throw std::invalid_argument("");
-    return static_cast<std::size_t>(n);
-  } catch (const std::exception&) {
-    fail(fmt::format("{} takes a whole number >= 0, got '{}'", flag, v));
+// A whole number written in decimal digits only: no sign, blanks, hex or exponent,
+// and no wrap-around (std::stoll would take " +5", and a cast would turn
+// 4294967297 into 1).
+std::uint64_t to_whole(std::string_view flag, const std::string& v, std::uint64_t max) {
+  const auto bad = [&] {
+    fail(fmt::format("{} takes a whole number from 0 to {}, got '{}'", flag, max, v));
+  };
+  if (v.empty() || v.size() > 20) bad();
+  std::uint64_t n = 0;
+  for (const char c : v) {
+    if (c < '0' || c > '9') bad();
+    const auto digit = static_cast<std::uint64_t>(c - '0');
+    if (n > (max - digit) / 10) bad();
+    n = n * 10 + digit;
   }
+  return n;
 }
 
+std::size_t to_count(std::string_view flag, const std::string& v) {
+  return static_cast<std::size_t>(to_whole(flag, v, std::numeric_limits<std::uint32_t>::max()));
+}
+
+// A finite decimal number; std::stof alone would also take "inf", "nan" and hex.
 float to_float(std::string_view flag, const std::string& v) {
   try {
     std::size_t used = 0;
     const float f = std::stof(v, &used);
-    if (used != v.size()) throw std::invalid_argument("");
+    if (used != v.size() || !std::isfinite(f) || v.find_first_of("xXnN") != std::string::npos) throw std::invalid_argument("");
     return f;
   } catch (const std::exception&) {
-    fail(fmt::format("{} takes a number, got '{}'", flag, v));
+    fail(fmt::format("{} takes a finite number, got '{}'", flag, v));
   }
+}
+
+std::vector<std::int32_t> parse_ids(const std::string& list) {
+  std::vector<std::int32_t> ids;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t end = std::min(list.find(',', start), list.size());
+    ids.push_back(static_cast<std::int32_t>(
+        to_whole("--token-ids", list.substr(start, end - start), std::numeric_limits<std::int32_t>::max())));
+    start = end + 1;
+  }
+  return ids;
 }
 
 options parse(int argc, char** argv) {
@@ -105,15 +136,18 @@ options parse(int argc, char** argv) {
     else if (a == "--prompt") o.prompt = value();
     else if (a == "-n") o.n = to_count(a, value());
     else if (a == "--threads") o.threads = to_count(a, value());
-    else if (a == "--ctx") o.ctx = to_count(a, value());
+    else if (a == "--ctx") {
+      o.ctx = to_count(a, value());
+      if (*o.ctx == 0) fail("--ctx 0 leaves no room in the KV cache; give at least the prompt length plus -n, or leave --ctx out");
+    }
     else if (a == "--chat") o.chat = true;
     else if (a == "--system") o.system = value();
     else if (a == "--special") o.special = true;
     else if (a == "--temperature") o.sampling.temperature = to_float(a, value());
     else if (a == "--top-k") o.sampling.top_k = to_count(a, value());
     else if (a == "--top-p") o.sampling.top_p = to_float(a, value());
-    else if (a == "--seed") o.sampling.seed = to_count(a, value());
-    else if (a == "--token-ids") o.token_ids = value();
+    else if (a == "--seed") o.sampling.seed = to_whole(a, value(), std::numeric_limits<std::uint64_t>::max());
+    else if (a == "--token-ids") o.token_ids = parse_ids(value());
     else if (a == "--print-ids") o.print_ids = true;
     else if (a == "--dump-logits") o.dump_logits = value();
     else if (a == "--show-config") o.show_config = true;
@@ -125,18 +159,14 @@ options parse(int argc, char** argv) {
   }
   if (o.prompt && o.token_ids) fail("give the prompt either as text or as --token-ids, not both");
   if (!o.prompt && !o.token_ids) o.prompt = "The capital of France is";
+  // Every option is checked here, before the file is mapped or a token computed.
+  if (o.threads > max_threads) fail(fmt::format("--threads {} is more than {}; give 0 for every core", o.threads, max_threads));
+  if (o.sampling.temperature < 0.0f) fail(fmt::format("--temperature {} is negative; give 0 (greedy) or more", o.sampling.temperature));
+  if (!(o.sampling.top_p > 0.0f && o.sampling.top_p <= 1.0f))
+    fail(fmt::format("--top-p {} is outside (0, 1]; give the probability mass to keep, e.g. 0.9", o.sampling.top_p));
+  if (o.sampling.temperature == 0.0f && (o.sampling.top_k != 0 || o.sampling.top_p != 1.0f))
+    fail("--top-k and --top-p need --temperature above 0 (temperature 0 is greedy decoding)");
   return o;
-}
-
-std::vector<std::int32_t> parse_ids(const std::string& list) {
-  std::vector<std::int32_t> ids;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    const std::size_t end = std::min(list.find(',', start), list.size());
-    ids.push_back(static_cast<std::int32_t>(to_count("--token-ids", list.substr(start, end - start))));
-    start = end + 1;
-  }
-  return ids;
 }
 
 double ms_since(clock_type::time_point t) {
@@ -152,8 +182,26 @@ void show_config(const tlm::gguf::file& f) {
              f.has("general.name") ? f.get_string("general.name") : "");
 }
 
+// The checks that need the config's sizes but not the file: done before loading it.
+template <tlm::LlamaConfig config>
+void check_against(const options& o) {
+  if (o.token_ids) {
+    for (const auto id : *o.token_ids) {
+      if (static_cast<std::size_t>(id) >= config::vocab)
+        fail(fmt::format("--token-ids: token id {} is outside the vocabulary of {} (ids 0 to {})", id,
+                         tlm::type_name<config>(), config::vocab - 1));
+    }
+  }
+  if (o.ctx && *o.ctx > config::context)
+    fail(fmt::format("--ctx {} is more than the context of {} ({} positions)", *o.ctx, tlm::type_name<config>(), config::context));
+  if (o.n >= config::context)
+    fail(fmt::format("-n {} leaves no room for the prompt in the context of {} ({} positions)", o.n, tlm::type_name<config>(),
+                     config::context));
+}
+
 template <tlm::LlamaConfig config>
 int run(const options& o) {
+  check_against<config>(o);
   const auto t_load = clock_type::now();
   tlm::model<config> m = tlm::model<config>::load(o.model, {.threads = o.threads});
   const double load_ms = ms_since(t_load);
@@ -165,7 +213,7 @@ int run(const options& o) {
   std::vector<std::int32_t> prompt;
   std::string prompt_text;
   if (o.token_ids) {
-    prompt = parse_ids(*o.token_ids);
+    prompt = *o.token_ids;
   } else {
     prompt_text = *o.prompt;
     bool special = o.special;
@@ -181,13 +229,13 @@ int run(const options& o) {
   }
   if (prompt.empty()) fail("the prompt is empty after tokenization; give some text");
   const std::size_t needed = prompt.size() + o.n;
-  const std::size_t capacity = o.ctx ? o.ctx : std::min(needed, config::context);
+  const std::size_t capacity = o.ctx ? *o.ctx : std::min(needed, config::context);
   if (needed > capacity || needed > config::context) {
     fail(fmt::format("the prompt ({} tokens) plus {} new tokens needs {} positions, but the KV cache holds {}{}; "
                      "shorten the prompt, lower -n{}",
                      prompt.size(), o.n, needed, std::min(capacity, config::context),
                      o.ctx ? " (--ctx)" : fmt::format(" (the model's context)"),
-                     o.ctx && o.ctx < config::context ? fmt::format(", or raise --ctx (at most {})", config::context) : ""));
+                     o.ctx && *o.ctx < config::context ? fmt::format(", or raise --ctx (at most {})", config::context) : ""));
   }
   tlm::kv_cache<config> cache(capacity);
 

@@ -1,7 +1,7 @@
 // synth_model: write a random-weight GGUF file with the exact shape of a SmolLM2
 // config, for tests and benchmarks of models too large to download here.
 //
-//   synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b --out PATH
+//   synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b|tiny_gqa|tiny_untied --out PATH
 //               [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--tokenizer-from REAL.gguf]
 //
 // The tensor list comes from the one walk over tlm::model_weights<C>, so the file
@@ -10,7 +10,10 @@
 // keeps it at Q8_0 when the row length is not a multiple of 256); norms are F32
 // near 1. The tokenizer.* keys are copied from --tokenizer-from, or else a byte-level
 // BPE vocabulary of the config's size is synthesized: 3 control tokens, the 256 byte
-// symbols, then two-symbol merges.
+// symbols, then two-symbol merges (a vocabulary smaller than 259, as the tiny test
+// configs have, keeps only the first byte symbols and has no merges).
+// The tiny test configs (tiny_gqa, tiny_untied) are accepted too: their files are the
+// fuzzers' seeds and the random models that tests compare with the float64 reference.
 #include <tlm/config.hpp>
 #include <tlm/gguf.hpp>
 #include <tlm/gguf_writer.hpp>
@@ -99,8 +102,8 @@ void synthesize_tokenizer(tlm::gguf::writer& w, std::size_t vocab) {
   const auto bytes = byte_symbols();
   std::vector<std::string> tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
   std::vector<std::int32_t> types(tokens.size(), 3);  // control
-  for (const auto& b : bytes) {
-    tokens.push_back(b);
+  for (std::size_t b = 0; b < bytes.size() && tokens.size() < vocab; ++b) {
+    tokens.push_back(bytes[b]);
     types.push_back(1);
   }
   std::vector<std::string> merges;
@@ -218,14 +221,16 @@ int run(int argc, char** argv) {
   }
   if (o.config.empty() || o.out.empty()) {
     fmt::print(stderr,
-               "usage: synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b --out PATH\n"
+               "usage: synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b|tiny_gqa|tiny_untied --out PATH\n"
                "                   [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--tokenizer-from REAL.gguf]\n");
     return 2;
   }
   if (o.config == "smollm2_135m") return synthesize<tlm::smollm2_135m>(o);
   if (o.config == "smollm2_360m") return synthesize<tlm::smollm2_360m>(o);
   if (o.config == "smollm2_1_7b") return synthesize<tlm::smollm2_1_7b>(o);
-  throw tlm::error(fmt::format("unknown config '{}'; use smollm2_135m, smollm2_360m or smollm2_1_7b", o.config));
+  if (o.config == "tiny_gqa") return synthesize<tlm::tiny_gqa>(o);
+  if (o.config == "tiny_untied") return synthesize<tlm::tiny_untied>(o);
+  throw tlm::error(fmt::format("unknown config '{}'; use smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_gqa or tiny_untied", o.config));
 }
 
 }  // namespace

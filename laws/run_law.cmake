@@ -2,11 +2,17 @@
 #   cmake -DKIND=pass|fail|selfcheck -DSOURCE=file.cpp -DCXX=compiler "-DFLAGS=a|b|c" -P run_law.cmake
 # A fail-case (and a self-check) passes only when all of these hold:
 #   1. it has exactly one `// law-expect: REGEX` line and exactly one
-#      `#ifdef TLM_LAW_TWIN` block with one line in each branch (so the twin
-#      differs from the case in that one line and nothing else);
+#      `#ifdef TLM_LAW_TWIN` block with one line in each branch, and no other line
+#      names TLM_LAW_TWIN (so the twin differs from the case in that one line and
+#      nothing else);
 #   2. the case does not compile;
-#   3. the compiler output matches REGEX (it fails for its named reason);
+#   3. the compiler's own diagnostic lines (`file:line:col: error:`/`note:`,
+#      `required from`/`required for`/`In instantiation of`) match REGEX: it fails for its named
+#      reason. Echoed source lines are not searched, so a comment that names the
+#      rule on a line that fails for another reason does not count;
 #   4. the twin (-DTLM_LAW_TWIN) compiles.
+# Each rejection starts with a one-word verdict in brackets ([malformed], [case-compiles],
+# [wrong-reason], [twin-broken]); the self-checks name the verdict they expect.
 string(REPLACE "|" ";" flags "${FLAGS}")
 
 function(compile out_var rc_var)
@@ -38,7 +44,11 @@ set(state outside)
 set(twin_lines 0)
 set(case_lines 0)
 set(blocks 0)
+set(twin_mentions 0)
 foreach(line IN LISTS lines)
+  if(line MATCHES "TLM_LAW_TWIN")
+    math(EXPR twin_mentions "${twin_mentions} + 1")
+  endif()
   if(line MATCHES "^// law-expect: (.+)$")
     set(expect "${CMAKE_MATCH_1}")
     string(REPLACE "<tlm-semicolon>" ";" expect "${expect}")
@@ -61,26 +71,46 @@ foreach(line IN LISTS lines)
   endif()
 endforeach()
 if(NOT expect_count EQUAL 1)
-  message(FATAL_ERROR "malformed law: ${SOURCE} needs exactly one '// law-expect: REGEX' line (found ${expect_count})")
+  message(FATAL_ERROR "[malformed] malformed law: ${SOURCE} needs exactly one '// law-expect: REGEX' line (found ${expect_count})")
+endif()
+if(NOT twin_mentions EQUAL 1)
+  message(FATAL_ERROR "[malformed] malformed law: ${SOURCE} names TLM_LAW_TWIN on ${twin_mentions} lines; only its one "
+                      "'#ifdef TLM_LAW_TWIN' line may (a second #ifdef/#ifndef/#if block would let the twin differ "
+                      "from the case by more than one line)")
 endif()
 if(NOT blocks EQUAL 1 OR NOT twin_lines EQUAL 1 OR NOT case_lines EQUAL 1)
-  message(FATAL_ERROR "malformed law: ${SOURCE} needs one '#ifdef TLM_LAW_TWIN' / '#else' / '#endif' block "
+  message(FATAL_ERROR "[malformed] malformed law: ${SOURCE} needs one '#ifdef TLM_LAW_TWIN' / '#else' / '#endif' block "
                       "with exactly one line in each branch (found ${blocks} blocks, ${twin_lines} twin and "
                       "${case_lines} case lines)")
 endif()
 
 compile(output rc)
 if(rc EQUAL 0)
-  message(FATAL_ERROR "law broken: ${SOURCE} compiled, but it must be rejected (expected a diagnostic matching '${expect}')")
+  message(FATAL_ERROR "[case-compiles] law broken: ${SOURCE} compiled, but it must be rejected (expected a diagnostic matching '${expect}')")
 endif()
-if(NOT output MATCHES "${expect}")
-  message(FATAL_ERROR "law broken: ${SOURCE} was rejected, but not for its named reason: no diagnostic matches "
-                      "'${expect}'. The compiler said:\n${output}")
+# Keep only the compiler's own diagnostic lines. GCC echoes the offending source line
+# ("   12 |   code  // comment") and marks it ("      |   ^~~"); those start with blanks,
+# while its diagnostics start with the file name.
+string(REPLACE ";" "<tlm-semicolon>" diag_text "${output}")
+string(REPLACE "\n" ";" out_lines "${diag_text}")
+set(diagnostics "")
+foreach(line IN LISTS out_lines)
+  # `file:line:col: error:`/`note:`, `file:line:col:   required from here`/`required for the
+  # satisfaction of ...`/`in requirements ...`, and `file: In instantiation/substitution of ...`.
+  if(line MATCHES "^[^ \t|][^|]*:[0-9]+:[0-9]+: +(fatal error: |error: |note: |required |in requirements )"
+     OR line MATCHES "^[^ \t|][^|]*: In (instantiation|substitution) of ")
+    string(APPEND diagnostics "${line}\n")
+  endif()
+endforeach()
+string(REPLACE "<tlm-semicolon>" ";" diagnostics "${diagnostics}")
+if(NOT diagnostics MATCHES "${expect}")
+  message(FATAL_ERROR "[wrong-reason] law broken: ${SOURCE} was rejected, but not for its named reason: no error:/note:/"
+                      "required-from line of the compiler matches '${expect}'. The compiler said:\n${output}")
 endif()
 compile(twin_output twin_rc -DTLM_LAW_TWIN)
 if(NOT twin_rc EQUAL 0)
-  message(FATAL_ERROR "law broken: the twin of ${SOURCE} (-DTLM_LAW_TWIN) must compile, so that the case fails "
+  message(FATAL_ERROR "[twin-broken] law broken: the twin of ${SOURCE} (-DTLM_LAW_TWIN) must compile, so that the case fails "
                       "only for its offending line. The compiler said:\n${twin_output}")
 endif()
-string(REGEX MATCH "${expect}" matched "${output}")
+string(REGEX MATCH "${expect}" matched "${diagnostics}")
 message(STATUS "law holds: ${SOURCE} is rejected ('${matched}') and its twin compiles")

@@ -135,16 +135,14 @@ TEST_CASE("truncation at every offset is rejected") {
   valid_file v;
   const std::size_t end_of_data = v.data_at + 64 + 32;
   REQUIRE(v.b.size() == end_of_data);
-  int rejected = 0;
   for (std::size_t cut = 0; cut < end_of_data; ++cut) {
     const std::vector<std::byte> prefix(v.b.b.begin(), v.b.b.begin() + static_cast<std::ptrdiff_t>(cut));
     const std::string msg = error_of(prefix);
     INFO("cut at ", cut);
     REQUIRE_FALSE(msg.empty());
     CHECK(msg.find("bad.gguf: byte ") == 0);
-    ++rejected;
   }
-  CHECK(rejected == static_cast<int>(end_of_data));
+  CHECK(error_of(v.b.b).empty());  // the uncut file is accepted: the cuts are what is refused
 }
 
 TEST_CASE("wrong magic, version and value types") {
@@ -384,8 +382,10 @@ TEST_CASE("random byte corruption never crashes: it parses or throws format_erro
     }
   }
   MESSAGE("corrupted files: ", parsed, " parsed, ", rejected, " rejected");
-  CHECK(parsed + rejected == 20000);
-  CHECK(rejected > 0);
+  // Both outcomes are exercised (every trial ends in one of them by construction, so
+  // their sum says nothing): some corruptions leave a readable file, most do not.
+  CHECK(parsed > 0);
+  CHECK(rejected > parsed);
 }
 
 TEST_CASE("files on disk: missing, empty, a directory") {

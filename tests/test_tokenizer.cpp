@@ -377,12 +377,31 @@ TEST_CASE("from_vocab: a small vocabulary, and corrupt data") {
   CHECK_THROWS_AS(tlm::tokenizer::from_vocab({}, {}, {}, {}), tlm::format_error);
 }
 
-TEST_CASE("copies share state and give the same results") {
-  const auto& tok = model_tokenizer();
+TEST_CASE("copies share state and the BPE cache, and a repeated piece is served from it") {
+  const tlm::gguf::file f(TLM_MODEL_PATH);
+  const auto tok = tlm::tokenizer::from_gguf(f);  // a fresh cache, not the shared test tokenizer's
   const tlm::tokenizer copy = tok;
+  REQUIRE(tok.cached_pieces() == 0);
   const std::string text = "Copies are cheap: 42 tokens? \xE6\x97\xA5\xE6\x9C\xAC";
-  CHECK(copy.encode(text) == tok.encode(text));
-  CHECK(copy.encode(text) == copy.encode(text));  // the second call is served from the cache
+  const auto first = tok.encode(text);
+  const std::size_t cached = tok.cached_pieces();
+  CHECK(cached > 0);
+  CHECK(copy.cached_pieces() == cached);  // the copy sees the same cache
+  // The copy encodes the same text from the cache: every piece is found, none added.
+  CHECK(tok.cache_hits() == 0);
+  CHECK(copy.encode(text) == first);
+  CHECK(tok.cached_pieces() == cached);
+  CHECK(tok.cache_hits() == cached);
+  // A new piece is added once, however often it is encoded.
+  auto twice = tok.encode(" zebras");
+  CHECK(tok.cached_pieces() == cached + 1);
+  twice.insert(twice.end(), twice.begin(), twice.end());
+  CHECK(copy.encode(" zebras zebras") == twice);
+  CHECK(tok.cached_pieces() == cached + 1);
+  CHECK(tok.cache_hits() == cached + 2);
+  // Pieces longer than the cache's key limit are never stored.
+  (void)tok.encode(" " + std::string(tlm::detail::bpe_cache::max_key_bytes + 10, 'q'));
+  CHECK(tok.cached_pieces() == cached + 1);
 }
 
 TEST_CASE("the ASCII fast path agrees with PCRE2 on ASCII-heavy random text") {

@@ -94,6 +94,52 @@ std::vector<std::string> hyperparameter_problems(const gguf::file& f) {
   check_uint("llama.rope.dimension_count", head_dim<C>, false);
   check_float("llama.attention.layer_norm_rms_epsilon", C::rms_eps, true, 0.0);
   check_float("llama.rope.freq_base", C::rope_theta, false, 10000.0);
+
+  // Keys that change the computation when present with another value than plain
+  // Llama's. A file that sets one is refused, never run as if it were absent.
+  check_uint("llama.attention.key_length", head_dim<C>, false);
+  check_uint("llama.attention.value_length", head_dim<C>, false);
+  check_uint("llama.expert_count", 0, false);
+  check_uint("llama.expert_used_count", 0, false);
+  const auto not_implemented = [&](std::string_view key, const std::string& found, std::string_view what) {
+    out.push_back(std::string(key) + ": " + found + ", but tlm implements " + std::string(what) +
+                  " only; use a file converted without it");
+  };
+  if (f.has("llama.rope.scaling.type")) {
+    try {
+      const std::string_view type = f.get_string("llama.rope.scaling.type");
+      if (type != "none") not_implemented("llama.rope.scaling.type", "\"" + std::string(type) + "\"", "unscaled RoPE");
+    } catch (const error& e) {
+      out.push_back(std::string("llama.rope.scaling.type: ") + e.what());
+    }
+  }
+  // A factor of 1 scales nothing, and llama.cpp reads 0 as "not set".
+  for (const std::string_view key : {"llama.rope.scaling.factor", "llama.rope.scale_linear", "llama.rope.scaling.attn_factor"}) {
+    if (!f.has(key)) continue;
+    try {
+      const double v = f.get_float(key);
+      if (v != 1.0 && !(v == 0.0 && key != "llama.rope.scaling.attn_factor"))
+        not_implemented(key, std::to_string(v), "unscaled RoPE (factor 1)");
+    } catch (const error& e) {
+      out.push_back(std::string(key) + ": " + e.what());
+    }
+  }
+  // Every other llama.* key is unknown to tlm, so it cannot vouch that the key leaves
+  // the computation alone: refuse rather than compute something else silently.
+  static constexpr std::string_view known[] = {
+      "llama.embedding_length", "llama.block_count", "llama.feed_forward_length", "llama.attention.head_count",
+      "llama.attention.head_count_kv", "llama.context_length", "llama.vocab_size", "llama.rope.dimension_count",
+      "llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base", "llama.attention.key_length",
+      "llama.attention.value_length", "llama.expert_count", "llama.expert_used_count", "llama.rope.scaling.type",
+      "llama.rope.scaling.factor", "llama.rope.scale_linear", "llama.rope.scaling.attn_factor",
+      // Informational unless a scaling type is set, which is checked above.
+      "llama.rope.scaling.original_context_length", "llama.rope.scaling.finetuned"};
+  for (const auto& e : f.metadata()) {
+    if (!e.key.starts_with("llama.")) continue;
+    if (std::find(std::begin(known), std::end(known), e.key) != std::end(known)) continue;
+    out.push_back(std::string(e.key) + ": tlm does not know this key, so it cannot tell whether the file needs a computation tlm "
+                          "does not do; remove the key if it is only informational");
+  }
   return out;
 }
 

@@ -198,10 +198,22 @@ class bpe_cache {
       if (sl.hash == h && sl.key_len == key.size() &&
           std::string_view(keys_).substr(sl.key_off, sl.key_len) == key) {
         out.insert(out.end(), ids_.begin() + sl.ids_off, ids_.begin() + sl.ids_off + sl.n_ids);
+        ++hits_;
         return true;
       }
     }
     return false;
+  }
+
+  // Pieces stored, and lookups answered, so far (for tests, which check that the
+  // cache is used and bounded).
+  std::size_t size() const {
+    std::lock_guard lock(mu_);
+    return count_;
+  }
+  std::size_t hits() const {
+    std::lock_guard lock(mu_);
+    return hits_;
   }
 
   void insert(std::string_view key, std::span<const std::int32_t> ids) {
@@ -241,11 +253,12 @@ class bpe_cache {
     h ^= h >> 29;
     return h | 1;
   }
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::vector<slot> slots_;
   std::string keys_;
   std::vector<std::int32_t> ids_;
   std::size_t count_ = 0;
+  std::size_t hits_ = 0;
 };
 
 struct tokenizer_state {
@@ -434,6 +447,9 @@ class tokenizer {
   std::int32_t eos() const { return s_->ids.eos; }
   bool add_bos_default() const { return s_->ids.add_bos; }
   std::size_t vocab_size() const { return s_->tokens.size(); }
+  // Distinct pre-tokens whose BPE result is cached (shared by copies); for tests.
+  std::size_t cached_pieces() const { return cache_->size(); }
+  std::size_t cache_hits() const { return cache_->hits(); }
 
  private:
   tokenizer() = default;

@@ -1,5 +1,6 @@
 // Self-check: this "must not compile" case compiles, so the harness must reject it
-// (its ctest is marked WILL_FAIL; it passes only if the harness notices).
+// (its ctest passes only if the harness rejects it with the verdict named below).
+// harness-expect: [case-compiles]
 // law-expect: this text never appears
 #include <tlm/kv.hpp>
 

@@ -1,5 +1,6 @@
 // Self-check: fails to compile, but for a typo rather than its named rule, so the
 // harness must reject it.
+// harness-expect: [wrong-reason]
 // law-expect: cache_has_room
 #include <tlm/kv.hpp>
 

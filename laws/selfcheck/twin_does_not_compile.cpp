@@ -1,5 +1,6 @@
 // Self-check: the case fails for its named reason, but its twin does not compile
 // either, so the case proves nothing; the harness must reject it.
+// harness-expect: [twin-broken]
 // law-expect: cache_has_room<Cap, T>
 #include <tlm/kv.hpp>
 

@@ -389,3 +389,21 @@ TEST_CASE("gemm: bad arguments are reported, not computed") {
                                             no_buffer, 4, false),
                   tlm::error);
 }
+
+TEST_CASE("gemm: steady-state calls reuse the thread's packing buffers") {
+  level_guard guard;
+  std::vector<float> a(300 * 200, 0.5f), b(200 * 100, 0.25f), c(300 * 100);  // [300, 200], [200, 100], [300, 100]
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    auto& s = k::gemm_detail::thread_scratch();
+    k::gemm(transpose::no, transpose::no, 300, 100, 200, a.data(), 200, b.data(), 100, c.data(), 100, false);
+    const float* pa = s.a(0);  // asking for 0 floats returns the current buffer without growing it
+    const float* pb = s.b(0);
+    for (int i = 0; i < 3; ++i) {
+      k::gemm(transpose::no, transpose::no, 300, 100, 200, a.data(), 200, b.data(), 100, c.data(), 100, true);
+      k::gemm(transpose::yes, transpose::yes, 100, 50, 150, a.data(), 100, b.data(), 150, c.data(), 100, false);
+    }
+    CHECK(s.a(0) == pa);
+    CHECK(s.b(0) == pb);
+  }
+}

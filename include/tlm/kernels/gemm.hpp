@@ -8,11 +8,12 @@
 //
 // Design (the usual packed GEMM): the k dimension is cut into blocks of kc; for each
 // block, a block of rows of op(A) is packed into micro-panels of mr rows ([kc, mr],
-// p-major) and, one at a time, micro-panels of nr columns of op(B) ([kc, nr]). A
-// register-blocked micro-kernel multiplies one A micro-panel by one B micro-panel
-// into an mr x nr tile of C held in registers. Packing makes every operand layout
-// (transposed or not, any stride, any alignment) look the same to the kernel, and
-// zero-pads partial panels so the kernel always runs full tiles.
+// p-major) and a block of columns of op(B) into micro-panels of nr columns ([kc, nr]).
+// A register-blocked micro-kernel multiplies one A micro-panel by one B micro-panel
+// into an mr x nr tile of C held in registers; each B micro-panel stays in L1 while
+// all the A micro-panels of the block (in L2) pass by. Packing makes every operand
+// layout (transposed or not, any stride, any alignment) look the same to the kernel,
+// and zero-pads partial panels so the kernel always runs full tiles.
 //
 // Threads and determinism: C is cut into rectangular units (a block of rows by a
 // block of columns) and the pool runs whole units. Each element of C is computed by
@@ -61,6 +62,7 @@ struct scalar_kernel {
   static constexpr std::size_t nr = 8;
   static constexpr std::size_t kc = 256;
   static constexpr std::size_t mc_max = 512;
+  static constexpr std::size_t nc_max = 1024;
 
   // C[rows, cols] (stride ldc) = (overwrite ? 0 : C) + a [kc, mr] . b [kc, nr], top-left tile.
   static void micro(std::size_t kc_, const float* a, const float* b, float* c, std::size_t ldc, std::size_t rows,
@@ -81,8 +83,6 @@ struct scalar_kernel {
       }
     }
   }
-
-  static constexpr std::size_t nc_max = 1024;
 
   template <std::size_t W>
   static void pack_c(const float* src, std::size_t ld, std::size_t count, std::size_t kc_, float* dst) {

@@ -174,8 +174,11 @@ struct kernel {
   static constexpr std::size_t nr = 16;
   // The B micro-panel [kc, 16] is 16 KiB: it stays in a 32 KiB L1 while the A panels stream past it.
   static constexpr std::size_t kc = 256;
+  // The A block [mc, kc] (528 KB) is read once per B micro-panel, about 4 bytes a cycle:
+  // L2 serves that easily and L3 still does, so the block may outgrow a 512 KiB L2. The B
+  // block [nc, kc] is read once, straight after it is packed.
+  static constexpr std::size_t mc_max = 516;
   static constexpr std::size_t nc_max = 1024;
-  static constexpr std::size_t mc_max = 516;  // A buffer [mc, kc] 516 KiB, read from L2/L3 at ~4 bytes a cycle
 
   static void micro(std::size_t kc_, const float* a, const float* b, float* c, std::size_t ldc, std::size_t rows,
                     std::size_t cols, bool overwrite) {

@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
   for (std::size_t t : thread_counts) pools.push_back(std::make_unique<tlm::thread_pool>(t));
 
   std::vector<measurement> ms;
-  const std::size_t peak_iters = 2'000'000;
+  constexpr std::size_t peak_iters = 2'000'000;
   for (auto level : levels) {
     for (auto& pool_ptr : pools) {
       tlm::thread_pool* pool = pool_ptr.get();
@@ -198,7 +198,7 @@ int main(int argc, char** argv) {
       m.level = level;
       m.threads = pool->size();
       m.flops = peak_loop(level, 1) * static_cast<double>(peak_iters) * static_cast<double>(pool->size());
-      m.run = [level, pool, peak_iters] {
+      m.run = [level, pool] {
         pool->parallel_for(pool->size(), 1, [&](std::size_t b, std::size_t e) {
           for (std::size_t i = b; i < e; ++i) peak_loop(level, peak_iters);
         });

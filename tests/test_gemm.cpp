@@ -3,12 +3,13 @@
 //
 // Tolerance, per element C[i, j]:
 //   |C_fast - C_ref| <= (k + 2) * 2^-23 * (sum_p |op(A)[i,p] op(B)[p,j]| + |C_old[i,j]|)
-// The fast paths sum k float32 products (with or without FMA) in blocks and add each
-// block to C, so every partial sum is rounded at most k + 1 times with relative error
-// 2^-24 each; the classic bound of a recursive sum is then (k + 1) * 2^-24 times the
-// sum of absolute values of the terms (the products themselves round at most once
-// more). The reference (double) is rounded to float once more. Doubling 2^-24 covers
-// the second-order terms with room to spare; the worst ratio seen is printed.
+// Why: the fast paths sum the k products in float32 in blocks of kc (FMA, or a rounded
+// product then an add on the scalar level) and add each block's sum to C. A term then
+// passes through at most 1 (product) + k (block sum) + ceil(k / kc) + 1 (adds into C)
+// <= 2k + 2 roundings of relative size u = 2^-24, so the classic bound for recursive
+// summation gives (2k + 2) u (1 + O(k u)) times the sum of absolute values; rounding
+// the double reference to float adds u once more. 2 (k + 2) u = (k + 2) 2^-23 covers
+// both. Typical errors are far smaller (about sqrt(k) u); the worst ratio seen is printed.
 #include <doctest/doctest.h>
 
 #include <tlm/kernels/gemm.hpp>

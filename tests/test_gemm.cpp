@@ -377,6 +377,11 @@ TEST_CASE("gemm: bad arguments are reported, not computed") {
   // C overlapping A.
   CHECK_THROWS_AS(k::gemm(transpose::no, transpose::no, 4, 4, 8, a.data(), 8, b.data(), 4, a.data() + 8, 4, false),
                   tlm::error);
+  // C == A with another stride, and C as a shifted view of B with B's stride.
+  CHECK_THROWS_AS(k::gemm(transpose::no, transpose::no, 4, 4, 8, a.data(), 8, b.data(), 4, a.data(), 5, false),
+                  tlm::error);
+  CHECK_THROWS_AS(k::gemm(transpose::no, transpose::no, 4, 4, 8, a.data(), 8, b.data(), 4, b.data() + 3, 4, false),
+                  tlm::error);
   // The message says what to do.
   try {
     k::gemm(transpose::no, transpose::no, 4, 4, 8, a.data(), 7, b.data(), 4, c.data(), 4, false);
@@ -389,6 +394,30 @@ TEST_CASE("gemm: bad arguments are reported, not computed") {
   CHECK_THROWS_AS(k::gemm_reference<double>(transpose::no, transpose::no, 4, 4, 8, no_buffer, 8, no_buffer, 4,
                                             no_buffer, 4, false),
                   tlm::error);
+}
+
+TEST_CASE("gemm: A and C as disjoint column slices of one buffer is not an overlap") {
+  // One activation matrix [6, 12]: columns 0..4 hold the input X [6, 5], columns 5..11
+  // receive Y [6, 7] = X W^T, W [7, 5].
+  level_guard guard;
+  std::mt19937 rng(81);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    std::vector<float> buf(6 * 12), w(7 * 5);  // [6, 12], [7, 5]
+    for (auto& v : buf) v = unit(rng);
+    for (auto& v : w) v = unit(rng);
+    std::vector<double> xd(6 * 5), wd(w.begin(), w.end()), yd(6 * 7);  // [6, 5], [7, 5], [6, 7]
+    for (std::size_t i = 0; i < 6; ++i)
+      for (std::size_t p = 0; p < 5; ++p) xd[i * 5 + p] = buf[i * 12 + p];
+    k::gemm_reference<double>(transpose::no, transpose::yes, 6, 7, 5, xd.data(), 5, wd.data(), 5, yd.data(), 7, false);
+    const auto x_before = xd;
+    k::gemm(transpose::no, transpose::yes, 6, 7, 5, buf.data(), 12, w.data(), 5, buf.data() + 5, 12, false);
+    for (std::size_t i = 0; i < 6; ++i) {
+      for (std::size_t p = 0; p < 5; ++p) CHECK(buf[i * 12 + p] == x_before[i * 5 + p]);
+      for (std::size_t j = 0; j < 7; ++j) CHECK(buf[i * 12 + 5 + j] == doctest::Approx(yd[i * 7 + j]).epsilon(1e-5));
+    }
+  }
 }
 
 TEST_CASE("gemm: steady-state calls reuse the thread's packing buffers") {

@@ -247,14 +247,40 @@ void run(const problem& g, thread_pool* pool) {
   });
 }
 
-// [lo, hi) address range a strided operand spans.
-struct span {
-  std::uintptr_t lo, hi;
+// A strided operand: rows x cols elements of T, row stride ld, as addresses.
+struct region {
+  std::uintptr_t base;
+  std::size_t rows, cols, ld, size;  // size: sizeof(T)
+  std::uintptr_t end() const { return base + ((rows - 1) * ld + cols) * size; }
+  // Whether the element-sized object at address p is one of the region's elements
+  // (a misaligned p that falls inside the span counts as touching one).
+  bool holds(std::uintptr_t p) const {
+    if (p < base || p >= end()) return false;
+    const std::uintptr_t off = p - base;
+    if (off % size != 0) return true;
+    return (off / size) % ld < cols;
+  }
 };
-template <class T>
-span extent(const T* p, std::size_t rows, std::size_t cols, std::size_t ld) {
-  const auto lo = reinterpret_cast<std::uintptr_t>(p);
-  return {lo, lo + ((rows - 1) * ld + cols) * sizeof(T)};
+
+// Whether two operands share an element. Column slices of one buffer (same stride,
+// disjoint columns: say the input and the output of a layer side by side in one
+// activation matrix) do not overlap, so comparing address spans alone is not enough.
+// Same stride: exact up to the first and last rows. Different strides: only the
+// first element of each is tested against the other (this catches C == A); a
+// subtler overlap goes undetected.
+inline bool overlaps(const region& x, const region& y) {
+  if (x.end() <= y.base || y.end() <= x.base) return false;
+  if (x.ld == y.ld && x.size == y.size) {
+    const std::uintptr_t lo = x.base < y.base ? x.base : y.base, hi = x.base < y.base ? y.base : x.base;
+    const region& first = x.base < y.base ? x : y;
+    const region& second = x.base < y.base ? y : x;
+    const std::uintptr_t d = hi - lo;
+    if (d % x.size != 0) return true;
+    // The second region's columns, seen in the first's row: [s, s + cols) modulo ld.
+    const std::size_t s = (d / x.size) % x.ld;
+    return s < first.cols || s + second.cols > x.ld;
+  }
+  return x.holds(y.base) || y.holds(x.base);
 }
 
 template <class T>
@@ -287,10 +313,11 @@ void check(const char* what, bool ta, bool tb, std::size_t m, std::size_t n, std
     throw error(w + ": null A, B or C pointer for a product with" + dims() + "; pass the buffers");
   }
   if (reads) {
-    const span cs = extent(c, m, n, ldc);
-    const span as = extent(a, a_rows, a_cols, lda);
-    const span bs = extent(b, b_rows, b_cols, ldb);
-    if ((cs.lo < as.hi && as.lo < cs.hi) || (cs.lo < bs.hi && bs.lo < cs.hi)) {
+    auto at = [](const T* p, std::size_t rows, std::size_t cols, std::size_t ld) {
+      return region{reinterpret_cast<std::uintptr_t>(p), rows, cols, ld, sizeof(T)};
+    };
+    const region cr = at(c, m, n, ldc);
+    if (overlaps(cr, at(a, a_rows, a_cols, lda)) || overlaps(cr, at(b, b_rows, b_cols, ldb))) {
       throw error(w + ": C overlaps A or B" + dims() + "; write the product to a separate buffer");
     }
   }

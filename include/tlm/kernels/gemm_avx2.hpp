@@ -27,7 +27,7 @@ TLM_GEMM_AVX2_FN void micro(std::size_t kc, const float* a, const float* b, floa
   // fetching it now so the misses overlap the FMAs instead of following them.
   for (std::size_t r = 0; r < rows; ++r) {
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 15), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + cols - 1), _MM_HINT_T0);
   }
   for (std::size_t p = 0; p < kc; ++p, a += MR, b += 16) {
     const __m256 b0 = _mm256_load_ps(b);
@@ -101,13 +101,13 @@ TLM_GEMM_AVX2_FN void pack_transposed(const float* src, std::size_t ld, std::siz
     for (std::size_t g = 0; g < W; g += 8) {
       const std::size_t lanes = W - g < 8 ? W - g : 8;                      // lanes of the panel in this group
       const std::size_t valid = rows > g ? (rows - g < lanes ? rows - g : lanes) : 0;  // of which have data
-      const float* s = src + (x_panel + g) * ld;
       float* d = dst + g;
       if (valid == 0) {
         for (std::size_t p = 0; p < kc; ++p)
           for (std::size_t x = 0; x < lanes; ++x) d[p * W + x] = 0.0f;
         continue;
       }
+      const float* s = src + (x_panel + g) * ld;
       for (std::size_t p = 0; p < kc8; p += 8) {
         __m256 r[8];
         for (std::size_t x = 0; x < 8; ++x) r[x] = x < valid ? _mm256_loadu_ps(s + x * ld + p) : _mm256_setzero_ps();

@@ -31,8 +31,8 @@ TLM_GEMM_AVX512_FN void micro(std::size_t kc, const float* a, const float* b, fl
   // fetching it now so the misses overlap the FMAs instead of following them.
   for (std::size_t r = 0; r < rows; ++r) {
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 31), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + (cols - 1) / 2), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + cols - 1), _MM_HINT_T0);
   }
   for (std::size_t p = 0; p < kc; ++p, a += MR, b += 32) {
     const __m512 b0 = _mm512_load_ps(b);

@@ -311,7 +311,10 @@ int main(int argc, char** argv) {
   md << "- per core: flops over the CPU time of all the process's threads, i.e. the speed while the cores\n"
         "  were actually held, and % of one core's FMA peak at that level. The machine is shared: wall\n"
         "  figures also count time spent waiting for a core, per-core figures do not.\n";
-  md << "- Produced by `bench/gemm.cpp` (`gemm --out bench/results/gemm.md`).\n\n";
+  md << "- Produced by `bench/gemm.cpp`:\n\n"
+        "      cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release\n"
+        "      cmake --build build -j2 --target bench_gemm\n"
+        "      build/bench/gemm --rounds " << rounds << " --out bench/results/gemm.md\n\n";
   md << "| call | m x n x k | level | threads | time per call | wall GFLOP/s | wall % peak | per-core GFLOP/s | "
         "per-core % peak |\n";
   md << "|---|---|---|---|---|---|---|---|---|\n";

@@ -3,12 +3,13 @@
 //
 // Tolerance, per element C[i, j]:
 //   |C_fast - C_ref| <= (k + 2) * 2^-23 * (sum_p |op(A)[i,p] op(B)[p,j]| + |C_old[i,j]|)
-// The fast paths sum k float32 products (with or without FMA) in blocks and add each
-// block to C, so every partial sum is rounded at most k + 1 times with relative error
-// 2^-24 each; the classic bound of a recursive sum is then (k + 1) * 2^-24 times the
-// sum of absolute values of the terms (the products themselves round at most once
-// more). The reference (double) is rounded to float once more. Doubling 2^-24 covers
-// the second-order terms with room to spare; the worst ratio seen is printed.
+// Why: the fast paths sum the k products in float32 in blocks of kc (FMA, or a rounded
+// product then an add on the scalar level) and add each block's sum to C. A term then
+// passes through at most 1 (product) + k (block sum) + ceil(k / kc) + 1 (adds into C)
+// <= 2k + 2 roundings of relative size u = 2^-24, so the classic bound for recursive
+// summation gives (2k + 2) u (1 + O(k u)) times the sum of absolute values; rounding
+// the double reference to float adds u once more. 2 (k + 2) u = (k + 2) 2^-23 covers
+// both. Typical errors are far smaller (about sqrt(k) u); the worst ratio seen is printed.
 #include <doctest/doctest.h>
 
 #include <tlm/kernels/gemm.hpp>
@@ -376,6 +377,11 @@ TEST_CASE("gemm: bad arguments are reported, not computed") {
   // C overlapping A.
   CHECK_THROWS_AS(k::gemm(transpose::no, transpose::no, 4, 4, 8, a.data(), 8, b.data(), 4, a.data() + 8, 4, false),
                   tlm::error);
+  // C == A with another stride, and C as a shifted view of B with B's stride.
+  CHECK_THROWS_AS(k::gemm(transpose::no, transpose::no, 4, 4, 8, a.data(), 8, b.data(), 4, a.data(), 5, false),
+                  tlm::error);
+  CHECK_THROWS_AS(k::gemm(transpose::no, transpose::no, 4, 4, 8, a.data(), 8, b.data(), 4, b.data() + 3, 4, false),
+                  tlm::error);
   // The message says what to do.
   try {
     k::gemm(transpose::no, transpose::no, 4, 4, 8, a.data(), 7, b.data(), 4, c.data(), 4, false);
@@ -388,4 +394,46 @@ TEST_CASE("gemm: bad arguments are reported, not computed") {
   CHECK_THROWS_AS(k::gemm_reference<double>(transpose::no, transpose::no, 4, 4, 8, no_buffer, 8, no_buffer, 4,
                                             no_buffer, 4, false),
                   tlm::error);
+}
+
+TEST_CASE("gemm: A and C as disjoint column slices of one buffer is not an overlap") {
+  // One activation matrix [6, 12]: columns 0..4 hold the input X [6, 5], columns 5..11
+  // receive Y [6, 7] = X W^T, W [7, 5].
+  level_guard guard;
+  std::mt19937 rng(81);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    std::vector<float> buf(6 * 12), w(7 * 5);  // [6, 12], [7, 5]
+    for (auto& v : buf) v = unit(rng);
+    for (auto& v : w) v = unit(rng);
+    std::vector<double> xd(6 * 5), wd(w.begin(), w.end()), yd(6 * 7);  // [6, 5], [7, 5], [6, 7]
+    for (std::size_t i = 0; i < 6; ++i)
+      for (std::size_t p = 0; p < 5; ++p) xd[i * 5 + p] = buf[i * 12 + p];
+    k::gemm_reference<double>(transpose::no, transpose::yes, 6, 7, 5, xd.data(), 5, wd.data(), 5, yd.data(), 7, false);
+    const auto x_before = xd;
+    k::gemm(transpose::no, transpose::yes, 6, 7, 5, buf.data(), 12, w.data(), 5, buf.data() + 5, 12, false);
+    for (std::size_t i = 0; i < 6; ++i) {
+      for (std::size_t p = 0; p < 5; ++p) CHECK(buf[i * 12 + p] == x_before[i * 5 + p]);
+      for (std::size_t j = 0; j < 7; ++j) CHECK(buf[i * 12 + 5 + j] == doctest::Approx(yd[i * 7 + j]).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("gemm: steady-state calls reuse the thread's packing buffers") {
+  level_guard guard;
+  std::vector<float> a(300 * 200, 0.5f), b(200 * 100, 0.25f), c(300 * 100);  // [300, 200], [200, 100], [300, 100]
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    auto& s = k::gemm_detail::thread_scratch();
+    k::gemm(transpose::no, transpose::no, 300, 100, 200, a.data(), 200, b.data(), 100, c.data(), 100, false);
+    const float* pa = s.a(0);  // asking for 0 floats returns the current buffer without growing it
+    const float* pb = s.b(0);
+    for (int i = 0; i < 3; ++i) {
+      k::gemm(transpose::no, transpose::no, 300, 100, 200, a.data(), 200, b.data(), 100, c.data(), 100, true);
+      k::gemm(transpose::yes, transpose::yes, 100, 50, 150, a.data(), 100, b.data(), 150, c.data(), 100, false);
+    }
+    CHECK(s.a(0) == pa);
+    CHECK(s.b(0) == pb);
+  }
 }

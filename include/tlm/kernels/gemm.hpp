@@ -8,11 +8,12 @@
 //
 // Design (the usual packed GEMM): the k dimension is cut into blocks of kc; for each
 // block, a block of rows of op(A) is packed into micro-panels of mr rows ([kc, mr],
-// p-major) and, one at a time, micro-panels of nr columns of op(B) ([kc, nr]). A
-// register-blocked micro-kernel multiplies one A micro-panel by one B micro-panel
-// into an mr x nr tile of C held in registers. Packing makes every operand layout
-// (transposed or not, any stride, any alignment) look the same to the kernel, and
-// zero-pads partial panels so the kernel always runs full tiles.
+// p-major) and a block of columns of op(B) into micro-panels of nr columns ([kc, nr]).
+// A register-blocked micro-kernel multiplies one A micro-panel by one B micro-panel
+// into an mr x nr tile of C held in registers; each B micro-panel stays in L1 while
+// all the A micro-panels of the block (in L2) pass by. Packing makes every operand
+// layout (transposed or not, any stride, any alignment) look the same to the kernel,
+// and zero-pads partial panels so the kernel always runs full tiles.
 //
 // Threads and determinism: C is cut into rectangular units (a block of rows by a
 // block of columns) and the pool runs whole units. Each element of C is computed by
@@ -61,6 +62,7 @@ struct scalar_kernel {
   static constexpr std::size_t nr = 8;
   static constexpr std::size_t kc = 256;
   static constexpr std::size_t mc_max = 512;
+  static constexpr std::size_t nc_max = 1024;
 
   // C[rows, cols] (stride ldc) = (overwrite ? 0 : C) + a [kc, mr] . b [kc, nr], top-left tile.
   static void micro(std::size_t kc_, const float* a, const float* b, float* c, std::size_t ldc, std::size_t rows,
@@ -81,8 +83,6 @@ struct scalar_kernel {
       }
     }
   }
-
-  static constexpr std::size_t nc_max = 1024;
 
   template <std::size_t W>
   static void pack_c(const float* src, std::size_t ld, std::size_t count, std::size_t kc_, float* dst) {
@@ -247,14 +247,40 @@ void run(const problem& g, thread_pool* pool) {
   });
 }
 
-// [lo, hi) address range a strided operand spans.
-struct span {
-  std::uintptr_t lo, hi;
+// A strided operand: rows x cols elements of T, row stride ld, as addresses.
+struct region {
+  std::uintptr_t base;
+  std::size_t rows, cols, ld, size;  // size: sizeof(T)
+  std::uintptr_t end() const { return base + ((rows - 1) * ld + cols) * size; }
+  // Whether the element-sized object at address p is one of the region's elements
+  // (a misaligned p that falls inside the span counts as touching one).
+  bool holds(std::uintptr_t p) const {
+    if (p < base || p >= end()) return false;
+    const std::uintptr_t off = p - base;
+    if (off % size != 0) return true;
+    return (off / size) % ld < cols;
+  }
 };
-template <class T>
-span extent(const T* p, std::size_t rows, std::size_t cols, std::size_t ld) {
-  const auto lo = reinterpret_cast<std::uintptr_t>(p);
-  return {lo, lo + ((rows - 1) * ld + cols) * sizeof(T)};
+
+// Whether two operands share an element. Column slices of one buffer (same stride,
+// disjoint columns: say the input and the output of a layer side by side in one
+// activation matrix) do not overlap, so comparing address spans alone is not enough.
+// Same stride: exact up to the first and last rows. Different strides: only the
+// first element of each is tested against the other (this catches C == A); a
+// subtler overlap goes undetected.
+inline bool overlaps(const region& x, const region& y) {
+  if (x.end() <= y.base || y.end() <= x.base) return false;
+  if (x.ld == y.ld && x.size == y.size) {
+    const std::uintptr_t lo = x.base < y.base ? x.base : y.base, hi = x.base < y.base ? y.base : x.base;
+    const region& first = x.base < y.base ? x : y;
+    const region& second = x.base < y.base ? y : x;
+    const std::uintptr_t d = hi - lo;
+    if (d % x.size != 0) return true;
+    // The second region's columns, seen in the first's row: [s, s + cols) modulo ld.
+    const std::size_t s = (d / x.size) % x.ld;
+    return s < first.cols || s + second.cols > x.ld;
+  }
+  return x.holds(y.base) || y.holds(x.base);
 }
 
 template <class T>
@@ -287,10 +313,11 @@ void check(const char* what, bool ta, bool tb, std::size_t m, std::size_t n, std
     throw error(w + ": null A, B or C pointer for a product with" + dims() + "; pass the buffers");
   }
   if (reads) {
-    const span cs = extent(c, m, n, ldc);
-    const span as = extent(a, a_rows, a_cols, lda);
-    const span bs = extent(b, b_rows, b_cols, ldb);
-    if ((cs.lo < as.hi && as.lo < cs.hi) || (cs.lo < bs.hi && bs.lo < cs.hi)) {
+    auto at = [](const T* p, std::size_t rows, std::size_t cols, std::size_t ld) {
+      return region{reinterpret_cast<std::uintptr_t>(p), rows, cols, ld, sizeof(T)};
+    };
+    const region cr = at(c, m, n, ldc);
+    if (overlaps(cr, at(a, a_rows, a_cols, lda)) || overlaps(cr, at(b, b_rows, b_cols, ldb))) {
       throw error(w + ": C overlaps A or B" + dims() + "; write the product to a separate buffer");
     }
   }

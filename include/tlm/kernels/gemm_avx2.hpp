@@ -27,7 +27,7 @@ TLM_GEMM_AVX2_FN void micro(std::size_t kc, const float* a, const float* b, floa
   // fetching it now so the misses overlap the FMAs instead of following them.
   for (std::size_t r = 0; r < rows; ++r) {
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 15), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + cols - 1), _MM_HINT_T0);
   }
   for (std::size_t p = 0; p < kc; ++p, a += MR, b += 16) {
     const __m256 b0 = _mm256_load_ps(b);
@@ -101,19 +101,26 @@ TLM_GEMM_AVX2_FN void pack_transposed(const float* src, std::size_t ld, std::siz
     for (std::size_t g = 0; g < W; g += 8) {
       const std::size_t lanes = W - g < 8 ? W - g : 8;                      // lanes of the panel in this group
       const std::size_t valid = rows > g ? (rows - g < lanes ? rows - g : lanes) : 0;  // of which have data
-      const float* s = src + (x_panel + g) * ld;
       float* d = dst + g;
       if (valid == 0) {
         for (std::size_t p = 0; p < kc; ++p)
           for (std::size_t x = 0; x < lanes; ++x) d[p * W + x] = 0.0f;
         continue;
       }
+      const float* s = src + (x_panel + g) * ld;
       for (std::size_t p = 0; p < kc8; p += 8) {
         __m256 r[8];
         for (std::size_t x = 0; x < 8; ++x) r[x] = x < valid ? _mm256_loadu_ps(s + x * ld + p) : _mm256_setzero_ps();
         transpose8(r);
         if (lanes == 8) {
           for (std::size_t q = 0; q < 8; ++q) _mm256_storeu_ps(d + (p + q) * W, r[q]);
+        } else if (lanes == 4) {
+          for (std::size_t q = 0; q < 8; ++q) _mm_storeu_ps(d + (p + q) * W, _mm256_castps256_ps128(r[q]));
+        } else if (lanes == 6) {
+          for (std::size_t q = 0; q < 8; ++q) {
+            _mm_storeu_ps(d + (p + q) * W, _mm256_castps256_ps128(r[q]));
+            _mm_storel_pi(reinterpret_cast<__m64*>(d + (p + q) * W + 4), _mm256_extractf128_ps(r[q], 1));
+          }
         } else {
           alignas(32) float t[8];
           for (std::size_t q = 0; q < 8; ++q) {
@@ -128,28 +135,33 @@ TLM_GEMM_AVX2_FN void pack_transposed(const float* src, std::size_t ld, std::siz
   }
 }
 
-// gemm_detail::pack_contiguous with 8-wide copies: source [kc, ...] (element (p, x) at
+// W floats from s to d with vector moves chosen at compile time (8, 4, then 2 wide).
+// Not vmaskmovps: its store form is microcoded and slow on AMD cores.
+template <std::size_t W>
+TLM_GEMM_AVX2_FN inline void copy_run(const float* s, float* d) {
+  static_assert(W % 2 == 0, "panel widths are even");
+  std::size_t x = 0;
+  for (; x + 8 <= W; x += 8) _mm256_storeu_ps(d + x, _mm256_loadu_ps(s + x));
+  if constexpr (W % 8 >= 4) {
+    _mm_storeu_ps(d + x, _mm_loadu_ps(s + x));
+    x += 4;
+  }
+  if constexpr (W % 4 == 2) {
+    _mm_storel_pi(reinterpret_cast<__m64*>(d + x), _mm_loadl_pi(_mm_setzero_ps(), reinterpret_cast<const __m64*>(s + x)));
+  }
+}
+
+// gemm_detail::pack_contiguous with vector copies: source [kc, ...] (element (p, x) at
 // src[p * ld + x]) into panels dst [ceil(count / W), kc, W]. Compiled for the baseline,
-// a 6- or 12-wide copy becomes scalar moves; here it is two or three vector moves, the
-// partial one masked so nothing past the source row is read.
+// a 6- or 12-wide copy becomes scalar moves.
 template <std::size_t W>
 TLM_GEMM_AVX2_FN void pack_contiguous(const float* src, std::size_t ld, std::size_t count, std::size_t kc,
                                       float* dst) {
-  static_assert(W % 2 == 0, "panel widths are even");
   const std::size_t full = count / W, rest = count % W;
-  constexpr std::size_t tail = W % 8;  // lanes of the last, partial vector of a full panel
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i tail_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(tail)), lane);
   for (std::size_t p = 0; p < kc; ++p, src += ld) {
     float* d = dst + p * W;
     const float* s = src;
-    for (std::size_t panel = 0; panel < full; ++panel, d += kc * W, s += W) {
-      for (std::size_t x = 0; x + 8 <= W; x += 8) _mm256_storeu_ps(d + x, _mm256_loadu_ps(s + x));
-      if constexpr (tail != 0) {
-        constexpr std::size_t x = W - tail;
-        _mm256_maskstore_ps(d + x, tail_mask, _mm256_maskload_ps(s + x, tail_mask));
-      }
-    }
+    for (std::size_t panel = 0; panel < full; ++panel, d += kc * W, s += W) copy_run<W>(s, d);
     if (rest != 0) {
       for (std::size_t x = 0; x < rest; ++x) d[x] = s[x];
       for (std::size_t x = rest; x < W; ++x) d[x] = 0.0f;
@@ -162,8 +174,11 @@ struct kernel {
   static constexpr std::size_t nr = 16;
   // The B micro-panel [kc, 16] is 16 KiB: it stays in a 32 KiB L1 while the A panels stream past it.
   static constexpr std::size_t kc = 256;
+  // The A block [mc, kc] (528 KB) is read once per B micro-panel, about 4 bytes a cycle:
+  // L2 serves that easily and L3 still does, so the block may outgrow a 512 KiB L2. The B
+  // block [nc, kc] is read once, straight after it is packed.
+  static constexpr std::size_t mc_max = 516;
   static constexpr std::size_t nc_max = 1024;
-  static constexpr std::size_t mc_max = 516;  // A buffer [mc, kc] 516 KiB, read from L2/L3 at ~4 bytes a cycle
 
   static void micro(std::size_t kc_, const float* a, const float* b, float* c, std::size_t ldc, std::size_t rows,
                     std::size_t cols, bool overwrite) {

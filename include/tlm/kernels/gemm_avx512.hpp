@@ -2,9 +2,11 @@
 // The AVX-512F micro-kernel of gemm.hpp: an MR x 32 tile of C in 2 * MR zmm
 // accumulators (MR = 12 by default: 24 accumulators, plus 2 B vectors and a
 // broadcast, within the 32 zmm registers). Per step of p: 2 loads of the B panel,
-// MR broadcasts of the A panel (folded into the FMAs as {1to16} memory operands),
-// 2 * MR FMAs. 24 independent chains cover latency 4 times two 512-bit FMA pipes
-// (Intel server cores); Zen 4 runs each 512-bit FMA as two 256-bit halves.
+// MR broadcasts of the A panel, 2 * MR FMAs. 24 independent chains cover latency 4
+// times two 512-bit FMA pipes (Intel server cores); Zen 4 runs each 512-bit FMA as two
+// 256-bit halves, so there the level matches avx2's peak rather than doubling it.
+// Packing uses the AVX2 packers (gemm_avx2.hpp): it moves data, and wider shuffles
+// would not move it faster.
 //
 // Only reached after cpu.hpp has found AVX-512 F/BW/VL/DQ (kernel_level::avx512).
 #include <tlm/kernels/gemm_avx2.hpp>
@@ -29,8 +31,8 @@ TLM_GEMM_AVX512_FN void micro(std::size_t kc, const float* a, const float* b, fl
   // fetching it now so the misses overlap the FMAs instead of following them.
   for (std::size_t r = 0; r < rows; ++r) {
     _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 16), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + 31), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + (cols - 1) / 2), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + r * ldc + cols - 1), _MM_HINT_T0);
   }
   for (std::size_t p = 0; p < kc; ++p, a += MR, b += 32) {
     const __m512 b0 = _mm512_load_ps(b);
@@ -67,8 +69,8 @@ struct kernel_t {
   static constexpr std::size_t nr = 32;
   // The B micro-panel [kc, 32] is kc * 128 bytes: 24 KiB at kc = 192, inside a 32 KiB L1.
   static constexpr std::size_t kc = KC;
+  static constexpr std::size_t mc_max = (516 / MR) * MR;  // A block [mc, kc]: 396 KB at kc = 192
   static constexpr std::size_t nc_max = 1024;
-  static constexpr std::size_t mc_max = (516 / MR) * MR;
 
   static void micro(std::size_t kc_, const float* a, const float* b, float* c, std::size_t ldc, std::size_t rows,
                     std::size_t cols, bool overwrite) {

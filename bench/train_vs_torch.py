@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
 import re
 import resource
 import statistics
@@ -282,7 +280,7 @@ def main(argv=None) -> int:
     torch_version = next((v["extra"].get("torch") for k, v in results.items() if k[0] == "torch"), "?")
     load = os.getloadavg()
     lines = [
-        "# Training step: tlm vs PyTorch" + ("" if have_tlm else " (PyTorch only: tlm's bench/train did not exist yet)"),
+        "# Training step: tlm vs PyTorch" + ("" if have_tlm else " (PyTorch only: no tlm bench/train in the build)"),
         "",
         f"- Machine: {cpu}, {os.cpu_count()} CPUs ({simd}); load average {load_start[0]:.2f} at the start, "
         f"{load[0]:.2f} at the end; shared and noisy.",
@@ -295,7 +293,8 @@ def main(argv=None) -> int:
         f"- {args.rounds} alternating round(s), each configuration in a process of its own; "
         + ", ".join(f"{c}: batch {SHAPES[c][0]}, seq {SHAPES[c][1]}, {SHAPES[c][2]} warm-up + {SHAPES[c][3]} "
                     f"measured steps per round" for c in configs)
-        + "; ms/step is the median (PyTorch: of each round's median; tlm: of the rounds' figures).",
+        + "; a round's figure is the median of its measured steps (tlm: bench/train's own figure); the table "
+        "shows the best round, the least disturbed by the machine's other work, and every round's figure.",
         "- tlm: `bench/train --config C --batch B --seq T --threads N --steps S` (its own JSON line).",
     ]
     if max(load_start[0], load[0]) > (os.cpu_count() or 1):
@@ -305,8 +304,8 @@ def main(argv=None) -> int:
                      "absolute times across runs.")
     lines += [
         "",
-        "| config | threads | engine | ms/step | tokens/s | peak RSS MiB |",
-        "|---|---|---|---|---|---|",
+        "| config | threads | engine | ms/step (best round) | tokens/s | peak RSS MiB | ms/step of each round |",
+        "|---|---|---|---|---|---|---|",
     ]
     ratios = []
     for config in configs:
@@ -317,10 +316,12 @@ def main(argv=None) -> int:
                 s = results.get((eng, config, n))
                 if not s:
                     continue
-                ms = statistics.median(s["ms"])
+                ms = min(s["ms"])
                 row[eng] = ms
                 name = "PyTorch" if eng == "torch" else "tlm"
-                lines.append(f"| {config} | {n} | {name} | {ms:.2f} | {batch * seq / (ms / 1e3):.1f} | {s['rss']:.0f} |")
+                each = ", ".join(f"{m:.2f}" for m in s["ms"])
+                lines.append(f"| {config} | {n} | {name} | {ms:.2f} | {batch * seq / (ms / 1e3):.1f} | {s['rss']:.0f} "
+                             f"| {each} |")
             if "tlm" in row:
                 ratios.append(f"{config} at {n} thread(s): tlm / PyTorch time ratio = {row['tlm'] / row['torch']:.2f} "
                               f"(speed-up {row['torch'] / row['tlm']:.2f}x)")

@@ -54,7 +54,7 @@ int run(const options& o) {
     loss = tr.forward(*p, x, y);
     tlm::zero(*g);
     tr.backward(*p, *g);
-    opt.step(*p, *g);
+    opt.step(*p, *g, &tr.pool());
     const auto t1 = std::chrono::steady_clock::now();
     if (s >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }

@@ -23,7 +23,7 @@ TEST_CASE("a training step allocates nothing after the first") {
       run.forward(*p, data.tokens, data.targets);
       tlm::zero(*g);
       run.backward(*p, *g);
-      opt.step(*p, *g);
+      opt.step(*p, *g, &run.pool());
     };
     INFO(threads << " thread(s)");  // doctest's context stack allocates on first use: before counting
     step();

@@ -11,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <tlm/kernels.hpp>
+#include <tlm/kernels/adamw.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -698,6 +699,32 @@ TEST_CASE("fast: thread pools of 1, 2 and 3 threads give bitwise the single-thre
           std::vector<float> ye(rows);
           k::matvec(enc, w.data(), x.data(), ye.data(), rows, cols);
           CHECK(std::memcmp(ye.data(), y0.data(), rows * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("adamw_update at every level against its reference, across sizes and misalignments") {
+  level_guard g;
+  std::mt19937 rng(99);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  const tlm::kernels::adamw_constants c{0.7f, 0.999f, 0.9f, 0.95f, 3e-3f, 0.31f, 1e-8f};
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (std::size_t size : {0, 1, 7, 8, 15, 16, 17, 31, 33, 100, 1000}) {
+      for (std::size_t off : {0, 1, 3}) {
+        std::vector<float> p(size + off), gr(size + off), m(size + off), v(size + off);
+        for (auto* x : {&p, &gr, &m}) for (auto& y : *x) y = n(rng);
+        for (auto& y : v) y = std::abs(n(rng));
+        auto p2 = p, m2 = m, v2 = v;
+        k::adamw_update(p.data() + off, gr.data() + off, m.data() + off, v.data() + off, size, c);
+        k::adamw_update_reference(p2.data() + off, gr.data() + off, m2.data() + off, v2.data() + off, size, c);
+        for (std::size_t i = 0; i < size + off; ++i) {
+          INFO(tlm::kernel_level_name(level) << " size " << size << " offset " << off << " i " << i);
+          CHECK(p[i] == doctest::Approx(p2[i]).epsilon(1e-6));
+          CHECK(m[i] == doctest::Approx(m2[i]).epsilon(1e-6));
+          CHECK(v[i] == doctest::Approx(v2[i]).epsilon(1e-6));
         }
       }
     }

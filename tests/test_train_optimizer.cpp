@@ -47,6 +47,27 @@ TEST_CASE("one AdamW step equals the formula, element by element, with decay on 
       *p, *before, *g);
 }
 
+TEST_CASE("an AdamW step split over threads is bit for bit the step on one thread") {
+  using C = tlm::tiny_train;
+  auto p1 = random_params<C, float>(8);
+  auto p2 = tlm::convert<float>(*p1);
+  auto g = random_params<C, float>(9);
+  tlm::adamw<tlm::trainable<C, float>> a1({.lr = 0.01, .weight_decay = 0.1, .clip = 0.5});
+  tlm::adamw<tlm::trainable<C, float>> a2({.lr = 0.01, .weight_decay = 0.1, .clip = 0.5});
+  tlm::thread_pool pool(3);
+  for (int s = 0; s < 3; ++s) {
+    const auto r1 = a1.step(*p1, *g);
+    const auto r2 = a2.step(*p2, *g, &pool);
+    CHECK(r1.grad_norm == r2.grad_norm);
+  }
+  tlm::for_each_tensor(
+      [](const tlm::tensor_name& name, const auto& a, const auto& b) {
+        INFO(name.str());
+        CHECK(std::equal(a.values().begin(), a.values().end(), b.values().begin()));
+      },
+      *p1, *p2);
+}
+
 TEST_CASE("clipping scales gradients to the global norm") {
   using C = tlm::tiny_gqa;
   auto p = random_params<C, double>(3);
@@ -138,7 +159,7 @@ TEST_CASE("training tiny_train from scratch on a repeating text drives the loss 
     if (loss < 0.1) break;
     tlm::zero(*g);
     run.backward(*p, *g);
-    opt.step(*p, *g);
+    opt.step(*p, *g, &run.pool());
   }
   MESSAGE("loss " << first << " -> " << loss << " after " << step << " steps");
   CHECK(first > 5.0);  // about log(512) at the start

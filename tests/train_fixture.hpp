@@ -94,7 +94,7 @@ fixture_result<C, T> run_fixture(const tlm::gguf::file& f, std::size_t threads =
       r.loss = loss;
       r.grads = tlm::convert<T>(*g);
     }
-    opt.step(*p, *g);
+    opt.step(*p, *g, &run.pool());
   }
   r.stepped = std::move(p);
   return r;

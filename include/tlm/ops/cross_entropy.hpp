@@ -55,8 +55,9 @@ double cross_entropy(const rows<V, T>& logits, std::span<const std::int32_t> tar
       const T* z = logits.data() + i * V;
       T top = z[0];
       for (std::size_t j = 1; j < V; ++j) top = z[j] > top ? z[j] : top;
+      // exp in T (every term is at most 1), the sum in double.
       double sum = 0.0;
-      for (std::size_t j = 0; j < V; ++j) sum += std::exp(static_cast<double>(z[j] - top));
+      for (std::size_t j = 0; j < V; ++j) sum += static_cast<double>(std::exp(z[j] - top));
       lse[i] = static_cast<T>(static_cast<double>(top) + std::log(sum));
     }
   };

@@ -21,8 +21,11 @@
 #include <memory>
 #include <numbers>
 #include <string>
+#include <vector>
 
 #include "../error.hpp"
+#include "../kernels/adamw.hpp"
+#include "../thread_pool.hpp"
 #include "../weights.hpp"
 #include "weights.hpp"
 
@@ -93,10 +96,12 @@ class adamw {
   // For resuming from a checkpoint that stored the moments and the step count.
   void set_steps(std::size_t t) { t_ = t; }
 
-  // One update of params from grads (grads are not changed).
+  // One update of params from grads (grads are not changed), split over `pool`'s
+  // threads when one is given. Results do not depend on the pool: every element is
+  // updated by itself, and the gradient norm sums fixed chunks in a fixed order.
   template <class P, class G>
     requires moments_of<W, P> && gradient_of<G, P>
-  adamw_report step(P& params, const G& grads) {
+  adamw_report step(P& params, const G& grads, thread_pool* pool = nullptr) {
     using T = storage_value_t<typename W::storage>;
     const std::size_t t = t_ + 1;
     // Checked before anything changes, so a bad step leaves everything as it was.
@@ -104,16 +109,35 @@ class adamw {
     for_each_tensor(
         [&](const tensor_name& name, const auto& g) {
           const auto vals = g.values();
-          for (std::size_t i = 0; i < vals.size(); ++i) {
-            const double x = static_cast<double>(vals[i]);
-            if (!std::isfinite(x)) {
+          const std::size_t chunks = (vals.size() + norm_chunk - 1) / norm_chunk;
+          if (partial_.size() < chunks) partial_.resize(chunks);  // once, on the first step
+          auto body = [&](std::size_t c0, std::size_t c1) {
+            for (std::size_t c = c0; c < c1; ++c) {
+              const std::size_t b = c * norm_chunk, e = std::min(vals.size(), b + norm_chunk);
+              // Four accumulators: independent additions pipeline; a non-finite value
+              // poisons the sum, which is how it is found without a test per element.
+              double a[4] = {0, 0, 0, 0};
+              std::size_t i = b;
+              for (; i + 4 <= e; i += 4)
+                for (std::size_t k = 0; k < 4; ++k) a[k] += static_cast<double>(vals[i + k]) * vals[i + k];
+              for (; i < e; ++i) a[0] += static_cast<double>(vals[i]) * vals[i];
+              partial_[c] = (a[0] + a[1]) + (a[2] + a[3]);
+            }
+          };
+          if (pool) pool->parallel_for(chunks, 1, body);
+          else body(0, chunks);
+          for (std::size_t c = 0; c < chunks; ++c) {
+            if (!std::isfinite(partial_[c])) {
+              std::size_t i = c * norm_chunk;
+              while (i < vals.size() && std::isfinite(static_cast<double>(vals[i]))) ++i;
+              const double x = i < vals.size() ? static_cast<double>(vals[i]) : partial_[c];
               throw numeric_error("adamw step " + std::to_string(t) + ": the gradient of " + name.str() + " holds " +
                                   (std::isnan(x) ? std::string("a NaN") : std::string("an infinity")) +
-                                  " at index " + std::to_string(i) +
+                                  (i < vals.size() ? " at index " + std::to_string(i) : std::string(" (overflow)")) +
                                   "; no parameter was changed. Lower the learning rate, enable clipping, or check "
                                   "the data");
             }
-            sum_sq += x * x;
+            sum_sq += partial_[c];
           }
         },
         grads);
@@ -137,14 +161,23 @@ class adamw {
           const T* gg = g.data();
           T* mm = m.data();
           T* vv = v.data();
+          auto body = [&](std::size_t b, std::size_t e) {
+            if constexpr (std::same_as<T, float>) {
+              const kernels::adamw_constants k{scale, decayed ? decay : 1.0f, b1, b2, step_size, bc2_sqrt, eps};
+              kernels::adamw_update(pp + b, gg + b, mm + b, vv + b, e - b, k);
+            } else {
+              for (std::size_t i = b; i < e; ++i) {
+                const T gi = gg[i] * scale;
+                if (decayed) pp[i] *= decay;
+                mm[i] = b1 * mm[i] + (T(1) - b1) * gi;
+                vv[i] = b2 * vv[i] + (T(1) - b2) * gi * gi;
+                pp[i] -= step_size * mm[i] / (std::sqrt(vv[i]) / bc2_sqrt + eps);
+              }
+            }
+          };
           const std::size_t n = U::rows * U::cols;
-          for (std::size_t i = 0; i < n; ++i) {
-            const T gi = gg[i] * scale;
-            if (decayed) pp[i] *= decay;
-            mm[i] = b1 * mm[i] + (T(1) - b1) * gi;
-            vv[i] = b2 * vv[i] + (T(1) - b2) * gi * gi;
-            pp[i] -= step_size * mm[i] / (std::sqrt(vv[i]) / bc2_sqrt + eps);
-          }
+          if (pool) pool->parallel_for(n, 16384, body);
+          else body(0, n);
         },
         params, grads, *m_, *v_);
     t_ = t;
@@ -152,9 +185,12 @@ class adamw {
   }
 
  private:
+  static constexpr std::size_t norm_chunk = 1 << 16;
+
   adamw_options opt_;
   std::unique_ptr<W> m_, v_;
   std::size_t t_ = 0;
+  std::vector<double> partial_;  // [chunks of the largest tensor] partial sums of squares
 };
 
 }  // namespace tlm

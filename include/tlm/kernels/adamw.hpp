@@ -62,27 +62,21 @@ inline void adamw_update_reference(float* p, const float* g, float* m, float* v,
   adamw_update_reference(p + i, g + i, m + i, v + i, n - i, k);
 }
 
-// A broadcast through memory: GCC 12 warns falsely ("may be used uninitialized")
-// about the undefined vector inside _mm512_set1_ps when it is inlined here.
-[[gnu::target("avx512f")]] inline __m512 splat512(float x) {
-  float lanes[16];
-  for (float& l : lanes) l = x;
-  return _mm512_loadu_ps(lanes);
-}
-
 [[gnu::target("avx512f,avx2,fma")]] inline void adamw_update_avx512(float* p, const float* g, float* m, float* v,
                                                                     std::size_t n, const adamw_constants& k) {
-  const __m512 scale = splat512(k.scale), decay = splat512(k.decay), b1 = splat512(k.beta1),
-               c1 = splat512(1.0f - k.beta1), b2 = splat512(k.beta2),
-               c2 = splat512(1.0f - k.beta2), step = splat512(k.step_size),
-               bc2 = splat512(k.bc2_sqrt), eps = splat512(k.eps);
+  const __m512 scale = _mm512_set1_ps(k.scale), decay = _mm512_set1_ps(k.decay), b1 = _mm512_set1_ps(k.beta1),
+               c1 = _mm512_set1_ps(1.0f - k.beta1), b2 = _mm512_set1_ps(k.beta2),
+               c2 = _mm512_set1_ps(1.0f - k.beta2), step = _mm512_set1_ps(k.step_size),
+               bc2 = _mm512_set1_ps(k.bc2_sqrt), eps = _mm512_set1_ps(k.eps);
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(g + i), scale);
     const __m512 pi = _mm512_mul_ps(_mm512_loadu_ps(p + i), decay);
     const __m512 mi = _mm512_fmadd_ps(b1, _mm512_loadu_ps(m + i), _mm512_mul_ps(c1, gi));
     const __m512 vi = _mm512_fmadd_ps(b2, _mm512_loadu_ps(v + i), _mm512_mul_ps(_mm512_mul_ps(c2, gi), gi));
-    const __m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2), eps);
+    // The zero-masked form: GCC 12 warns falsely ("may be used uninitialized") about
+    // the undefined pass-through vector inside the unmasked _mm512_sqrt_ps.
+    const __m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_maskz_sqrt_ps(0xffff, vi), bc2), eps);
     _mm512_storeu_ps(m + i, mi);
     _mm512_storeu_ps(v + i, vi);
     _mm512_storeu_ps(p + i, _mm512_sub_ps(pi, _mm512_div_ps(_mm512_mul_ps(step, mi), den)));

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "../config.hpp"
+#include "../kernels.hpp"
 
 namespace tlm {
 
@@ -57,6 +58,29 @@ void attend(std::type_identity_t<std::span<const T, head_dim<C>>> q, std::type_i
   }
 }
 
+namespace detail {
+// Dot products and axpys of one head (E values) in the SIMD kernels for float; a
+// plain loop for double (gradient checks), whose sums are exact enough as they are.
+template <class T>
+inline T head_dot(const T* a, const T* b, std::size_t n) {
+  if constexpr (std::same_as<T, float>) {
+    return kernels::dot(a, b, n);
+  } else {
+    T s = 0;
+    for (std::size_t i = 0; i < n; ++i) s += a[i] * b[i];
+    return s;
+  }
+}
+template <class T>
+inline void head_axpy(T a, const T* x, T* y, std::size_t n) {
+  if constexpr (std::same_as<T, float>) {
+    kernels::axpy(a, x, y, n);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
+  }
+}
+}  // namespace detail
+
 // Keys per block of the online softmax: the scores of one block live on the stack.
 inline constexpr std::size_t attention_block = 64;
 
@@ -76,10 +100,7 @@ T attention_row(const T* q, const T* keys, const T* values, std::size_t stride, 
     const std::size_t nb = std::min(attention_block, len - j0);
     T block_max = -std::numeric_limits<T>::infinity();
     for (std::size_t j = 0; j < nb; ++j) {
-      const T* k = keys + (j0 + j) * stride;
-      T d = 0;
-      for (std::size_t e = 0; e < E; ++e) d += q[e] * k[e];
-      s[j] = d * scale;
+      s[j] = detail::head_dot(q, keys + (j0 + j) * stride, E) * scale;
       block_max = std::max(block_max, s[j]);
     }
     const T m_new = std::max(m, block_max);
@@ -91,8 +112,7 @@ T attention_row(const T* q, const T* keys, const T* values, std::size_t stride, 
       const T p = std::exp(s[j] - m_new);
       l += p;
       ws += p * s[j];
-      const T* v = values + (j0 + j) * stride;
-      for (std::size_t e = 0; e < E; ++e) out[e] += p * v[e];
+      detail::head_axpy(p, values + (j0 + j) * stride, out, E);
     }
     m = m_new;
   }
@@ -124,25 +144,15 @@ void attention_backward(std::size_t len, std::size_t E, std::size_t group, T sca
       const T* doi = d_o + i * q_stride + hh * E;
       T* dqi = dq + i * q_stride + hh * E;
       const T L = lse[i * lse_stride + hh];
-      T D = 0;  // dO_i · O_i: the softmax's correction term
-      for (std::size_t e = 0; e < E; ++e) D += doi[e] * oi[e];
+      const T D = detail::head_dot(doi, oi, E);  // dO_i · O_i: the softmax's correction term
       for (std::size_t j = 0; j <= i; ++j) {
         const T* kj = k + j * kv_stride;
         const T* vj = v + j * kv_stride;
-        T s = 0, dp = 0;
-        for (std::size_t e = 0; e < E; ++e) {
-          s += qi[e] * kj[e];
-          dp += doi[e] * vj[e];
-        }
-        const T p = std::exp(s * scale - L);
-        const T ds = p * (dp - D) * scale;
-        T* dkj = dk + j * kv_stride;
-        T* dvj = dv + j * kv_stride;
-        for (std::size_t e = 0; e < E; ++e) {
-          dqi[e] += ds * kj[e];
-          dkj[e] += ds * qi[e];
-          dvj[e] += p * doi[e];
-        }
+        const T p = std::exp(detail::head_dot(qi, kj, E) * scale - L);
+        const T ds = p * (detail::head_dot(doi, vj, E) - D) * scale;
+        detail::head_axpy(ds, kj, dqi, E);
+        detail::head_axpy(ds, qi, dk + j * kv_stride, E);
+        detail::head_axpy(p, doi, dv + j * kv_stride, E);
       }
     }
   }

@@ -703,3 +703,14 @@ TEST_CASE("fast: thread pools of 1, 2 and 3 threads give bitwise the single-thre
     }
   }
 }
+
+TEST_CASE("default precision: exact unless TLM_PRECISION says fast") {
+  const char* env = std::getenv("TLM_PRECISION");
+  const bool fast = env != nullptr && std::string(env) == "fast";
+  CHECK(k::default_precision() == (fast ? k::precision::fast : k::precision::exact));
+  CHECK(k::has_fast_kernel(encoding::q4_1));
+  CHECK(k::has_fast_kernel(encoding::q8_0));
+  CHECK(k::has_fast_kernel(encoding::q4_0));
+  CHECK_FALSE(k::has_fast_kernel(encoding::f32));
+  CHECK_FALSE(k::has_fast_kernel(encoding::q4_k));
+}

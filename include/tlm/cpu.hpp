@@ -31,6 +31,7 @@ struct cpu_features {
   bool avx512vl = false;
   bool avx512dq = false;
   bool avx512vnni = false;
+  bool avx512vbmi = false;  // byte permutes (vpermb, vpermt2b): Ice Lake, Zen 4 and later
   bool avx512bf16 = false;
   bool avxvnni = false;  // the VEX-encoded VNNI of Alder Lake / Sapphire Rapids
 };
@@ -57,6 +58,7 @@ inline const cpu_features& cpu() {
     f.avx512vl = __builtin_cpu_supports("avx512vl");
     f.avx512dq = __builtin_cpu_supports("avx512dq");
     f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+    f.avx512vbmi = __builtin_cpu_supports("avx512vbmi");
     {
       // CPUID leaf 7 sub-leaf 1: EAX bit 4 AVX-VNNI, bit 5 AVX512_BF16 (neither has a
       // __builtin_cpu_supports name in GCC 12 and Clang 14).
@@ -154,6 +156,7 @@ inline std::string cpu_feature_string() {
   add(f.avx512vl, "avx512vl");
   add(f.avx512dq, "avx512dq");
   add(f.avx512vnni, "avx512vnni");
+  add(f.avx512vbmi, "avx512vbmi");
   add(f.avx512bf16, "avx512bf16");
   add(f.avxvnni, "avxvnni");
   return s.empty() ? std::string("none") : s;

@@ -173,6 +173,12 @@ inline const kernel_table& avx512_table() {
       set_avx512_fast<encoding::q4_0>(k);
       set_avx512_fast<encoding::q4_1>(k);
     }
+    // Decode with byte permutes where the CPU has them (4 Q4 blocks per step; for
+    // Q8_0 the permute measured slower than two 32-byte loads, 29.5 against 37 GB/s).
+    if (cpu().avx512vnni && cpu().avx512vbmi) {
+      k.matvec_q8[slot(encoding::q4_0)] = &avx512::matvec_q8_vbmi<encoding::q4_0>;
+      k.matvec_q8[slot(encoding::q4_1)] = &avx512::matvec_q8_vbmi<encoding::q4_1>;
+    }
     return k;
   }();
   return t;

@@ -21,6 +21,7 @@
 namespace tlm {
 
 struct cpu_features {
+  bool amd = false;  // vendor AuthenticAMD: Zen 4 runs 512-bit operations as two 256-bit halves
   bool sse42 = false;
   bool avx = false;
   bool avx2 = false;
@@ -43,6 +44,12 @@ inline const cpu_features& cpu() {
     cpu_features f;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
+    {
+      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+      // Vendor string in EBX, EDX, ECX: "Auth" "enti" "cAMD".
+      f.amd = __get_cpuid(0, &eax, &ebx, &ecx, &edx) != 0 && ebx == 0x68747541u && edx == 0x69746e65u &&
+              ecx == 0x444d4163u;
+    }
     f.sse42 = __builtin_cpu_supports("sse4.2");
     f.avx = __builtin_cpu_supports("avx");
     f.avx2 = __builtin_cpu_supports("avx2");

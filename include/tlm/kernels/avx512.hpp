@@ -14,7 +14,12 @@
 //           activations is transposed once into [cols, 16] columns, so each
 //           multiply-add takes one weight (broadcast) and 16 batch rows (a vector):
 //           12 rows x 32 batch rows = 24 accumulators in registers.
-// Fast mode (int8 activations, VNNI): 64 weight bytes (two blocks) per vpdpbusd.
+// Fast mode (int8 activations, VNNI): 64 weight bytes (two blocks) per vpdpbusd;
+// with VBMI, four Q4 blocks per step (one byte permute gathers their codes).
+//
+// Dispatch (kernels.hpp): on AMD the exact quantized matvec uses the AVX2 kernels,
+// which measured faster on Zen 4, whose 512-bit operations run as two 256-bit halves;
+// everything else here is used wherever the CPU has AVX-512.
 #if defined(__x86_64__) || defined(__i386__)
 #define TLM_HAVE_AVX512_KERNELS 1
 

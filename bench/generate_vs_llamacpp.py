@@ -163,12 +163,18 @@ def choose_llama(args, flags):
 def run_tlm(args, threads, prompt, n):
     cmd = [os.path.join(args.build, "examples", "generate"), "--model", args.model, "--config", args.config,
            "--threads", str(threads), "--token-ids", ",".join(map(str, prompt)), "-n", str(n + 1), "--timing"]
+    env = None
     if args.precision != "exact":
-        # Only passed when asked for, so the script also runs a generate without the flag.
-        cmd += ["--precision", args.precision]
+        if args.precision_via == "flag":
+            # Only passed when asked for, so the script also runs a generate without the flag.
+            cmd += ["--precision", args.precision]
+        else:
+            # The kernels' default precision (tlm::kernels::default_precision), for a
+            # generate that has no --precision yet.
+            env = dict(os.environ, TLM_PRECISION=args.precision)
     # A fresh process per run so its peak RSS is its own: measured with /usr/bin/time if present.
     wrapped = ["/usr/bin/time", "-f", "MAXRSS %M"] + cmd if os.path.exists("/usr/bin/time") else cmd
-    p = subprocess.run(wrapped, capture_output=True, text=True)
+    p = subprocess.run(wrapped, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         sys.exit(f"generate failed ({' '.join(cmd)}):\n{p.stderr}")
     m = re.search(r"load ([\d.]+) ms, tokenizer ([\d.]+) ms \| prefill (\d+) tokens in ([\d.]+) ms \(([\d.]+) tokens/s\) \| decode (\d+) tokens, ([\d.]+) ms/token", p.stderr)
@@ -208,6 +214,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", default=None, help="comma-separated thread counts (default 1,2,4,.. up to min(16, CPUs))")
     ap.add_argument("--precision", choices=("exact", "fast"), default="exact", help="tlm's arithmetic (generate --precision)")
+    ap.add_argument("--precision-via", choices=("flag", "env"), default="flag",
+                    help="pass the precision as generate --precision, or as TLM_PRECISION in the environment")
     ap.add_argument("--llama-python", default=sys.executable, help="the Python whose llama_cpp is measured")
     ap.add_argument("--bench-venv", default=".venv-bench", help="where a native llama-cpp-python is built if needed")
     ap.add_argument("--no-build", action="store_true", help="never build llama-cpp-python; report the build as it is")
@@ -254,7 +262,8 @@ def main():
         f"- Machine: {model_name}, {ncpu} CPUs ({simd}); load average {load[0]:.2f} at the end; shared and noisy.",
         f"- Model: `{os.path.basename(args.model)}` (tlm config `{args.config}`); greedy; {args.rounds} rounds, "
         "the engines alternating (who goes first swaps every round); medians shown.",
-        f"- tlm: `examples/generate --timing`, precision `{args.precision}`; load = mapping + binding + the tokenizer.",
+        f"- tlm: `examples/generate --timing`, precision `{args.precision}`"
+        f"{' (set through TLM_PRECISION)' if args.precision != 'exact' and args.precision_via == 'env' else ''}; load = mapping + binding + the tokenizer.",
         f"- llama.cpp: {how}.",
         f"- llama.cpp system info: `{info['system_info'].strip()}`",
         "- llama.cpp runs with `n_ctx = n_batch = n_ubatch = max(512, prompt + new + 16)`; its RSS includes the Python interpreter and "

@@ -729,4 +729,46 @@ TEST_CASE("adamw_update at every level against its reference, across sizes and m
       }
     }
   }
+
+TEST_CASE("default precision: exact unless TLM_PRECISION says fast") {
+  const char* env = std::getenv("TLM_PRECISION");
+  const bool fast = env != nullptr && std::string(env) == "fast";
+  CHECK(k::default_precision() == (fast ? k::precision::fast : k::precision::exact));
+  CHECK(k::has_fast_kernel(encoding::q4_1));
+  CHECK(k::has_fast_kernel(encoding::q8_0));
+  CHECK(k::has_fast_kernel(encoding::q4_0));
+  CHECK_FALSE(k::has_fast_kernel(encoding::f32));
+  CHECK_FALSE(k::has_fast_kernel(encoding::q4_k));
+}
+
+TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the table prefers others") {
+#ifdef TLM_HAVE_AVX512_KERNELS
+  if (!tlm::kernel_level_supported(tlm::kernel_level::avx512)) return;
+  // On AMD the avx512 table runs the AVX2 kernels for quantized exact matvec (they
+  // measured faster there); the AVX-512 ones are checked here directly.
+  namespace a5 = tlm::kernels::avx512;
+  std::mt19937 rng(515);
+  auto check = [&](encoding enc, auto kernel, auto prepare) {
+    for (std::size_t cols : cols_for(enc)) {
+      for (std::size_t rows : {std::size_t{1}, std::size_t{5}, std::size_t{33}}) {
+        const auto wsrc = random_rows(enc, rows, cols, rng);
+        const auto xsrc = random_floats(cols, rng);
+        placed_bytes w(wsrc, (rows + cols) % 8);
+        std::vector<float> prepared, y(rows), ref(rows);
+        prepare(xsrc.data(), cols, prepared);
+        kernel(enc, w.data, tlm::row_bytes(enc, cols), prepared.data(), y.data(), 0, rows, cols);
+        k::matvec_reference(enc, w.data, xsrc.data(), ref.data(), rows, cols);
+        const auto sums = abs_sums(enc, w.data, xsrc.data(), rows, cols);
+        CHECK(compare(y.data(), ref.data(), sums, rows, rows, std::string("avx512 direct ") + std::string(tlm::name(enc))) == 0);
+      }
+    }
+  };
+  auto copy = [](const float* x, std::size_t n, std::vector<float>& out) { out.assign(x, x + n); };
+  check(encoding::q8_0, a5::matvec_rows<encoding::q8_0>, copy);
+  check(encoding::q4_0, a5::matvec_rows<encoding::q4_0>, a5::prepare_q4_x<encoding::q4_0>);
+  check(encoding::q4_1, a5::matvec_rows<encoding::q4_1>, a5::prepare_q4_x<encoding::q4_1>);
+  check(encoding::f32, a5::matvec_rows<encoding::f32>, copy);
+  check(encoding::f16, a5::matvec_rows<encoding::f16>, copy);
+  check(encoding::bf16, a5::matvec_rows<encoding::bf16>, copy);
+#endif
 }

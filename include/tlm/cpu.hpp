@@ -21,6 +21,7 @@
 namespace tlm {
 
 struct cpu_features {
+  bool amd = false;  // vendor AuthenticAMD: Zen 4 runs 512-bit operations as two 256-bit halves
   bool sse42 = false;
   bool avx = false;
   bool avx2 = false;
@@ -31,6 +32,7 @@ struct cpu_features {
   bool avx512vl = false;
   bool avx512dq = false;
   bool avx512vnni = false;
+  bool avx512vbmi = false;  // byte permutes (vpermb, vpermt2b): Ice Lake, Zen 4 and later
   bool avx512bf16 = false;
   bool avxvnni = false;  // the VEX-encoded VNNI of Alder Lake / Sapphire Rapids
 };
@@ -42,6 +44,12 @@ inline const cpu_features& cpu() {
     cpu_features f;
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
+    {
+      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+      // Vendor string in EBX, EDX, ECX: "Auth" "enti" "cAMD".
+      f.amd = __get_cpuid(0, &eax, &ebx, &ecx, &edx) != 0 && ebx == 0x68747541u && edx == 0x69746e65u &&
+              ecx == 0x444d4163u;
+    }
     f.sse42 = __builtin_cpu_supports("sse4.2");
     f.avx = __builtin_cpu_supports("avx");
     f.avx2 = __builtin_cpu_supports("avx2");
@@ -57,6 +65,7 @@ inline const cpu_features& cpu() {
     f.avx512vl = __builtin_cpu_supports("avx512vl");
     f.avx512dq = __builtin_cpu_supports("avx512dq");
     f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+    f.avx512vbmi = __builtin_cpu_supports("avx512vbmi");
     {
       // CPUID leaf 7 sub-leaf 1: EAX bit 4 AVX-VNNI, bit 5 AVX512_BF16 (neither has a
       // __builtin_cpu_supports name in GCC 12 and Clang 14).
@@ -154,6 +163,7 @@ inline std::string cpu_feature_string() {
   add(f.avx512vl, "avx512vl");
   add(f.avx512dq, "avx512dq");
   add(f.avx512vnni, "avx512vnni");
+  add(f.avx512vbmi, "avx512vbmi");
   add(f.avx512bf16, "avx512bf16");
   add(f.avxvnni, "avxvnni");
   return s.empty() ? std::string("none") : s;

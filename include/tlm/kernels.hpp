@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -162,6 +163,18 @@ inline const kernel_table& avx512_table() {
     set_avx512<encoding::q8_0>(k);
     set_avx512<encoding::q4_0>(k);
     set_avx512<encoding::q4_1>(k);
+    if (cpu().amd) {
+      // Exact decode of quantized rows is bound by the int-to-float widening, which
+      // Zen 4 executes 256 bits at a time: its AVX2 kernels measured 10-35% faster
+      // than the 512-bit ones (Q4_1 11.1 against 9.8 GB/s, Q4_0 9.3 against 6.9;
+      // bench/results/kernels.md). The AVX-512 versions stay tested
+      // (tests/test_kernels.cpp) and serve CPUs with full-width 512-bit units.
+      for (std::size_t i : {std::size_t{slot(encoding::q8_0)}, std::size_t{slot(encoding::q4_0)},
+                            std::size_t{slot(encoding::q4_1)}}) {
+        k.matvec[i] = avx2_table().matvec[i];
+        k.prepare[i] = avx2_table().prepare[i];
+      }
+    }
     for (encoding e : {encoding::q4_k, encoding::q5_k, encoding::q6_k})
       k.matmul[slot(e)] = &avx512::matmul_rows<&avx2::decode_row_generic>;
     k.dot = &avx512::dot;
@@ -171,6 +184,12 @@ inline const kernel_table& avx512_table() {
       set_avx512_fast<encoding::q8_0>(k);
       set_avx512_fast<encoding::q4_0>(k);
       set_avx512_fast<encoding::q4_1>(k);
+    }
+    // Decode with byte permutes where the CPU has them (4 Q4 blocks per step; for
+    // Q8_0 the permute measured slower than two 32-byte loads, 29.5 against 37 GB/s).
+    if (cpu().avx512vnni && cpu().avx512vbmi) {
+      k.matvec_q8[slot(encoding::q4_0)] = &avx512::matvec_q8_vbmi<encoding::q4_0>;
+      k.matvec_q8[slot(encoding::q4_1)] = &avx512::matvec_q8_vbmi<encoding::q4_1>;
     }
     return k;
   }();
@@ -261,6 +280,20 @@ inline q8_activations& quantized_x() {
 // which binding a file also consults.
 constexpr bool has_matrix_kernel(encoding enc) { return detail::slot(enc) >= 0; }
 
+// The precision of the matvec and matmul calls that do not name one: exact, unless the
+// environment variable TLM_PRECISION=exact|fast (read once, at first use) says otherwise.
+// It lets the whole engine be measured in fast mode before its options carry a
+// precision; a precision passed explicitly always wins.
+inline precision default_precision() {
+  static const precision p = [] {
+    const char* env = std::getenv("TLM_PRECISION");
+    if (env == nullptr || *env == '\0' || std::string_view(env) == "exact") return precision::exact;
+    if (std::string_view(env) == "fast") return precision::fast;
+    throw error("TLM_PRECISION=" + std::string(env) + ": unknown precision; use exact or fast, or unset it");
+  }();
+  return p;
+}
+
 // Whether precision::fast changes the arithmetic for weights in `enc` (otherwise a
 // fast product is the exact one).
 constexpr bool has_fast_kernel(encoding enc) {
@@ -288,7 +321,7 @@ inline kernel_level force_kernel_level(kernel_level l) {
 // y must not overlap x or W. Results do not depend on the pool or its size: each row is summed by one thread in
 // a fixed order. precision::fast: see kernels/scalar.hpp (Q4_0, Q4_1, Q8_0 only; others compute exactly).
 inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows, std::size_t cols,
-                   thread_pool* pool = nullptr, precision p = precision::exact) {
+                   thread_pool* pool = nullptr, precision p = default_precision()) {
   const std::size_t s = detail::check_args("matvec", enc, w, x, y, rows, cols);
   if (rows == 0) return;
   if (cols == 0) {
@@ -320,7 +353,7 @@ inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, s
 // Each decoded weight row is reused across the batch, so this is much faster than
 // `batch` calls of matvec. Results do not depend on the pool or its size.
 inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows, std::size_t cols,
-                   std::size_t batch, thread_pool* pool = nullptr, precision p = precision::exact) {
+                   std::size_t batch, thread_pool* pool = nullptr, precision p = default_precision()) {
   const std::size_t s = detail::check_args("matmul", enc, w, x, y, rows, cols);
   if (rows == 0 || batch == 0) return;
   if (cols == 0) {

@@ -3,8 +3,9 @@
 // of relying on -mavx2, so the rest of the program stays baseline x86-64; they are
 // only reached through the table in kernels.hpp after cpu.hpp has checked the CPU.
 //
-// Numerics: activations stay float32 (never quantized) and every sum is a float32
-// FMA chain in independent accumulators. matmul and the float encodings decode
+// Numerics (precision::exact): activations stay float32 and every sum is a float32
+// FMA chain in independent accumulators. precision::fast (the end of this file)
+// quantizes the activations to int8 and sums integer products instead. matmul and the float encodings decode
 // weights to float32 bit for bit as dequantize_row does (each product of a half scale
 // and a small integer is exact, so an FMA with the min rounds once, as the reference
 // does). matvec on Q4_0 / Q4_1 / Q8_0 factors the block scale out of the sum instead

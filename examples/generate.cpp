@@ -37,6 +37,8 @@ constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
   --prompt TEXT       the prompt (or give it as the last argument)
   -n N                tokens to generate (default 32); stops early at end-of-sequence
   --threads T         threads for the matrix kernels (default: all cores)
+  --precision MODE    exact (default: f32 activations, logits within ~3e-6 of float64) or
+                      fast (int8 activations and integer dot products, as llama.cpp)
   --ctx N             KV-cache capacity in tokens (default: prompt + N; at most the context)
   --chat              wrap the prompt as a user message with the model's chat template
   --system TEXT       system message for --chat (default: the template's own)
@@ -62,6 +64,7 @@ struct options {
   std::optional<std::size_t> ctx;
   bool chat = false, special = false, print_ids = false, show_config = false, timing = false, trace = false;
   tlm::sampling sampling;
+  tlm::kernels::precision precision = tlm::kernels::default_precision();
 };
 
 // A mistake on the command line. Thrown rather than exiting on the spot, so the
@@ -136,6 +139,12 @@ options parse(int argc, char** argv) {
     else if (a == "--prompt") o.prompt = value();
     else if (a == "-n") o.n = to_count(a, value());
     else if (a == "--threads") o.threads = to_count(a, value());
+    else if (a == "--precision") {
+      const std::string v = value();
+      if (v == "exact") o.precision = tlm::kernels::precision::exact;
+      else if (v == "fast") o.precision = tlm::kernels::precision::fast;
+      else fail(fmt::format("--precision {} is unknown; give exact or fast", v));
+    }
     else if (a == "--ctx") {
       o.ctx = to_count(a, value());
       if (*o.ctx == 0) fail("--ctx 0 leaves no room in the KV cache; give at least the prompt length plus -n, or leave --ctx out");
@@ -203,7 +212,7 @@ template <tlm::LlamaConfig config>
 int run(const options& o) {
   check_against<config>(o);
   const auto t_load = clock_type::now();
-  tlm::model<config> m = tlm::model<config>::load(o.model, {.threads = o.threads});
+  tlm::model<config> m = tlm::model<config>::load(o.model, {.threads = o.threads, .precision = o.precision});
   const double load_ms = ms_since(t_load);
   const auto t_tok = clock_type::now();
   const tlm::tokenizer tok = tlm::tokenizer::from_gguf(m.file());

@@ -729,6 +729,7 @@ TEST_CASE("adamw_update at every level against its reference, across sizes and m
       }
     }
   }
+}
 
 TEST_CASE("default precision: exact unless TLM_PRECISION says fast") {
   const char* env = std::getenv("TLM_PRECISION");

@@ -131,6 +131,8 @@ struct block_context {
   rope_pairing pairing = rope_pairing::adjacent;
   // If set: [n, H] entropy (nats) of every row's attention weights, for tracing.
   rows<heads<C>, T>* entropy = nullptr;
+  // Products with quantized (mapped) weights: f32 activations, or int8 (kernels.hpp).
+  kernels::precision precision = kernels::precision::exact;
 };
 
 namespace detail {
@@ -176,9 +178,9 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
   detail::for_rows(pool, n, [&](std::size_t i) {
     rmsnorm<D, T, typename decltype(g1)::value_type>(a.x.row(i), g1, C::rms_eps, a.xn1.row(i));
   });
-  matmul(w.attn_q, a.xn1, a.q, pool);
-  matmul(w.attn_k, a.xn1, a.k, pool);
-  matmul(w.attn_v, a.xn1, a.v, pool);
+  matmul(w.attn_q, a.xn1, a.q, pool, ctx.precision);
+  matmul(w.attn_k, a.xn1, a.k, pool, ctx.precision);
+  matmul(w.attn_v, a.xn1, a.v, pool, ctx.precision);
   const std::size_t period = ctx.layout.length;
   detail::for_rows(pool, n, [&](std::size_t i) {
     rope<C, D, T>(a.q.row(i), ctx.angles[i % period], ctx.pairing);
@@ -203,18 +205,18 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
   if (pool) pool->parallel_for(n * H, 1, attend_rows);
   else attend_rows(0, n * H);
 
-  matmul(w.attn_output, a.o, a.x_mid, pool);
+  matmul(w.attn_output, a.o, a.x_mid, pool, ctx.precision);
   detail::add_rows(a.x_mid, a.x, pool);
   const auto g2 = detail::gain_values(w.ffn_norm);
   a.xn2.resize(n);
   detail::for_rows(pool, n, [&](std::size_t i) {
     rmsnorm<D, T, typename decltype(g2)::value_type>(a.x_mid.row(i), g2, C::rms_eps, a.xn2.row(i));
   });
-  matmul(w.ffn_gate, a.xn2, a.gate, pool);
-  matmul(w.ffn_up, a.xn2, a.up, pool);
+  matmul(w.ffn_gate, a.xn2, a.gate, pool, ctx.precision);
+  matmul(w.ffn_up, a.xn2, a.up, pool, ctx.precision);
   a.h.resize(n);
   detail::for_rows(pool, n, [&](std::size_t i) { swiglu<F, T>(a.gate.row(i), a.up.row(i), a.h.row(i)); });
-  matmul(w.ffn_down, a.h, out, pool);
+  matmul(w.ffn_down, a.h, out, pool, ctx.precision);
   detail::add_rows(out, a.x_mid, pool);
 }
 

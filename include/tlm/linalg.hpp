@@ -40,10 +40,13 @@ void require_bound(const mat<R, C, S>& w) {
 }  // namespace detail
 
 // y = W x, into caller-owned storage: the form the forward pass uses (no allocation).
+// `precision` applies to quantized weights (kernels.hpp): exact multiplies f32
+// activations, fast quantizes them to int8 per block first.
 template <std::size_t R, std::size_t C, Storage S>
-void matvec(const mat<R, C, S>& w, std::span<const float, C> x, std::span<float, R> y, thread_pool* pool = nullptr) {
+void matvec(const mat<R, C, S>& w, std::span<const float, C> x, std::span<float, R> y, thread_pool* pool = nullptr,
+            kernels::precision precision = kernels::default_precision()) {
   detail::require_bound(w);
-  kernels::matvec(w.enc(), w.bytes().data(), x.data(), y.data(), R, C, pool);
+  kernels::matvec(w.enc(), w.bytes().data(), x.data(), y.data(), R, C, pool, precision);
 }
 
 // y = W x, returning a new vector.
@@ -59,13 +62,14 @@ vec<R> matvec(const mat<R, C, S>& w, const vec<N>& x, thread_pool* pool = nullpt
 // read once for the whole batch; a batch of one row runs the decode-speed matvec.
 template <std::size_t R, std::size_t C, Storage S, std::size_t N, class T>
   requires inner_dims_match<C, N> && multiplies<S, T>
-void matmul(const mat<R, C, S>& w, const rows<N, T>& x, rows<R, T>& y, thread_pool* pool = nullptr) {
+void matmul(const mat<R, C, S>& w, const rows<N, T>& x, rows<R, T>& y, thread_pool* pool = nullptr,
+            kernels::precision precision = kernels::default_precision()) {
   detail::require_bound(w);
   y.resize(x.count());
   if (x.count() == 0) return;
   using kernels::transpose;
   if constexpr (!is_owned_v<S>) {
-    kernels::matmul(w.enc(), w.bytes().data(), x.data(), y.data(), R, C, x.count(), pool);
+    kernels::matmul(w.enc(), w.bytes().data(), x.data(), y.data(), R, C, x.count(), pool, precision);
   } else if constexpr (std::same_as<T, float>) {
     kernels::gemm(transpose::no, transpose::yes, x.count(), R, C, x.data(), C, w.data(), C, y.data(), R, false, pool);
   } else {

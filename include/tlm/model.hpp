@@ -42,6 +42,11 @@ struct model_options {
   // RoPE pairing of the q and k rows: adjacent for GGUF files converted by
   // llama.cpp's tools, half_split for weights in the Hugging Face layout.
   rope_pairing pairing = rope_pairing::adjacent;
+  // exact: f32 activations times the decoded weights (logits within ~3e-6 of
+  // float64). fast: activations quantized to int8 per 32-value block and integer
+  // dot products, as llama.cpp computes (logits within a few 1e-2). The default is
+  // exact unless TLM_PRECISION=fast is set.
+  kernels::precision precision = kernels::default_precision();
 };
 
 // What a traced forward records, for debugging a model that misbehaves.
@@ -164,7 +169,7 @@ class model {
       embed(weights_.token_embd, tokens[i], ws_.x.row(i));
       angles_[i] = rope_angles<C>(pos0 + i);
     }
-    block_context<C, float> ctx{{1, n, pos0}, angles_.data(), opt_.pairing, trace ? &entropy_ : nullptr};
+    block_context<C, float> ctx{{1, n, pos0}, angles_.data(), opt_.pairing, trace ? &entropy_ : nullptr, opt_.precision};
     for (std::size_t l = 0; l < C::layers; ++l) {
       block_forward(weights_.layers[l], ws_, ws_.x, ctx, kv_from_cache<C>{&store, l}, pool);
       if (trace) {
@@ -179,7 +184,7 @@ class model {
     final_.resize(n - first);
     const auto gain = weights_.output_norm.f32();
     for (std::size_t i = first; i < n; ++i) rmsnorm<D>(ws_.x.row(i), gain, C::rms_eps, final_.row(i - first));
-    matmul(output_matrix(), final_, logits_, pool);
+    matmul(output_matrix(), final_, logits_, pool, opt_.precision);
     if (all_logits) all_logits->assign(logits_.data(), logits_.data() + n * V);
     const std::span<const float, V> last = logits_.row(logits_.count() - 1);
     if (trace) {

@@ -40,7 +40,7 @@ int run(const options& o) {
   std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(C::vocab) - 1);
   std::vector<std::int32_t> tokens(o.batch * (o.seq + 1));
   std::vector<std::int32_t> x(o.batch * o.seq), y(o.batch * o.seq);
-  std::vector<double> ms;
+  std::vector<double> ms, fwd_ms, bwd_ms, opt_ms;
   double loss = 0;
   const std::size_t warmup = 2;
   for (std::size_t s = 0; s < o.steps + warmup; ++s) {
@@ -50,22 +50,39 @@ int run(const options& o) {
         x[b * o.seq + t] = tokens[b * (o.seq + 1) + t];
         y[b * o.seq + t] = tokens[b * (o.seq + 1) + t + 1];
       }
-    const auto t0 = std::chrono::steady_clock::now();
+    using clock = std::chrono::steady_clock;
+    auto elapsed = [](clock::time_point a, clock::time_point b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    const auto t0 = clock::now();
     loss = tr.forward(*p, x, y);
+    const auto t1 = clock::now();
     tlm::zero(*g);
     tr.backward(*p, *g);
+    const auto t2 = clock::now();
     opt.step(*p, *g, &tr.pool());
-    const auto t1 = std::chrono::steady_clock::now();
-    if (s >= warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    const auto t3 = clock::now();
+    if (s >= warmup) {
+      ms.push_back(elapsed(t0, t3));
+      fwd_ms.push_back(elapsed(t0, t1));
+      bwd_ms.push_back(elapsed(t1, t2));
+      opt_ms.push_back(elapsed(t2, t3));
+    }
   }
+  auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
   fmt::print("{{\"config\": \"{}\", \"batch\": {}, \"seq\": {}, \"threads\": {}, \"steps\": {}, \"ms_per_step\": {:.3f}, "
-             "\"ms_min\": {:.3f}, \"tokens_per_s\": {:.1f}, \"peak_rss_mb\": {:.1f}, \"final_loss\": {:.4f}}}\n",
+             "\"ms_min\": {:.3f}, \"tokens_per_s\": {:.1f}, \"peak_rss_mb\": {:.1f}, \"final_loss\": {:.4f}, \"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, "
+             "\"adamw_ms\": {:.3f}, \"kernel_level\": \"{}\"}}\n",
              o.config, o.batch, o.seq, o.threads, ms.size(), median, ms.front(),
-             1000.0 * static_cast<double>(o.batch * o.seq) / median, static_cast<double>(ru.ru_maxrss) / 1024.0, loss);
+             1000.0 * static_cast<double>(o.batch * o.seq) / median, static_cast<double>(ru.ru_maxrss) / 1024.0, loss, median_of(fwd_ms), median_of(bwd_ms),
+             median_of(opt_ms), tlm::kernels::kernel_level_name());
   return 0;
 }
 

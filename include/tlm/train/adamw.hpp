@@ -103,6 +103,8 @@ class adamw {
     requires moments_of<W, P> && gradient_of<G, P>
   adamw_report step(P& params, const G& grads, thread_pool* pool = nullptr) {
     using T = storage_value_t<typename W::storage>;
+    // v holds squared gradients: tiny ones turn denormal, and x86 is slow on those.
+    flush_denormals_guard ftz;
     const std::size_t t = t_ + 1;
     // Checked before anything changes, so a bad step leaves everything as it was.
     double sum_sq = 0.0;

@@ -448,7 +448,8 @@ TEST_CASE("kernel level override: force_kernel_level and TLM_KERNELS") {
 
   CHECK(tlm::parse_kernel_level("scalar") == tlm::kernel_level::scalar);
   CHECK(tlm::parse_kernel_level("avx2") == tlm::kernel_level::avx2);
-  CHECK_THROWS_AS(tlm::parse_kernel_level("avx512"), tlm::error);
+  CHECK(tlm::parse_kernel_level("avx512") == tlm::kernel_level::avx512);
+  CHECK_THROWS_AS(tlm::parse_kernel_level("avx1024"), tlm::error);
   CHECK_THROWS_AS(tlm::parse_kernel_level(""), tlm::error);
 
   const char* old = std::getenv("TLM_KERNELS");
@@ -463,8 +464,13 @@ TEST_CASE("kernel level override: force_kernel_level and TLM_KERNELS") {
 
   // The start-up choice never exceeds what the CPU supports.
   CHECK(tlm::kernel_level_supported(tlm::best_kernel_level()));
-  if (tlm::cpu().avx2 && tlm::cpu().fma && tlm::cpu().f16c) {
+  const auto& c = tlm::cpu();
+  const bool avx2 = c.avx2 && c.fma && c.f16c;
+  if (avx2 && c.avx512f && c.avx512bw && c.avx512vl && c.avx512dq) {
+    CHECK(tlm::best_kernel_level() == tlm::kernel_level::avx512);
+  } else if (avx2) {
     CHECK(tlm::best_kernel_level() == tlm::kernel_level::avx2);
+    CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx512), tlm::error);
   } else {
     CHECK(tlm::best_kernel_level() == tlm::kernel_level::scalar);
     CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx2), tlm::error);

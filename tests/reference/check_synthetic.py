@@ -8,7 +8,7 @@ No 360M or 1.7B file can be downloaded here, so BUILD/examples/synth_model write
 once. Then BUILD/examples/generate, bound to the config type, dumps the logits of every
 prompt position, and the float64 reference (ref_forward.py, which reads any Llama GGUF)
 computes them too. Checked over the whole vocabulary at every position:
-max|ours - ref| / max|ref| <= 3e-6 and the same argmax; then 8 greedy tokens must match
+max|ours - ref| / max|ref| <= 3.5e-6 and the same argmax; then 8 greedy tokens must match
 the reference's. A file that decodes fewer layers, groups heads wrongly or misreads a
 shape is far off. Fails, never skips, when the binaries or the model are missing.
 Takes a few minutes (the reference dequantizes 362M weights to 2.9 GB of float64).
@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import ref_forward as rf  # noqa: E402
 
-REL_TOL = 3e-6
+REL_TOL = 3.5e-6  # the bound claimed for every model (check_forward.py)
 PROMPT = [504, 3575, 282, 4649, 314, 28, 50, 12345, 7, 49151]  # a real prompt, then spread-out ids
 N_GREEDY = 8
 

@@ -2,11 +2,12 @@
 // config, for tests and benchmarks of models too large to download here.
 //
 //   synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b|tiny_gqa|tiny_untied --out PATH
-//               [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--tokenizer-from REAL.gguf]
+//               [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--std S] [--tokenizer-from REAL.gguf]
 //
 // The tensor list comes from the one walk over tlm::model_weights<C>, so the file
 // has exactly the tensors the loader expects, named as it names them. Matrices are
-// N(0, 0.02) in --encoding (token_embd in --embd-encoding, as llama.cpp's quantizer
+// N(0, S) in --encoding (S = --std, default 0.02; tests give the tiny configs a larger S so that
+// attention is far from uniform and RoPE matters) (token_embd in --embd-encoding, as llama.cpp's quantizer
 // keeps it at Q8_0 when the row length is not a multiple of 256); norms are F32
 // near 1. The tokenizer.* keys are copied from --tokenizer-from, or else a byte-level
 // BPE vocabulary of the config's size is synthesized: 3 control tokens, the 256 byte
@@ -39,6 +40,7 @@ struct options {
   tlm::encoding enc = tlm::encoding::q4_1;
   tlm::encoding embd_enc = tlm::encoding::q8_0;
   std::uint64_t seed = 1;
+  float std_dev = 0.02f;  // of the matrices' values
 };
 
 tlm::encoding parse_encoding(std::string_view s) {
@@ -182,9 +184,10 @@ int synthesize(const options& o) {
         }
         std::vector<std::uint64_t> dims = is_vec ? std::vector<std::uint64_t>{cols} : std::vector<std::uint64_t>{cols, rows};
         const std::uint64_t seed = tensor_seed(o.seed, n);
+        const float std_dev = o.std_dev;
         w.add_tensor_generated(n, std::move(dims), enc, [=](std::span<std::byte> out) {
           std::mt19937_64 rng(seed);
-          std::normal_distribution<float> dist(is_vec ? 1.0f : 0.0f, is_vec ? 0.1f : 0.02f);
+          std::normal_distribution<float> dist(is_vec ? 1.0f : 0.0f, is_vec ? 0.1f : std_dev);
           std::vector<float> row(cols);
           const std::size_t rb = tlm::row_bytes(enc, cols);
           for (std::size_t r = 0; r < rows; ++r) {
@@ -216,13 +219,17 @@ int run(int argc, char** argv) {
     else if (a == "--encoding") o.enc = parse_encoding(next());
     else if (a == "--embd-encoding") o.embd_enc = parse_encoding(next());
     else if (a == "--seed") o.seed = std::stoull(next());
+    else if (a == "--std") {
+      o.std_dev = std::stof(next());
+      if (!(o.std_dev > 0.0f && o.std_dev < 100.0f)) throw tlm::error(fmt::format("--std {} must be a positive number below 100", o.std_dev));
+    }
     else if (a == "--tokenizer-from") o.tokenizer_from = next();
     else throw tlm::error(fmt::format("unknown option '{}'", a));
   }
   if (o.config.empty() || o.out.empty()) {
     fmt::print(stderr,
                "usage: synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b|tiny_gqa|tiny_untied --out PATH\n"
-               "                   [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--tokenizer-from REAL.gguf]\n");
+               "                   [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--std S] [--tokenizer-from REAL.gguf]\n");
     return 2;
   }
   if (o.config == "smollm2_135m") return synthesize<tlm::smollm2_135m>(o);

@@ -10,5 +10,9 @@ execute_process(COMMAND ${GENERATE} --model ${OUT} --config ${CONFIG} --token-id
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("${out}${err}")
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "generate failed on the synthetic ${CONFIG} file")
+  message(FATAL_ERROR "generate failed on the synthetic ${CONFIG} file (exit status ${rc})")
+endif()
+# Judged here, with the exit status (a PASS_REGULAR_EXPRESSION on the test would ignore it).
+if(NOT "${out}${err}" MATCHES "${EXPECT}")
+  message(FATAL_ERROR "generate's output on the synthetic ${CONFIG} file does not match '${EXPECT}'")
 endif()

@@ -14,7 +14,14 @@
 using C = tlm::smollm2_135m;
 
 
-TEST_CASE("logits at every prompt position match the float64 reference to 1e-4") {
+// What the README claims, at every kernel level (this binary also runs with
+// TLM_KERNELS=scalar). Measured over these 539 logits per position (the top 32 and
+// every 97th id): 1.9e-6 with the AVX2 kernels, 2.8e-6 with the scalar ones. The full
+// vocabulary is compared live by tests/reference/check_forward.py (same bound; measured
+// 2.4e-6 and 3.2e-6).
+constexpr double logit_tolerance = 3.5e-6;
+
+TEST_CASE("logits at every prompt position match the float64 reference to 3.5e-6") {
   auto& m = tlm_test::shared_model<tlm::model<C>>();
   const tlm_test::fixture fx(TLM_FIXTURES "/forward/logits.bin");
   const int prompts = fx.scalar("n_prompts");
@@ -44,15 +51,14 @@ TEST_CASE("logits at every prompt position match the float64 reference to 1e-4")
       for (std::size_t s = 0; s < stripe_n; ++s) err = std::max(err, std::fabs(ours[s * step] - stripe.values[t * stripe_n + s]));
       const double rel = err / max_abs.values[t];
       worst = std::max(worst, rel);
-      CHECK_MESSAGE(rel <= 1e-4, "prompt ", p, " position ", t, ": relative logit error ", rel);
+      CHECK_MESSAGE(rel <= logit_tolerance, "prompt ", p, " position ", t, ": relative logit error ", rel);
       CHECK_MESSAGE(tlm::argmax({ours, C::vocab}) == static_cast<std::int32_t>(argmax.values[t]),
                     "prompt ", p, " position ", t);
       ++positions;
     }
   }
   MESSAGE("worst relative logit error over ", positions, " positions: ", worst);
-  CHECK(positions >= 80);
-  CHECK(worst < 1e-5);  // the aim; the requirement above is 1e-4
+  CHECK(positions == 231);  // the 14 prompts of tests/reference/prompts.json: 231 tokens in all
 }
 
 TEST_CASE("greedy generation of 32 tokens matches the float64 reference on every prompt") {
@@ -74,5 +80,5 @@ TEST_CASE("greedy generation of 32 tokens matches the float64 reference on every
     }
     CHECK_MESSAGE(got == want, "prompt ", p);
   }
-  CHECK(prompts >= 12);
+  CHECK(prompts == 14);
 }

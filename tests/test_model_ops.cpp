@@ -112,7 +112,8 @@ TEST_CASE("layer 0 and the last layer, op by op") {
         {"gate", &e_gate},      {"up", &e_up},       {"act", &e_act},   {"mlp", &e_mlp}};
     for (const auto& [name, e] : all) {
       MESSAGE("layer ", layer, " ", std::string(name), ": max|ours - ref| / max|ref| = ", e->value());
-      CHECK_MESSAGE(e->value() <= 1e-5, "layer ", layer, " op ", std::string(name));
+      // The README's claim per op: measured up to 7.2e-7 (attention, layer 29) at both kernel levels.
+      CHECK_MESSAGE(e->value() <= 1e-6, "layer ", layer, " op ", std::string(name));
     }
   }
 }

@@ -9,7 +9,7 @@ Runs BUILD/examples/generate on every prompt of tests/fixtures/forward/logits.bi
   1. `generate --model GGUF --token-ids IDS -n 0 --dump-logits OUT.f32`
      (positions x vocab float32, little-endian, row-major) is compared with
      the float64 reference's logits over the full vocabulary at every prompt
-     position: max|ours - ref| / max|ref| must be <= 1e-4 at each position,
+     position: max|ours - ref| / max|ref| must be <= 3.5e-6 at each position,
      and the argmax must be identical at each position.
   2. `generate --model GGUF --token-ids IDS -n 32 --print-ids` (generated ids
      on the last stdout line) must give the reference's 32 greedy tokens.  The
@@ -42,7 +42,8 @@ import ref_forward as rf  # noqa: E402
 from make_forward_fixtures import read_fixture  # noqa: E402
 
 DEFAULT_FIXTURES = HERE.parent / "fixtures" / "forward"
-REL_TOL = 1e-4
+REL_TOL = 3.5e-6  # the README's claim at every kernel level (TLM_KERNELS passes on to generate);
+                  # measured over the full vocabulary: 2.4e-6 AVX2/AVX-512, 3.2e-6 scalar
 TIMEOUT_S = 600
 
 

@@ -69,6 +69,30 @@ FIXED_TEXTS = [
 ]
 
 
+# Long repetitive pieces (17-300 characters). A pre-token of more than 16 symbols is
+# merged through the heap, where equal merge ranks are broken by position; runs of one
+# repeated pair are where a wrong tie-break shows (few random texts have such runs).
+RUN_LENGTHS = [17, 18, 19, 20, 23, 24, 31, 32, 33, 47, 48, 63, 64, 65, 99, 100, 101, 127, 128, 129, 200, 255, 256, 299, 300]
+RUN_UNITS = [" ", "\n", "\t", " \n", "\n\n ", "\r\n", "-", "=", ".", "!", "?", "*", "#", "_", "/", "!?", "..", "-=",
+             "=-", ".,", ";)", "<>", "0", "01", "a", "ab", "aab", "abc", "ha", "la", "lol", "na", "ee", "\u00e9",
+             "\u00e9e", "\u65e5", "\u65e5\u672c", "\U0001F600", " the", " the the", "the ", "bla", "ok ", "x\n"]
+
+
+def long_runs():
+    out = []
+    for unit in RUN_UNITS:
+        for n in RUN_LENGTHS:
+            text = (unit * (n // len(unit) + 1))[:n]
+            out.append(text)
+    # Repeated words with a varied gap, and runs inside text.
+    for n in (17, 40, 120, 300):
+        out.append(("word " * n)[:n])
+        out.append("x" + " " * n + "y")
+        out.append("end." + "\n" * n + "start")
+        out.append("(" + "=" * n + ")")
+    return out
+
+
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>", "<reponame>", "<file_sep>",
             "<filename>", "<gh_stars>", "<jupyter_code>", "<empty_output>"]
 
@@ -136,7 +160,11 @@ def write_decode(path, tok, rng, vocab):
 
 
 def write_chat(path, template):
-    import jinja2
+    try:
+        import jinja2
+    except ImportError:
+        sys.exit("make_tokenizer_fixtures: jinja2 is missing; install tests/reference/requirements.txt into .venv "
+                 "(scripts/setup) rather than leaving chat.txt stale")
 
     env = jinja2.Environment()
     t = env.from_string(template)
@@ -178,15 +206,13 @@ def main():
 
     fixed = [(t, False) for t in FIXED_TEXTS] + [(t, True) for t in FIXED_TEXTS if "<" in t]
     fixed += [(t, True) for t in FIXED_TEXTS[:20]]
+    fixed += [(t, False) for t in long_runs()]
     rand = [(t, rng.random() < 0.2) for t in random_texts(rng)]
     n_fixed = write_encode(out / "encode_fixed.txt", tok, fixed)
     n_rand = write_encode(out / "encode_random.txt", tok, rand)
     n_dec = write_decode(out / "decode.txt", tok, rng, len(md["tokens"]))
     (out / "template.txt").write_bytes(md["chat_template"].encode("utf-8"))
-    try:
-        n_chat = write_chat(out / "chat.txt", md["chat_template"])
-    except ImportError:  # jinja2 is not among the pinned reference packages
-        n_chat = "not rewritten (jinja2 is not installed; chat.txt left as it was)"
+    n_chat = write_chat(out / "chat.txt", md["chat_template"])  # jinja2 is pinned in requirements.txt
     size = sum(p.stat().st_size for p in out.iterdir())
     print(f"fixed encode {n_fixed}, random encode {n_rand}, decode {n_dec}, chat {n_chat}; {size} bytes in {out}")
 

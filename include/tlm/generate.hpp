@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,6 +28,7 @@
 
 #include "chat.hpp"
 #include "error.hpp"
+#include "grammar.hpp"
 #include "model.hpp"
 #include "sampler.hpp"
 #include "tokenizer.hpp"
@@ -38,6 +41,10 @@ struct generation_options {
   sampling sample{};               // temperature 0 (greedy) by default; see sampler.hpp for the order
   std::vector<std::string> stop{};  // stop strings: generation ends at the first, which is not returned
   bool stop_at_eos = true;       // end at the tokenizer's end-of-sequence token (and, in a chat, <|im_end|>)
+  // Constrained output: only tokens that keep the text a prefix of a document of this
+  // grammar are sampled, and the document is complete within max_tokens - 1 characters
+  // (then end-of-sequence is the only choice, and ends it whatever stop_at_eos says).
+  std::shared_ptr<const json_grammar> grammar{};
 };
 
 enum class stop_reason {
@@ -169,15 +176,41 @@ void decode(model<C>& m, const tokenizer& tok, kv_cache<C>& cache, std::span<con
   };
   const auto t0 = std::chrono::steady_clock::now();
   r.reason = stop_reason::max_tokens;
+  json_grammar::state doc;
+  std::vector<std::uint8_t> allowed;
+  std::vector<float> masked;
+  const std::size_t budget = o.max_tokens > 0 ? o.max_tokens - 1 : 0;  // a token is at least one character
+  if (o.grammar) {
+    doc = o.grammar->start();
+    if (const std::size_t need = o.grammar->min_to_finish(doc); need > budget)
+      throw error("constrained output: the shortest document of the grammar has " + std::to_string(need) +
+                  " characters, more than max_tokens - 1 = " + std::to_string(budget) + "; raise max_tokens to at least " +
+                  std::to_string(need + 1));
+  }
   bool ended = false;  // ended inside the loop, with nothing left to release
   for (std::size_t i = 0; i < o.max_tokens; ++i) {
+    if (o.grammar) {
+      o.grammar->allowed(doc, tok, budget, allowed);
+      masked.assign(logits.begin(), logits.end());
+      bool any = false;
+      for (std::size_t v = 0; v < masked.size(); ++v) {
+        if (v < allowed.size() && allowed[v]) any = true;
+        else masked[v] = -std::numeric_limits<float>::infinity();
+      }
+      if (!any)
+        throw error("constrained output: no token of the vocabulary continues the document after '" + r.text +
+                    "'; the grammar admits nothing this tokenizer can write");
+      logits = masked;
+    }
     const std::int32_t id = pick(logits, context);
     r.ids.push_back(id);
-    if (o.stop_at_eos && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
+    if ((o.stop_at_eos || o.grammar) && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
       r.reason = stop_reason::eos;
       break;
     }
     context.push_back(id);
+    if (o.grammar && !o.grammar->feed(doc, tok.token_bytes(id)))
+      throw error("constrained output: sampled token " + std::to_string(id) + " outside the grammar (a bug in tlm)");
     auto [text, stopped] = filter.push(stream.push(id));
     const step s = emit(id, text);
     if (stopped) {

@@ -11,12 +11,15 @@
 // `--chat` without a prompt starts an interactive chat on the terminal.
 #include <tlm/chat.hpp>
 #include <tlm/generate.hpp>
+#include <tlm/json_schema.hpp>
 #include <tlm/model.hpp>
 #include <tlm/sampler.hpp>
 #include <tlm/tokenizer.hpp>
 
 #include <csignal>
 #include <iostream>
+#include <iterator>
+#include <memory>
 
 #include <fmt/core.h>
 
@@ -63,6 +66,11 @@ constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
   --logit-bias ID=X   add X to token ID's logit; X may be -inf to ban it; repeatable
   --stop TEXT         stop when TEXT appears (it is not printed); repeatable
   --ignore-eos        keep generating past the end-of-sequence token
+  --json              constrain the output to one compact JSON value (it ends within -n - 1 characters)
+  --json-schema FILE  constrain the output to JSON valid against the schema in FILE (a subset: object with
+                      required properties, string, number, integer, boolean, enum, array with items/minItems)
+  --beams W           beam search with W beams (greedy scoring; prints the best beam); 1 equals greedy
+  --length-penalty X  beam ranking: log-prob / length^X (default 1; 0 ranks raw log-probs)
   Sampling applies, in order: logit bias, penalties, top-k, top-p, min-p, temperature.
   --token-ids LIST    the prompt as comma-separated token ids instead of text
   --print-ids         print the generated ids, comma-separated, on a last line
@@ -86,6 +94,9 @@ struct options {
   tlm::sampling sampling;
   std::vector<std::string> stop;
   bool ignore_eos = false;
+  std::shared_ptr<const tlm::json_grammar> grammar;
+  std::size_t beams = 0;  // 0: no beam search
+  float length_penalty = 1.0f;
 };
 
 // A mistake on the command line. Thrown rather than exiting on the spot, so the
@@ -196,6 +207,23 @@ options parse(int argc, char** argv) {
       if (o.stop.back().empty()) fail("--stop needs a non-empty text; an empty one would stop before the first token");
     }
     else if (a == "--ignore-eos") o.ignore_eos = true;
+    else if (a == "--json") o.grammar = std::make_shared<const tlm::json_grammar>();
+    else if (a == "--json-schema") {
+      const std::string path = value();
+      std::ifstream in(path);
+      if (!in) fail(fmt::format("--json-schema: cannot read '{}'; give the path of a JSON Schema file", path));
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      try {
+        o.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::from_text(text));
+      } catch (const tlm::error& e) {
+        fail(fmt::format("--json-schema {}: {}", path, e.what()));
+      }
+    }
+    else if (a == "--beams") {
+      o.beams = to_count(a, value());
+      if (o.beams == 0) fail("--beams 0 keeps no beam; give 1 (greedy) or more, e.g. 4");
+    }
+    else if (a == "--length-penalty") o.length_penalty = to_float(a, value());
     else if (a == "--seed") o.sampling.seed = to_whole(a, value(), std::numeric_limits<std::uint64_t>::max());
     else if (a == "--token-ids") o.token_ids = parse_ids(value());
     else if (a == "--print-ids") o.print_ids = true;
@@ -225,6 +253,9 @@ options parse(int argc, char** argv) {
   if (!(o.sampling.repeat_penalty > 0.0f))
     fail(fmt::format("--repeat-penalty {} is not above 0; give 1 for none, or e.g. 1.1", o.sampling.repeat_penalty));
   if (o.chat && o.token_ids) fail("--chat takes its messages as text; give the prompt as text, not --token-ids");
+  if (o.length_penalty < 0.0f) fail(fmt::format("--length-penalty {} is negative; give 0 or more (default 1)", o.length_penalty));
+  if (o.beams && (o.sampling.temperature != 0.0f || !o.stop.empty() || o.grammar || o.chat || o.trace || o.dump_logits))
+    fail("--beams is a search, not sampling: it does not combine with --temperature, --stop, --json, --chat, --trace or --dump-logits");
   return o;
 }
 
@@ -264,7 +295,7 @@ void check_against(const options& o) {
 }
 
 tlm::generation_options generation(const options& o) {
-  return {.max_tokens = o.n, .sample = o.sampling, .stop = o.stop, .stop_at_eos = !o.ignore_eos};
+  return {.max_tokens = o.n, .sample = o.sampling, .stop = o.stop, .stop_at_eos = !o.ignore_eos, .grammar = o.grammar};
 }
 
 // Prints each piece as it comes.
@@ -425,6 +456,22 @@ int run(const options& o) {
   std::vector<float> all;
   const auto hooks = hooks_for<config>(o, all);
   tlm::generation_result r;
+  if (o.beams) {
+    const auto t0 = clock_type::now();
+    const auto beams = tlm::generate_beam(m, tok, prompt,
+                                          {.width = o.beams, .max_tokens = o.n, .length_penalty = o.length_penalty,
+                                           .stop_at_eos = !o.ignore_eos});
+    fmt::print("{}\n", beams.front().text);
+    if (o.print_ids) {
+      std::string ids;
+      for (std::size_t i = 0; i < beams.front().ids.size(); ++i) ids += (i ? "," : "") + std::to_string(beams.front().ids[i]);
+      fmt::print("{}\n", ids);
+    }
+    if (o.timing)
+      fmt::print(stderr, "load {:.1f} ms, tokenizer {:.1f} ms | beam search, {} beams, {:.1f} ms | best score {:.4f}, log-prob {:.4f}\n",
+                 load_ms, tokenizer_ms, o.beams, ms_since(t0), beams.front().score, beams.front().log_prob);
+    return 0;
+  }
   if (o.chat) {
     tlm::chat_session<config> chat(m, tok, capacity);
     for (const auto& msg : msgs) chat.add(msg.role, msg.content);

@@ -2,12 +2,24 @@
 // file to another shipped config type), streaming the continuation token by token.
 //
 //   generate [--model PATH] [--config NAME] [--prompt TEXT | TEXT] [-n N] [--threads T] [--ctx N]
-//            [--chat] [--system TEXT] [--special] [--temperature X] [--top-k K] [--top-p P] [--seed S]
+//            [--chat] [--system TEXT] [--special] [--temperature X] [--top-k K] [--top-p P] [--min-p P]
+//            [--repeat-penalty X] [--frequency-penalty X] [--presence-penalty X] [--penalty-window N]
+//            [--logit-bias ID=X] [--stop TEXT] [--ignore-eos] [--seed S]
 //            [--token-ids 1,2,3] [--print-ids] [--dump-logits FILE] [--show-config] [--timing] [--trace]
+//
+// It is a thin layer over tlm/generate.hpp: the decoding loop is the library's.
+// `--chat` without a prompt starts an interactive chat on the terminal.
 #include <tlm/chat.hpp>
+#include <tlm/generate.hpp>
+#include <tlm/json_schema.hpp>
 #include <tlm/model.hpp>
 #include <tlm/sampler.hpp>
 #include <tlm/tokenizer.hpp>
+
+#include <csignal>
+#include <iostream>
+#include <iterator>
+#include <memory>
 
 #include <fmt/core.h>
 
@@ -40,11 +52,28 @@ constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
   --precision MODE    exact (default: f32 activations, logits within ~3e-6 of float64) or
                       fast (int8 activations and integer dot products, as llama.cpp)
   --ctx N             KV-cache capacity in tokens (default: prompt + N; at most the context)
-  --chat              wrap the prompt as a user message with the model's chat template
+  --chat              wrap the prompt as a user message with the model's chat template;
+                      without a prompt, chat interactively: end a line with \ to continue it,
+                      /reset, /system TEXT (a new conversation with that system message), /quit;
+                      Ctrl-C stops the reply, not the program (default -n there: 512)
   --system TEXT       system message for --chat (default: the template's own)
   --special           recognise special tokens such as <|im_start|> in the prompt text
   --temperature X     sample with temperature X (default 0: greedy)
   --top-k K --top-p P --seed S   sampling limits and seed
+  --min-p P           drop tokens less likely than P times the most likely (default 0: none)
+  --repeat-penalty X  divide (multiply, if negative) the logit of a token in the window by X (default 1: none)
+  --frequency-penalty X  subtract X times a token's count in the window from its logit (default 0)
+  --presence-penalty X   subtract X from the logit of a token in the window (default 0)
+  --penalty-window N  the penalties look at the last N tokens, prompt included (default 64)
+  --logit-bias ID=X   add X to token ID's logit; X may be -inf to ban it; repeatable
+  --stop TEXT         stop when TEXT appears (it is not printed); repeatable
+  --ignore-eos        keep generating past the end-of-sequence token
+  --json              constrain the output to one compact JSON value (it ends within -n - 1 characters)
+  --json-schema FILE  constrain the output to JSON valid against the schema in FILE (a subset: object with
+                      required properties, string, number, integer, boolean, enum, array with items/minItems)
+  --beams W           beam search with W beams (greedy scoring; prints the best beam); 1 equals greedy
+  --length-penalty X  beam ranking: log-prob / length^X (default 1; 0 ranks raw log-probs)
+  Sampling applies, in order: logit bias, penalties, top-k, top-p, min-p, temperature.
   --token-ids LIST    the prompt as comma-separated token ids instead of text
   --print-ids         print the generated ids, comma-separated, on a last line
   --dump-logits FILE  write the logits of every prompt position (float32, [positions, vocab])
@@ -62,9 +91,15 @@ struct options {
   std::optional<std::string> dump_logits;
   std::size_t n = 32, threads = 0;
   std::optional<std::size_t> ctx;
+  bool n_given = false;
   bool chat = false, special = false, print_ids = false, show_config = false, timing = false, trace = false;
   tlm::sampling sampling;
   tlm::kernels::precision precision = tlm::kernels::default_precision();
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  std::shared_ptr<const tlm::json_grammar> grammar;
+  std::size_t beams = 0;  // 0: no beam search
+  float length_penalty = 1.0f;
 };
 
 // A mistake on the command line. Thrown rather than exiting on the spot, so the
@@ -121,6 +156,18 @@ std::vector<std::int32_t> parse_ids(const std::string& list) {
   return ids;
 }
 
+// ID=X, X a finite number or -inf.
+std::pair<std::int32_t, float> parse_bias(const std::string& v) {
+  const std::size_t eq = v.find('=');
+  if (eq == std::string::npos || eq == 0)
+    fail(fmt::format("--logit-bias takes ID=X (a token id, '=', a number or -inf), got '{}'", v));
+  const auto id = static_cast<std::int32_t>(
+      to_whole("--logit-bias", v.substr(0, eq), std::numeric_limits<std::int32_t>::max()));
+  const std::string x = v.substr(eq + 1);
+  if (x == "-inf") return {id, -std::numeric_limits<float>::infinity()};
+  return {id, to_float("--logit-bias", x)};
+}
+
 options parse(int argc, char** argv) {
   options o;
   const char* env = std::getenv("TLM_MODEL");
@@ -137,7 +184,10 @@ options parse(int argc, char** argv) {
     } else if (a == "--model") o.model = value();
     else if (a == "--config") o.config = value();
     else if (a == "--prompt") o.prompt = value();
-    else if (a == "-n") o.n = to_count(a, value());
+    else if (a == "-n") {
+      o.n = to_count(a, value());
+      o.n_given = true;
+    }
     else if (a == "--threads") o.threads = to_count(a, value());
     else if (a == "--precision") {
       const std::string v = value();
@@ -155,6 +205,34 @@ options parse(int argc, char** argv) {
     else if (a == "--temperature") o.sampling.temperature = to_float(a, value());
     else if (a == "--top-k") o.sampling.top_k = to_count(a, value());
     else if (a == "--top-p") o.sampling.top_p = to_float(a, value());
+    else if (a == "--min-p") o.sampling.min_p = to_float(a, value());
+    else if (a == "--repeat-penalty") o.sampling.repeat_penalty = to_float(a, value());
+    else if (a == "--frequency-penalty") o.sampling.frequency_penalty = to_float(a, value());
+    else if (a == "--presence-penalty") o.sampling.presence_penalty = to_float(a, value());
+    else if (a == "--penalty-window") o.sampling.penalty_window = to_count(a, value());
+    else if (a == "--logit-bias") o.sampling.logit_bias.push_back(parse_bias(value()));
+    else if (a == "--stop") {
+      o.stop.push_back(value());
+      if (o.stop.back().empty()) fail("--stop needs a non-empty text; an empty one would stop before the first token");
+    }
+    else if (a == "--ignore-eos") o.ignore_eos = true;
+    else if (a == "--json") o.grammar = std::make_shared<const tlm::json_grammar>();
+    else if (a == "--json-schema") {
+      const std::string path = value();
+      std::ifstream in(path);
+      if (!in) fail(fmt::format("--json-schema: cannot read '{}'; give the path of a JSON Schema file", path));
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      try {
+        o.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::from_text(text));
+      } catch (const tlm::error& e) {
+        fail(fmt::format("--json-schema {}: {}", path, e.what()));
+      }
+    }
+    else if (a == "--beams") {
+      o.beams = to_count(a, value());
+      if (o.beams == 0) fail("--beams 0 keeps no beam; give 1 (greedy) or more, e.g. 4");
+    }
+    else if (a == "--length-penalty") o.length_penalty = to_float(a, value());
     else if (a == "--seed") o.sampling.seed = to_whole(a, value(), std::numeric_limits<std::uint64_t>::max());
     else if (a == "--token-ids") o.token_ids = parse_ids(value());
     else if (a == "--print-ids") o.print_ids = true;
@@ -167,7 +245,8 @@ options parse(int argc, char** argv) {
     else fail(fmt::format("two prompts given ('{}' and '{}'); quote the prompt as one argument", *o.prompt, a));
   }
   if (o.prompt && o.token_ids) fail("give the prompt either as text or as --token-ids, not both");
-  if (!o.prompt && !o.token_ids) o.prompt = "The capital of France is";
+  if (!o.prompt && !o.token_ids && !o.chat) o.prompt = "The capital of France is";
+  if (o.chat && !o.prompt && !o.token_ids && !o.n_given) o.n = 512;  // an interactive reply
   // Every option is checked here, before the file is mapped or a token computed.
   if (o.threads > max_threads) fail(fmt::format("--threads {} is more than {}; give 0 for every core", o.threads, max_threads));
   if (o.sampling.temperature < 0.0f) fail(fmt::format("--temperature {} is negative; give 0 (greedy) or more", o.sampling.temperature));
@@ -175,6 +254,17 @@ options parse(int argc, char** argv) {
     fail(fmt::format("--top-p {} is outside (0, 1]; give the probability mass to keep, e.g. 0.9", o.sampling.top_p));
   if (o.sampling.temperature == 0.0f && (o.sampling.top_k != 0 || o.sampling.top_p != 1.0f))
     fail("--top-k and --top-p need --temperature above 0 (temperature 0 is greedy decoding)");
+  if (!(o.sampling.min_p >= 0.0f && o.sampling.min_p <= 1.0f))
+    fail(fmt::format("--min-p {} is outside [0, 1]; give the fraction of the top token's probability a token needs, e.g. 0.05",
+                     o.sampling.min_p));
+  if (o.sampling.temperature == 0.0f && o.sampling.min_p != 0.0f)
+    fail("--min-p needs --temperature above 0 (temperature 0 is greedy decoding)");
+  if (!(o.sampling.repeat_penalty > 0.0f))
+    fail(fmt::format("--repeat-penalty {} is not above 0; give 1 for none, or e.g. 1.1", o.sampling.repeat_penalty));
+  if (o.chat && o.token_ids) fail("--chat takes its messages as text; give the prompt as text, not --token-ids");
+  if (o.length_penalty < 0.0f) fail(fmt::format("--length-penalty {} is negative; give 0 or more (default 1)", o.length_penalty));
+  if (o.beams && (o.sampling.temperature != 0.0f || !o.stop.empty() || o.grammar || o.chat || o.trace || o.dump_logits))
+    fail("--beams is a search, not sampling: it does not combine with --temperature, --stop, --json, --chat, --trace or --dump-logits");
   return o;
 }
 
@@ -201,11 +291,134 @@ void check_against(const options& o) {
                          tlm::type_name<config>(), config::vocab - 1));
     }
   }
+  for (const auto& [id, bias] : o.sampling.logit_bias) {
+    if (static_cast<std::size_t>(id) >= config::vocab)
+      fail(fmt::format("--logit-bias: token id {} is outside the vocabulary of {} (ids 0 to {})", id,
+                       tlm::type_name<config>(), config::vocab - 1));
+  }
   if (o.ctx && *o.ctx > config::context)
     fail(fmt::format("--ctx {} is more than the context of {} ({} positions)", *o.ctx, tlm::type_name<config>(), config::context));
   if (o.n >= config::context)
     fail(fmt::format("-n {} leaves no room for the prompt in the context of {} ({} positions)", o.n, tlm::type_name<config>(),
                      config::context));
+}
+
+tlm::generation_options generation(const options& o) {
+  return {.max_tokens = o.n, .sample = o.sampling, .stop = o.stop, .stop_at_eos = !o.ignore_eos, .grammar = o.grammar};
+}
+
+// Prints each piece as it comes.
+tlm::token_callback print_pieces() {
+  return tlm::make_token_callback([](std::int32_t, std::string_view text) {
+    fmt::print("{}", text);
+    std::fflush(stdout);
+  });
+}
+
+template <tlm::LlamaConfig config>
+tlm::generation_hooks<config> hooks_for(const options& o, std::vector<float>& all) {
+  tlm::generation_hooks<config> h;
+  if (o.dump_logits) h.prompt_logits = &all;
+  if (o.trace) {
+    h.on_trace = [](std::int32_t token, std::size_t pos, const tlm::forward_trace<config>& trace) {
+      fmt::print(stderr, "\n[trace] token {} at position {}: logit max {:.3f}, entropy {:.3f} nats\n", token, pos,
+                 trace.logit_max, trace.logit_entropy);
+      for (std::size_t l = 0; l < config::layers; ++l) {
+        std::string ent;
+        for (float e : trace.attention_entropy[l]) ent += fmt::format(" {:.2f}", e);
+        fmt::print(stderr, "[trace]   layer {:2}: rms after attention {:.3f}, after mlp {:.3f}; attention entropy{}\n", l,
+                   trace.attn_residual_rms[l], trace.mlp_residual_rms[l], ent);
+      }
+    };
+  }
+  return h;
+}
+
+// Set by Ctrl-C; the reply's callback sees it and stops the reply, not the program.
+volatile std::sig_atomic_t interrupted = 0;
+extern "C" void on_interrupt(int) { interrupted = 1; }
+
+// One message from the terminal: lines ending in a backslash continue it.
+bool read_message(std::string& out) {
+  out.clear();
+  std::string line;
+  fmt::print("> ");
+  std::fflush(stdout);
+  while (std::getline(std::cin, line)) {
+    if (!line.empty() && line.back() == '\\') {
+      line.pop_back();
+      out += line + "\n";
+      fmt::print(". ");
+      std::fflush(stdout);
+      continue;
+    }
+    out += line;
+    return true;
+  }
+  return !out.empty();
+}
+
+template <tlm::LlamaConfig config>
+int interactive(const options& o, tlm::model<config>& m, const tlm::tokenizer& tok) {
+  const std::size_t capacity = o.ctx ? *o.ctx : std::min<std::size_t>(4096, config::context);
+  tlm::chat_session<config> chat(m, tok, capacity);
+  std::optional<std::string> system = o.system;
+  const auto start = [&] {
+    chat.reset();
+    if (system) chat.add("system", *system);
+  };
+  start();
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  fmt::print("tlm chat ({}). /reset starts over, /system TEXT sets the system message, /quit ends; "
+             "end a line with \\ to continue it; Ctrl-C stops a reply.\n",
+             tlm::type_name<config>());
+  std::string msg;
+  while (read_message(msg)) {
+    if (msg == "/quit") break;
+    if (msg == "/reset") {
+      start();
+      fmt::print("(new conversation)\n");
+      continue;
+    }
+    if (msg.starts_with("/system")) {
+      const std::string text = msg.size() > 7 ? msg.substr(msg[7] == ' ' ? 8 : 7) : "";
+      if (text.empty()) {
+        fmt::print(stderr, "/system needs a text: /system You are a helpful assistant.\n");
+        continue;
+      }
+      system = text;
+      start();
+      fmt::print("(new conversation with that system message)\n");
+      continue;
+    }
+    if (msg.starts_with("/")) {
+      fmt::print(stderr, "unknown command '{}'; the commands are /reset, /system TEXT and /quit\n", msg);
+      continue;
+    }
+    if (msg.empty()) continue;
+    interrupted = 0;
+    try {
+      chat.add("user", msg);
+      const auto r = chat.reply(generation(o), tlm::make_token_callback([](std::int32_t, std::string_view text) {
+                                  fmt::print("{}", text);
+                                  std::fflush(stdout);
+                                  return interrupted == 0;
+                                }));
+      fmt::print("{}\n", r.reason == tlm::stop_reason::callback ? " [stopped]" : "");
+      if (o.timing)
+        fmt::print(stderr, "prefill {} tokens in {:.1f} ms | decode {} tokens, {:.2f} ms/token\n", r.prompt_tokens,
+                   r.prefill_ms, r.decoded_tokens, r.decoded_tokens ? r.decode_ms / static_cast<double>(r.decoded_tokens) : 0.0);
+    } catch (const tlm::capacity_error& e) {
+      fmt::print(stderr, "\n{}\n", e.what());
+      start();
+      fmt::print("(the conversation no longer fits the cache; it starts over)\n");
+    }
+  }
+  fmt::print("\n");
+  return 0;
 }
 
 template <tlm::LlamaConfig config>
@@ -218,23 +431,23 @@ int run(const options& o) {
   const tlm::tokenizer tok = tlm::tokenizer::from_gguf(m.file());
   const double tokenizer_ms = ms_since(t_tok);
   if (o.show_config) show_config<config>(m.file());
+  if (o.chat && !o.prompt) return interactive(o, m, tok);
 
   std::vector<std::int32_t> prompt;
-  std::string prompt_text;
+  std::string shown;  // what is printed before the continuation
+  std::vector<tlm::chat_message> msgs;
   if (o.token_ids) {
     prompt = *o.token_ids;
+    shown = tok.decode(prompt);
+  } else if (o.chat) {
+    if (o.system) msgs.push_back({"system", *o.system});
+    msgs.push_back({"user", *o.prompt});
+    const std::string_view tmpl = m.file().has("tokenizer.chat_template") ? m.file().get_string("tokenizer.chat_template") : "";
+    shown = tlm::apply_chat_template(tmpl, msgs, true);
+    prompt = tok.encode(shown, {.add_bos = false, .parse_special = true});  // only to check the length below
   } else {
-    prompt_text = *o.prompt;
-    bool special = o.special;
-    if (o.chat) {
-      std::vector<tlm::chat_message> msgs;
-      if (o.system) msgs.push_back({"system", *o.system});
-      msgs.push_back({"user", prompt_text});
-      const std::string_view tmpl = m.file().has("tokenizer.chat_template") ? m.file().get_string("tokenizer.chat_template") : "";
-      prompt_text = tlm::apply_chat_template(tmpl, msgs, true);
-      special = true;  // the template's own markers are special tokens
-    }
-    prompt = tok.encode(prompt_text, {.add_bos = false, .parse_special = special});
+    shown = *o.prompt;
+    prompt = tok.encode(shown, {.add_bos = false, .parse_special = o.special});
   }
   if (prompt.empty()) fail("the prompt is empty after tokenization; give some text");
   const std::size_t needed = prompt.size() + o.n;
@@ -246,61 +459,53 @@ int run(const options& o) {
                      o.ctx ? " (--ctx)" : fmt::format(" (the model's context)"),
                      o.ctx && *o.ctx < config::context ? fmt::format(", or raise --ctx (at most {})", config::context) : ""));
   }
-  tlm::kv_cache<config> cache(capacity);
 
-  if (o.token_ids) fmt::print("{}", tok.decode(prompt));
-  else fmt::print("{}", o.chat ? prompt_text : *o.prompt);
+  fmt::print("{}", shown);
   std::fflush(stdout);
-
-  const auto t_prefill = clock_type::now();
   std::vector<float> all;
-  auto logits = m.prefill(prompt, cache, o.dump_logits ? &all : nullptr);
-  const double prefill_ms = ms_since(t_prefill);
+  const auto hooks = hooks_for<config>(o, all);
+  tlm::generation_result r;
+  if (o.beams) {
+    const auto t0 = clock_type::now();
+    const auto beams = tlm::generate_beam(m, tok, prompt,
+                                          {.width = o.beams, .max_tokens = o.n, .length_penalty = o.length_penalty,
+                                           .stop_at_eos = !o.ignore_eos});
+    fmt::print("{}\n", beams.front().text);
+    if (o.print_ids) {
+      std::string ids;
+      for (std::size_t i = 0; i < beams.front().ids.size(); ++i) ids += (i ? "," : "") + std::to_string(beams.front().ids[i]);
+      fmt::print("{}\n", ids);
+    }
+    if (o.timing)
+      fmt::print(stderr, "load {:.1f} ms, tokenizer {:.1f} ms | beam search, {} beams, {:.1f} ms | best score {:.4f}, log-prob {:.4f}\n",
+                 load_ms, tokenizer_ms, o.beams, ms_since(t0), beams.front().score, beams.front().log_prob);
+    return 0;
+  }
+  if (o.chat) {
+    tlm::chat_session<config> chat(m, tok, capacity);
+    for (const auto& msg : msgs) chat.add(msg.role, msg.content);
+    r = chat.reply(generation(o), print_pieces(), hooks);
+  } else {
+    tlm::generator<config> gen(m, tok);
+    r = gen.generate(prompt, generation(o), print_pieces(), hooks);
+  }
   if (o.dump_logits) {
     std::ofstream out(*o.dump_logits, std::ios::binary);
     out.write(reinterpret_cast<const char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
     if (!out) fail(fmt::format("cannot write the logits to {}", *o.dump_logits));
   }
-
-  tlm::sampler pick(o.sampling);
-  tlm::stream_decoder stream(tok);
-  std::vector<std::int32_t> generated;
-  const auto t_decode = clock_type::now();
-  tlm::forward_trace<config> trace;
-  for (std::size_t i = 0; i < o.n; ++i) {
-    const std::int32_t next = pick(logits);
-    generated.push_back(next);
-    if (next == tok.eos()) break;
-    fmt::print("{}", stream.push(next));
-    std::fflush(stdout);
-    if (i + 1 == o.n) break;
-    if (o.trace) {
-      logits = m.forward_traced(next, cache, trace);
-      fmt::print(stderr, "\n[trace] token {} at position {}: logit max {:.3f}, entropy {:.3f} nats\n", next,
-                 cache.length() - 1, trace.logit_max, trace.logit_entropy);
-      for (std::size_t l = 0; l < config::layers; ++l) {
-        std::string ent;
-        for (float h : trace.attention_entropy[l]) ent += fmt::format(" {:.2f}", h);
-        fmt::print(stderr, "[trace]   layer {:2}: rms after attention {:.3f}, after mlp {:.3f}; attention entropy{}\n", l,
-                   trace.attn_residual_rms[l], trace.mlp_residual_rms[l], ent);
-      }
-    } else {
-      logits = m.forward(next, cache);
-    }
-  }
-  const double decode_ms = ms_since(t_decode);
-  fmt::print("{}\n", stream.flush());
+  fmt::print("\n");
   if (o.print_ids) {
     std::string ids;
-    for (std::size_t i = 0; i < generated.size(); ++i) ids += (i ? "," : "") + std::to_string(generated[i]);
+    for (std::size_t i = 0; i < r.ids.size(); ++i) ids += (i ? "," : "") + std::to_string(r.ids[i]);
     fmt::print("{}\n", ids);
   }
   if (o.timing) {
-    const std::size_t decoded = generated.empty() ? 0 : generated.size() - 1;  // forward calls after the prefill
     fmt::print(stderr, "load {:.1f} ms, tokenizer {:.1f} ms | prefill {} tokens in {:.1f} ms ({:.1f} tokens/s) | decode {} tokens, {:.2f} ms/token | "
-                       "{} threads, kernels {}\n",
-               load_ms, tokenizer_ms, prompt.size(), prefill_ms, prompt.size() * 1000.0 / prefill_ms, decoded,
-               decoded ? decode_ms / static_cast<double>(decoded) : 0.0, m.threads(), tlm::kernels::kernel_level_name());
+                       "{} threads, kernels {} | stop: {}\n",
+               load_ms, tokenizer_ms, r.prompt_tokens, r.prefill_ms, r.prompt_tokens * 1000.0 / r.prefill_ms, r.decoded_tokens,
+               r.decoded_tokens ? r.decode_ms / static_cast<double>(r.decoded_tokens) : 0.0, m.threads(),
+               tlm::kernels::kernel_level_name(), tlm::to_string(r.reason));
   }
   return 0;
 }

@@ -28,14 +28,21 @@ class full_sort_sampler {
     for (std::size_t i = 0; i < logits.size(); ++i) c.push_back({logits[i], static_cast<std::int32_t>(i)});
     std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); });
     if (s_.top_k > 0 && c.size() > s_.top_k) c.resize(s_.top_k);
+    // The nucleus is judged at temperature 1; the temperature weighs its members.
     double z = 0.0;
-    for (auto& x : c) {
-      x.p = std::exp((static_cast<double>(x.logit) - c.front().logit) / s_.temperature);
-      z += x.p;
+    for (auto& x : c) z += std::exp(static_cast<double>(x.logit) - c.front().logit);
+    double mass1 = 0.0;
+    std::size_t n = 0;
+    if (s_.top_p < 1.0f) {
+      while (n < c.size() && (n == 0 || mass1 / z < s_.top_p)) mass1 += std::exp(static_cast<double>(c[n++].logit) - c.front().logit);
+    } else {
+      n = c.size();
     }
     double kept = 0.0;
-    std::size_t n = 0;
-    while (n < c.size() && (n == 0 || kept / z < s_.top_p)) kept += c[n++].p;
+    for (std::size_t i = 0; i < n; ++i) {
+      c[i].p = std::exp((static_cast<double>(c[i].logit) - c.front().logit) / s_.temperature);
+      kept += c[i].p;
+    }
     std::uniform_real_distribution<double> u(0.0, kept);
     double r = u(rng_);
     for (std::size_t i = 0; i < n; ++i) {

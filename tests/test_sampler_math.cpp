@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -77,9 +78,11 @@ TEST_CASE("top-p keeps the most likely tokens until their mass reaches p") {
   check_distribution(frequencies({.temperature = 1.0f, .top_p = 0.85f, .seed = 10}, four), {0.0, 0.222222, 0.333333, 0.444444});
 }
 
-TEST_CASE("top-p applies to the temperature-scaled distribution") {
-  // T = 0.5: {0.0333, 0.1333, 0.3, 0.5333}; 0.5333 + 0.3 = 0.8333 >= 0.8: {0.3, 0.5333} / 0.8333.
-  check_distribution(frequencies({.temperature = 0.5f, .top_p = 0.8f, .seed = 11}, four), {0.0, 0.0, 0.36, 0.64});
+TEST_CASE("top-p is judged at temperature 1; the temperature then weighs the survivors") {
+  // At T = 1, 0.4 + 0.3 = 0.7 < 0.8, so 0.2 joins (0.9): {0.2, 0.3, 0.4} survive. T = 0.5
+  // squares them: {0.04, 0.09, 0.16} / 0.29. (The order penalties -> top-k -> top-p ->
+  // min-p -> temperature is llama.cpp's; judged at T = 0.5 the nucleus would be {0.3, 0.4}.)
+  check_distribution(frequencies({.temperature = 0.5f, .top_p = 0.8f, .seed = 11}, four), {0.0, 0.137931, 0.310345, 0.551724});
 }
 
 TEST_CASE("top-k comes first, then top-p over the renormalized survivors") {
@@ -144,4 +147,81 @@ TEST_CASE("settings that define no distribution are refused") {
   CHECK_THROWS_AS(tlm::sampler({.temperature = 1.0f, .top_p = 0.0f}), tlm::error);
   CHECK_THROWS_AS(tlm::sampler({.temperature = 1.0f, .top_p = 1.5f}), tlm::error);
   CHECK_NOTHROW(tlm::sampler({.temperature = 1.0f, .top_p = 1.0f}));
+}
+
+namespace {
+std::vector<double> frequencies_after(tlm::sampling s, const std::vector<float>& logits, const std::vector<std::int32_t>& recent) {
+  tlm::sampler pick(std::move(s));
+  std::vector<double> f(logits.size(), 0.0);
+  for (int i = 0; i < draws; ++i) f[static_cast<std::size_t>(pick(logits, recent))] += 1.0 / draws;
+  return f;
+}
+}  // namespace
+
+TEST_CASE("min-p keeps the tokens at least min_p times as likely as the most likely") {
+  // 0.6 * 0.4 = 0.24: {0.3, 0.4} / 0.7.
+  check_distribution(frequencies({.temperature = 1.0f, .seed = 21, .min_p = 0.6f}, four), {0.0, 0.0, 0.428571, 0.571429});
+  // 0.45 * 0.4 = 0.18: {0.2, 0.3, 0.4} / 0.9.
+  check_distribution(frequencies({.temperature = 1.0f, .seed = 22, .min_p = 0.45f}, four), {0.0, 0.222222, 0.333333, 0.444444});
+  // After top-p 0.85 keeps {0.2, 0.3, 0.4}, min-p 0.6 leaves {0.3, 0.4}.
+  check_distribution(frequencies({.temperature = 1.0f, .top_p = 0.85f, .seed = 23, .min_p = 0.6f}, four),
+                     {0.0, 0.0, 0.428571, 0.571429});
+  // min-p is judged at temperature 1: T = 0.5 then squares {0.3, 0.4}: {0.09, 0.16} / 0.25.
+  check_distribution(frequencies({.temperature = 0.5f, .seed = 24, .min_p = 0.6f}, four), {0.0, 0.0, 0.36, 0.64});
+}
+
+TEST_CASE("top-p breaks ties by the lower id, so the kept set is the same every time") {
+  // Four equal tokens, p = 0.4: rank order is 0, 1, 2, 3; 0.25 < 0.4, then 0.5 reaches it.
+  const std::vector<float> flat(4, 1.0f);
+  check_distribution(frequencies({.temperature = 1.0f, .top_p = 0.4f, .seed = 25}, flat), {0.5, 0.5, 0.0, 0.0});
+  check_distribution(frequencies({.temperature = 1.0f, .top_k = 3, .seed = 26}, flat), {1.0 / 3, 1.0 / 3, 1.0 / 3, 0.0});
+}
+
+TEST_CASE("presence and frequency penalties subtract from the logits of tokens in the window") {
+  // id 3 loses 1 nat: weights {0.1, 0.2, 0.3, 0.4/e = 0.147152} / 0.747152.
+  const std::vector<double> want = {0.133842, 0.267684, 0.401527, 0.196947};
+  check_distribution(frequencies_after({.temperature = 1.0f, .seed = 27, .presence_penalty = 1.0f}, four, {3}), want);
+  check_distribution(frequencies_after({.temperature = 1.0f, .seed = 28, .presence_penalty = 1.0f}, four, {3, 3, 3}), want);
+  check_distribution(frequencies_after({.temperature = 1.0f, .seed = 29, .frequency_penalty = 0.5f}, four, {3, 3}), want);
+  // A window of 1 sees only the newest id (0): {0.1/e = 0.036788, 0.2, 0.3, 0.4} / 0.936788.
+  check_distribution(
+      frequencies_after({.temperature = 1.0f, .seed = 30, .presence_penalty = 1.0f, .penalty_window = 1}, four, {3, 0}),
+      {0.039271, 0.213495, 0.320243, 0.426991});
+  // A window of 0 is no penalty.
+  check_distribution(
+      frequencies_after({.temperature = 1.0f, .seed = 31, .presence_penalty = 1.0f, .penalty_window = 0}, four, {3}),
+      {0.1, 0.2, 0.3, 0.4});
+}
+
+TEST_CASE("the repetition penalty divides a positive logit and multiplies a negative one") {
+  // log 0.4 = -0.916291, times 2: exp = 0.16; {0.1, 0.2, 0.3, 0.16} / 0.76.
+  check_distribution(frequencies_after({.temperature = 1.0f, .seed = 32, .repeat_penalty = 2.0f}, four, {3}),
+                     {0.131579, 0.263158, 0.394737, 0.210526});
+  // Logits {0, 2}: id 1 becomes 1; softmax {1, e} / (1 + e).
+  check_distribution(frequencies_after({.temperature = 1.0f, .seed = 33, .repeat_penalty = 2.0f}, {0.0f, 2.0f}, {1}),
+                     {0.268941, 0.731059});
+}
+
+TEST_CASE("logit bias adds to a token's logit, and -inf bans it") {
+  const float ban = -std::numeric_limits<float>::infinity();
+  check_distribution(frequencies({.temperature = 1.0f, .seed = 34, .logit_bias = {{3, ban}}}, four), {0.166667, 0.333333, 0.5, 0.0});
+  // +ln 2 doubles id 0: {0.2, 0.2, 0.3, 0.4} / 1.1.
+  check_distribution(frequencies({.temperature = 1.0f, .seed = 35, .logit_bias = {{0, std::log(2.0f)}}}, four),
+                     {0.181818, 0.181818, 0.272727, 0.363636});
+  // Greedy sees the bias and the penalties too.
+  CHECK(tlm::sampler({.logit_bias = {{3, ban}}})(four) == 2);
+  CHECK(tlm::sampler({.presence_penalty = 10.0f})(four, std::vector<std::int32_t>{3}) == 2);
+  // Nothing left to draw is an error, not a hang or an out-of-range id.
+  tlm::sampler all_banned({.temperature = 1.0f, .logit_bias = {{0, ban}, {1, ban}, {2, ban}, {3, ban}}});
+  CHECK_THROWS_AS(all_banned(four), tlm::error);
+  CHECK_THROWS_AS(tlm::sampler({.logit_bias = {{0, ban}, {1, ban}, {2, ban}, {3, ban}}})(four), tlm::error);
+}
+
+TEST_CASE("new settings that define no distribution are refused") {
+  CHECK_THROWS_AS(tlm::sampler({.min_p = 1.5f}), tlm::error);
+  CHECK_THROWS_AS(tlm::sampler({.min_p = -0.1f}), tlm::error);
+  CHECK_THROWS_AS(tlm::sampler({.repeat_penalty = 0.0f}), tlm::error);
+  CHECK_THROWS_AS(tlm::sampler({.frequency_penalty = std::nanf("")}), tlm::error);
+  CHECK_THROWS_AS(tlm::sampler({.logit_bias = {{-1, 1.0f}}}), tlm::error);
+  CHECK_THROWS_AS(tlm::sampler({.logit_bias = {{1, std::numeric_limits<float>::infinity()}}}), tlm::error);
 }

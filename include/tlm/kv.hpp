@@ -11,6 +11,7 @@
 //   kv_cache<C>    the same with run-time capacity and length, for loops whose
 //                  length is only known at run time; the same bound is checked
 //                  at run time and reported as a capacity_error.
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -40,6 +41,20 @@ class kv_storage {
   }
   std::span<const float> values(std::size_t layer, std::size_t g, std::size_t n) const {
     return {values_.data() + offset(layer, g, 0), n * head_dim<C>};
+  }
+  // Copies the first n positions of every (layer, kv head) from `from`, which has
+  // the same capacity: what a clone needs, and no more (the unwritten tail is never read).
+  void copy_positions(const kv_storage& from, std::size_t n) {
+    if (from.capacity_ != capacity_ || n > capacity_)
+      throw capacity_error("KV cache copy: capacities " + std::to_string(from.capacity_) + " and " +
+                           std::to_string(capacity_) + " differ, or " + std::to_string(n) + " positions do not fit");
+    for (std::size_t l = 0; l < C::layers; ++l) {
+      for (std::size_t g = 0; g < C::kv_heads; ++g) {
+        const std::size_t at = offset(l, g, 0);
+        std::copy_n(from.keys_.data() + at, n * head_dim<C>, keys_.data() + at);
+        std::copy_n(from.values_.data() + at, n * head_dim<C>, values_.data() + at);
+      }
+    }
   }
   std::size_t key_values() const { return keys_.size(); }
   std::size_t value_values() const { return values_.size(); }
@@ -123,6 +138,14 @@ class kv {
     return std::span<float, head_dim<C>>(store_.value(layer, g, T - 1), head_dim<C>);
   }
 
+  // A copy holding the same T written positions, for a branch (a beam) that continues
+  // on its own; only those positions are copied.
+  kv clone() const {
+    kv out{kv_storage<C>(Cap)};
+    out.store_.copy_positions(store_, T);
+    return out;
+  }
+
   kv_storage<C>& storage() { return store_; }
   const kv_storage<C>& storage() const { return store_; }
 
@@ -162,6 +185,15 @@ class kv_cache {
     length_ = n;
   }
   void clear() { length_ = 0; }
+
+  // A copy with the same capacity and the same written positions (only those are
+  // copied), for a branch such as a beam that continues on its own.
+  kv_cache clone() const {
+    kv_cache out(capacity());
+    out.store_.copy_positions(store_, length_);
+    out.length_ = length_;
+    return out;
+  }
 
   // [length, E] the written positions of one kv head.
   std::span<const float> keys(std::size_t layer, std::size_t g) const { return store_.keys(layer, g, length_); }

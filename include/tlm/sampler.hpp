@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "error.hpp"
@@ -21,42 +24,85 @@ inline std::int32_t argmax(std::span<const float> logits) {
   return static_cast<std::int32_t>(best);
 }
 
+// How the next token is chosen. The steps apply in this order, each to what the
+// previous one left (the order llama.cpp documents, so settings carry over):
+//
+//   logit bias -> penalties -> top-k -> top-p -> min-p -> temperature -> draw
+//
+// top-p and min-p are judged on the distribution at temperature 1, so a temperature
+// changes how the survivors are weighted, not which tokens survive. Temperature 0 is
+// greedy: the bias and the penalties still apply, then the largest logit wins.
+// The first four fields keep their places, so sampling{t, k, p, seed} still reads.
 struct sampling {
-  float temperature = 0.0f;  // 0: greedy
-  std::size_t top_k = 0;     // 0: no limit
-  float top_p = 1.0f;        // nucleus mass kept
-  std::uint64_t seed = 0;
+  float temperature = 0.0f;    // 0: greedy
+  std::size_t top_k = 0;       // keep the k most likely; 0: no limit
+  float top_p = 1.0f;          // keep the smallest ranked set whose mass reaches top_p; 1: all
+  std::uint64_t seed = 0;      // the draw's generator; the same seed gives the same ids
+  float min_p = 0.0f;          // drop tokens less likely than min_p times the most likely; 0: none
+  float repeat_penalty = 1.0f;  // a repeated token's logit: divided by this if positive, multiplied if not; 1: none
+  float frequency_penalty = 0.0f;  // subtracted once per occurrence in the window
+  float presence_penalty = 0.0f;   // subtracted once if the token occurs in the window
+  std::size_t penalty_window = 64;  // the penalties look at the last N tokens of the context; 0: none
+  std::vector<std::pair<std::int32_t, float>> logit_bias{};  // added to a token's logit; -inf bans it
 };
 
-// Temperature / top-k / top-p sampling with its own seeded generator, so a seed
-// reproduces a run. With temperature 0 it is greedy.
+// The settings that define no distribution, with what to do about each. Empty when valid.
+inline std::string sampling_problem(const sampling& s) {
+  if (!(s.temperature >= 0.0f) || !std::isfinite(s.temperature))
+    return "temperature must be a finite number >= 0 (0 is greedy)";
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) return "top_p must be in (0, 1] (1 keeps every token)";
+  if (!(s.min_p >= 0.0f && s.min_p <= 1.0f)) return "min_p must be in [0, 1] (0 keeps every token)";
+  if (!(s.repeat_penalty > 0.0f) || !std::isfinite(s.repeat_penalty))
+    return "repeat_penalty must be a finite number above 0 (1 is no penalty)";
+  if (!std::isfinite(s.frequency_penalty) || !std::isfinite(s.presence_penalty))
+    return "frequency_penalty and presence_penalty must be finite numbers (0 is no penalty)";
+  for (const auto& [id, b] : s.logit_bias) {
+    if (id < 0) return "logit_bias names token id " + std::to_string(id) + "; ids are 0 or more";
+    if (std::isnan(b) || b == std::numeric_limits<float>::infinity())
+      return "logit_bias for token " + std::to_string(id) + " must be finite, or -inf to ban the token";
+  }
+  return {};
+}
+
+// The sampler, with its own seeded generator, so a seed reproduces a run whatever
+// the thread count (the logits do not depend on it, and the draw is serial).
 //
 // Candidates are ranked by logit (ties: lower id first). Only as much of that ranking
 // is built as the draw needs, never a full sort of the vocabulary: top-k is a partial
 // sort of k candidates, and without top-k the ranked prefix grows by partial sorts
 // (64 candidates, then doubling) until the nucleus (top-p) is complete and the draw
-// has landed. A draw usually lands among the first few
-// candidates, so a token costs one pass over the logits plus a sort of ~64.
+// has landed. A draw usually lands among the first few candidates, so a token costs
+// one pass over the logits plus a sort of ~64.
 //
 // The arithmetic is that of a full sort: the same probabilities, the same nucleus and
 // the same walk in rank order, so a seed picks the same ids. The one difference is the
-// order in which the normalizer sum z is added up (rank order before, index order now
-// when there is no top-k), which can move z by an ulp; a draw could only change when
-// it falls within that of a boundary between two candidates.
+// order in which the normalizer z is added up (rank order for a full sort, index order
+// here when there is no top-k), which can move z by an ulp; a draw could only change
+// when it falls within that of a boundary between two candidates.
 class sampler {
  public:
-  explicit sampler(sampling s = {}) : s_(s), rng_(s.seed) {
-    if (!(s.temperature >= 0.0f) || !(s.top_p > 0.0f && s.top_p <= 1.0f)) {
-      throw error("sampling: temperature must be >= 0 and top_p in (0, 1]");
-    }
+  explicit sampler(sampling s = {}) : s_(std::move(s)), rng_(s_.seed) {
+    if (const std::string p = sampling_problem(s_); !p.empty()) throw error("sampling: " + p);
   }
 
-  std::int32_t operator()(std::span<const float> logits) {
-    if (s_.temperature == 0.0f) return argmax(logits);
+  const sampling& settings() const { return s_; }
+
+  // `recent` is the context so far (prompt and generated ids, oldest first); the
+  // penalties look at its last penalty_window ids.
+  std::int32_t operator()(std::span<const float> logits, std::span<const std::int32_t> recent = {}) {
     if (logits.empty()) throw error("sampling from no logits");
+    const std::span<const float> l = adjusted(logits, recent);
+    if (s_.temperature == 0.0f) {
+      const std::int32_t best = argmax(l);
+      if (l[static_cast<std::size_t>(best)] == -std::numeric_limits<float>::infinity())
+        throw error("sampling: every token is banned by logit_bias; ban fewer tokens");
+      return best;
+    }
     cand_.clear();
-    cand_.reserve(logits.size());
-    for (std::size_t i = 0; i < logits.size(); ++i) cand_.push_back({logits[i], static_cast<std::int32_t>(i)});
+    cand_.reserve(l.size());
+    for (std::size_t i = 0; i < l.size(); ++i)
+      if (l[i] != -std::numeric_limits<float>::infinity()) cand_.push_back({l[i], static_cast<std::int32_t>(i)});
+    if (cand_.empty()) throw error("sampling: every token is banned by logit_bias; ban fewer tokens");
     sorted_ = 0;
     float top = 0;
     if (s_.top_k > 0 && cand_.size() > s_.top_k) {
@@ -70,28 +116,64 @@ class sampler {
     } else {
       top = std::max_element(cand_.begin(), cand_.end(), [](const auto& a, const auto& b) { return ranks_before(b, a); })->logit;
     }
+    // top-p's mass is that of the top-k survivors at temperature 1.
+    const bool nucleus = s_.top_p < 1.0f;
     double z = 0.0;
-    for (auto& c : cand_) {
-      c.p = std::exp((static_cast<double>(c.logit) - top) / s_.temperature);
-      z += c.p;
+    if (nucleus)
+      for (const auto& c : cand_) z += std::exp(static_cast<double>(c.logit) - top);
+    // min-p keeps p >= min_p * p_max, i.e. logit >= top + ln(min_p): a ranked prefix,
+    // so dropping the rest before the nucleus walk gives the intersection of the two.
+    if (s_.min_p > 0.0f) {
+      const double floor = static_cast<double>(top) + std::log(static_cast<double>(s_.min_p));
+      std::erase_if(cand_, [&](const candidate& c) { return static_cast<double>(c.logit) < floor; });
+      sorted_ = std::min(sorted_, cand_.size());  // erase_if keeps order, so a sorted prefix stays sorted
     }
-    // The nucleus: the shortest ranked prefix holding top_p of the mass. With top_p = 1
-    // it is every candidate, whose mass is z (up to rounding), so nothing is ranked for it.
-    double kept = 0.0;
-    std::size_t n = 0;
-    if (s_.top_p >= 1.0f) {
-      kept = z;
-      n = cand_.size();
-    } else {
-      while (n < cand_.size() && (n == 0 || kept / z < s_.top_p)) kept += ranked(n++).p;
+    // The nucleus: the shortest ranked prefix holding top_p of the mass.
+    std::size_t n = cand_.size();
+    if (nucleus) {
+      double kept = 0.0;
+      n = 0;
+      while (n < cand_.size() && (n == 0 || kept / z < s_.top_p)) kept += std::exp(static_cast<double>(ranked(n++).logit) - top);
     }
-    std::uniform_real_distribution<double> u(0.0, kept);
+    // Temperature weighs the survivors; the draw walks them in rank order.
+    double mass = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      cand_[i].p = std::exp((static_cast<double>(cand_[i].logit) - top) / s_.temperature);
+      mass += cand_[i].p;
+    }
+    std::uniform_real_distribution<double> u(0.0, mass);
     double r = u(rng_);
     for (std::size_t i = 0; i < n; ++i) {
       r -= ranked(i).p;
       if (r <= 0.0) return cand_[i].id;
     }
     return ranked(n - 1).id;
+  }
+
+  // The logits after the bias and the penalties, for a caller that wants to see them.
+  std::span<const float> adjusted(std::span<const float> logits, std::span<const std::int32_t> recent) {
+    const bool penalize = s_.penalty_window > 0 && !recent.empty() &&
+                          (s_.repeat_penalty != 1.0f || s_.frequency_penalty != 0.0f || s_.presence_penalty != 0.0f);
+    if (!penalize && s_.logit_bias.empty()) return logits;
+    work_.assign(logits.begin(), logits.end());
+    for (const auto& [id, b] : s_.logit_bias)
+      if (static_cast<std::size_t>(id) < work_.size()) work_[static_cast<std::size_t>(id)] += b;
+    if (penalize) {
+      const auto window = recent.last(std::min(recent.size(), s_.penalty_window));
+      counts_.clear();
+      for (const std::int32_t id : window)
+        if (id >= 0 && static_cast<std::size_t>(id) < work_.size()) counts_.push_back(id);
+      std::sort(counts_.begin(), counts_.end());
+      for (std::size_t i = 0; i < counts_.size();) {
+        std::size_t j = i;
+        while (j < counts_.size() && counts_[j] == counts_[i]) ++j;
+        float& v = work_[static_cast<std::size_t>(counts_[i])];
+        v = v > 0.0f ? v / s_.repeat_penalty : v * s_.repeat_penalty;
+        v -= static_cast<float>(j - i) * s_.frequency_penalty + s_.presence_penalty;
+        i = j;
+      }
+    }
+    return work_;
   }
 
  private:
@@ -122,6 +204,8 @@ class sampler {
   std::mt19937_64 rng_;
   std::vector<candidate> cand_;  // [vocab] (or [top_k]); [0, sorted_) in rank order
   std::size_t sorted_ = 0;
+  std::vector<float> work_;           // [vocab] logits after bias and penalties
+  std::vector<std::int32_t> counts_;  // the penalty window, sorted to count repeats
 };
 
 }  // namespace tlm

@@ -1,0 +1,549 @@
+#pragma once
+// The high-level API an application embeds: a generator for one prompt and a chat
+// session that keeps the conversation in the KV cache. The examples are thin layers
+// over these; the decoding loop exists once, here.
+//
+//   auto m = tlm::model<tlm::smollm2_135m>::load(path);
+//   auto tok = tlm::tokenizer::from_gguf(m.file());
+//   tlm::generator gen(m, tok);
+//   auto r = gen.generate("The capital of France is", {.max_tokens = 16},
+//                         [](std::int32_t, std::string_view text) { std::fputs(std::string(text).c_str(), stdout); });
+//
+//   tlm::chat_session chat(m, tok);
+//   chat.add("user", "What is the capital of France?");
+//   auto answer = chat.reply({.max_tokens = 64});
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "chat.hpp"
+#include "error.hpp"
+#include "grammar.hpp"
+#include "model.hpp"
+#include "sampler.hpp"
+#include "tokenizer.hpp"
+
+namespace tlm {
+
+// Everything that shapes one generation; every field has a default that works.
+struct generation_options {
+  std::size_t max_tokens = 256;  // the token limit: at most this many new tokens (0: none)
+  sampling sample{};               // temperature 0 (greedy) by default; see sampler.hpp for the order
+  std::vector<std::string> stop{};  // stop strings: generation ends at the first, which is not returned
+  bool stop_at_eos = true;       // end at the tokenizer's end-of-sequence token (and, in a chat, <|im_end|>)
+  // Constrained output: only tokens that keep the text a prefix of a document of this
+  // grammar are sampled, and the document is complete within max_tokens - 1 characters
+  // (then end-of-sequence is the only choice, and ends it whatever stop_at_eos says).
+  std::shared_ptr<const json_grammar> grammar{};
+};
+
+enum class stop_reason {
+  eos,           // the model ended its text
+  stop_string,   // one of options.stop appeared
+  max_tokens,    // options.max_tokens tokens were generated
+  callback,      // the on_token callback asked to stop
+  context_full,  // the KV cache has no room for another position
+};
+
+inline std::string_view to_string(stop_reason r) {
+  switch (r) {
+    case stop_reason::eos: return "eos";
+    case stop_reason::stop_string: return "stop string";
+    case stop_reason::max_tokens: return "token limit";
+    case stop_reason::callback: return "callback";
+    case stop_reason::context_full: return "context full";
+  }
+  return "?";
+}
+
+struct generation_result {
+  std::string text;                 // the visible continuation: no end-of-sequence token, no stop string
+  std::vector<std::int32_t> ids;    // every sampled id, including a final end-of-sequence token
+  stop_reason reason = stop_reason::max_tokens;
+  std::size_t prompt_tokens = 0;    // tokens run through the model's prefill for this call
+  double prefill_ms = 0.0;
+  std::size_t decoded_tokens = 0;   // single-token forward passes after the prefill
+  double decode_ms = 0.0;
+};
+
+// What the streaming callback answers.
+enum class step { go_on, stop };
+
+// Called once per sampled token (except a stop token) with the text that token
+// releases: whole UTF-8 characters, possibly empty while a character is incomplete or
+// while the text might still be the start of a stop string. Text released only at the
+// end (a held-back part of a stop string that did not complete) comes with id -1.
+// The concatenated texts equal generation_result::text.
+using token_callback = std::function<step(std::int32_t id, std::string_view text)>;
+
+// Accepts callbacks that return step, bool (true: go on) or nothing.
+template <class F>
+token_callback make_token_callback(F&& f) {
+  using R = std::invoke_result_t<F&, std::int32_t, std::string_view>;
+  if constexpr (std::is_same_v<R, step>) {
+    return token_callback(std::forward<F>(f));
+  } else if constexpr (std::is_same_v<R, bool>) {
+    return [g = std::forward<F>(f)](std::int32_t id, std::string_view t) mutable { return g(id, t) ? step::go_on : step::stop; };
+  } else {
+    static_assert(std::is_void_v<R>, "an on_token callback returns tlm::step, bool (true: go on) or nothing");
+    return [g = std::forward<F>(f)](std::int32_t id, std::string_view t) mutable {
+      g(id, t);
+      return step::go_on;
+    };
+  }
+}
+
+// Hooks for tools that look inside the run; the CLI's --dump-logits and --trace use them.
+template <LlamaConfig C>
+struct generation_hooks {
+  std::vector<float>* prompt_logits = nullptr;  // filled with the logits of every prompt position: [n, V]
+  // Called after each single-token forward pass with its trace (slower: a traced forward).
+  std::function<void(std::int32_t token, std::size_t position, const forward_trace<C>&)> on_trace{};
+};
+
+namespace detail {
+
+// Releases streamed text while making sure no stop string is ever released: the
+// longest tail that could still begin a stop string is held back until it either
+// completes one (and is dropped) or cannot anymore.
+class stop_filter {
+ public:
+  explicit stop_filter(std::span<const std::string> stops) : stops_(stops.begin(), stops.end()) {
+    for (const auto& s : stops_)
+      if (s.empty()) throw error("generation: an empty stop string would stop before the first token; remove it");
+  }
+
+  // Adds text; returns what may be released, and whether a stop string completed.
+  std::pair<std::string, bool> push(std::string_view text) {
+    held_ += text;
+    std::size_t first = std::string::npos;
+    for (const auto& s : stops_) first = std::min(first, held_.find(s));
+    if (first != std::string::npos) {
+      std::string out = held_.substr(0, first);
+      held_.clear();
+      return {std::move(out), true};
+    }
+    std::size_t keep = 0;
+    for (const auto& s : stops_) {
+      for (std::size_t k = std::min(s.size() - 1, held_.size()); k > keep; --k) {
+        if (std::string_view(held_).substr(held_.size() - k) == std::string_view(s).substr(0, k)) {
+          keep = k;
+          break;
+        }
+      }
+    }
+    std::string out = held_.substr(0, held_.size() - keep);
+    held_.erase(0, held_.size() - keep);
+    return {std::move(out), false};
+  }
+  std::string flush() { return std::exchange(held_, {}); }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+};
+
+inline double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// The one decoding loop. `context` holds the ids already in the cache (the penalties'
+// window reads it); the new ids are appended to it as they are sampled. `logits` are
+// those of the last position in the cache.
+template <LlamaConfig C>
+void decode(model<C>& m, const tokenizer& tok, kv_cache<C>& cache, std::span<const float> logits,
+            std::vector<std::int32_t>& context, const generation_options& o, std::span<const std::int32_t> stop_ids,
+            const token_callback& on_token, const generation_hooks<C>& hooks, generation_result& r) {
+  sampler pick(o.sample);
+  stream_decoder stream(tok);
+  stop_filter filter(o.stop);
+  forward_trace<C> trace;
+  bool listening = static_cast<bool>(on_token);  // a callback that said stop hears nothing more
+  const auto emit = [&](std::int32_t id, const std::string& text) {
+    r.text += text;
+    if (listening && on_token(id, text) == step::stop) listening = false;
+    return listening || !on_token ? step::go_on : step::stop;
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  r.reason = stop_reason::max_tokens;
+  json_grammar::state doc;
+  std::vector<std::uint8_t> allowed;
+  std::vector<float> masked;
+  const std::size_t budget = o.max_tokens > 0 ? o.max_tokens - 1 : 0;  // a token is at least one character
+  if (o.grammar) {
+    doc = o.grammar->start();
+    if (const std::size_t need = o.grammar->min_to_finish(doc); need > budget)
+      throw error("constrained output: the shortest document of the grammar has " + std::to_string(need) +
+                  " characters, more than max_tokens - 1 = " + std::to_string(budget) + "; raise max_tokens to at least " +
+                  std::to_string(need + 1));
+  }
+  bool ended = false;  // ended inside the loop, with nothing left to release
+  for (std::size_t i = 0; i < o.max_tokens; ++i) {
+    if (o.grammar) {
+      o.grammar->allowed(doc, tok, budget, allowed);
+      masked.assign(logits.begin(), logits.end());
+      bool any = false;
+      for (std::size_t v = 0; v < masked.size(); ++v) {
+        if (v < allowed.size() && allowed[v]) any = true;
+        else masked[v] = -std::numeric_limits<float>::infinity();
+      }
+      if (!any)
+        throw error("constrained output: no token of the vocabulary continues the document after '" + r.text +
+                    "'; the grammar admits nothing this tokenizer can write");
+      logits = masked;
+    }
+    const std::int32_t id = pick(logits, context);
+    r.ids.push_back(id);
+    if ((o.stop_at_eos || o.grammar) && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
+      r.reason = stop_reason::eos;
+      break;
+    }
+    context.push_back(id);
+    if (o.grammar && !o.grammar->feed(doc, tok.token_bytes(id)))
+      throw error("constrained output: sampled token " + std::to_string(id) + " outside the grammar (a bug in tlm)");
+    auto [text, stopped] = filter.push(stream.push(id));
+    const step s = emit(id, text);
+    if (stopped) {
+      r.reason = stop_reason::stop_string;
+      ended = true;
+      break;
+    }
+    if (s == step::stop) {
+      r.reason = stop_reason::callback;
+      break;
+    }
+    if (i + 1 == o.max_tokens) break;
+    if (cache.room() == 0) {
+      r.reason = stop_reason::context_full;
+      break;
+    }
+    if (hooks.on_trace) {
+      logits = m.forward_traced(id, cache, trace);
+      hooks.on_trace(id, cache.length() - 1, trace);
+    } else {
+      logits = m.forward(id, cache);
+    }
+    ++r.decoded_tokens;
+  }
+  if (!ended) {
+    // An incomplete character at the end, and a tail held for a stop string that never came.
+    auto [text, stopped] = filter.push(stream.flush());
+    if (stopped) r.reason = stop_reason::stop_string;
+    else text += filter.flush();
+    if (!text.empty()) (void)emit(-1, text);
+  }
+  r.decode_ms = ms_since(t0);
+}
+
+inline void check_options(const generation_options& o) {
+  if (const std::string p = sampling_problem(o.sample); !p.empty()) throw error("generation options: " + p);
+  for (const auto& s : o.stop)
+    if (s.empty()) throw error("generation options: an empty stop string would stop before the first token; remove it");
+}
+
+}  // namespace detail
+
+// Generates continuations of one prompt at a time. Each call starts from an empty
+// cache, sized to the prompt plus max_tokens (grown when a later call needs more).
+template <LlamaConfig C>
+class generator {
+ public:
+  generator(model<C>& m, const tokenizer& tok) : m_(&m), tok_(&tok) {}
+
+  // The prompt is text, tokenized without special tokens (parse_special makes
+  // "<|im_start|>" in it a token, for prompts rendered by hand).
+  generation_result generate(std::string_view prompt, const generation_options& o = {}, token_callback on_token = {},
+                             bool parse_special = false) {
+    const auto ids = tok_->encode(prompt, {.add_bos = false, .parse_special = parse_special});
+    return generate(std::span<const std::int32_t>(ids), o, std::move(on_token));
+  }
+
+  generation_result generate(std::span<const std::int32_t> prompt, const generation_options& o = {},
+                             token_callback on_token = {}, const generation_hooks<C>& hooks = {}) {
+    detail::check_options(o);
+    if (prompt.empty()) throw error("generate: the prompt is empty after tokenization; give some text");
+    if (prompt.size() > C::context)
+      throw capacity_error("generate: the prompt has " + std::to_string(prompt.size()) + " tokens, more than the context of " +
+                           std::to_string(C::context) + " positions; shorten it");
+    // The last sampled token is never run, so the prompt plus max_tokens - 1 positions
+    // suffice; past the context, generation ends with stop_reason::context_full.
+    const std::size_t needed = std::min(prompt.size() + std::max<std::size_t>(o.max_tokens, 1) - 1, C::context);
+    if (cache_.capacity() < needed) cache_ = kv_cache<C>(needed);
+    cache_.clear();
+    generation_result r;
+    r.prompt_tokens = prompt.size();
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto logits = m_->prefill(prompt, cache_, hooks.prompt_logits);
+    r.prefill_ms = detail::ms_since(t0);
+    std::vector<std::int32_t> context(prompt.begin(), prompt.end());
+    const std::int32_t eos = tok_->eos();
+    detail::decode(*m_, *tok_, cache_, logits, context, o, std::span<const std::int32_t>(&eos, 1), on_token, hooks, r);
+    return r;
+  }
+
+  const kv_cache<C>& cache() const { return cache_; }
+
+ private:
+  model<C>* m_;
+  const tokenizer* tok_;
+  kv_cache<C> cache_{1};
+};
+
+struct beam_options {
+  std::size_t width = 4;         // beams kept at each step; 1 is greedy decoding
+  std::size_t max_tokens = 64;   // the token limit of every beam
+  float length_penalty = 1.0f;   // beams are ranked by log-prob / tokens^length_penalty; 0: raw log-prob
+  bool stop_at_eos = true;       // a beam that samples end-of-sequence is finished (its log-prob counts)
+};
+
+struct beam {
+  std::vector<std::int32_t> ids;  // the continuation, with a final end-of-sequence token if it ended so
+  std::string text;               // without that token
+  double log_prob = 0.0;          // the sum of log p(id | everything before it) over ids
+  double score = 0.0;             // log_prob / ids.size()^length_penalty: the ranking
+  bool finished = false;          // ended at end-of-sequence (otherwise at the token limit)
+};
+
+namespace detail {
+
+// log softmax of one position's logits, in double so that distinct logits keep their order.
+inline void log_softmax(std::span<const float> logits, std::vector<double>& out) {
+  const double top = *std::max_element(logits.begin(), logits.end());
+  double z = 0.0;
+  for (const float l : logits) z += std::exp(static_cast<double>(l) - top);
+  const double lse = top + std::log(z);
+  out.resize(logits.size());
+  for (std::size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<double>(logits[i]) - lse;
+}
+
+}  // namespace detail
+
+// Beam search over one prompt: at every step each live beam is extended by its most
+// likely tokens and the `width` best extensions over all beams survive (ties: the
+// earlier beam, then the lower id, so width 1 is exactly greedy). Each beam owns a
+// cache; a beam with one surviving child hands its cache on, and each further child
+// gets a clone that copies only the written positions. Returns the finished and the
+// live beams, best score first.
+template <LlamaConfig C>
+std::vector<beam> generate_beam(model<C>& m, const tokenizer& tok, std::span<const std::int32_t> prompt,
+                                const beam_options& o = {}) {
+  if (o.width == 0) throw error("beam search: width 0 keeps no beam; give 1 (greedy) or more");
+  if (!std::isfinite(o.length_penalty) || o.length_penalty < 0.0f)
+    throw error("beam search: length_penalty must be a finite number >= 0 (1 divides by the length, 0 ranks raw log-probs)");
+  if (prompt.empty()) throw error("beam search: the prompt is empty; give at least one token");
+  if (prompt.size() + o.max_tokens > C::context)
+    throw capacity_error("beam search: the prompt (" + std::to_string(prompt.size()) + " tokens) plus " +
+                         std::to_string(o.max_tokens) + " tokens exceed the context of " + std::to_string(C::context) +
+                         "; lower max_tokens or shorten the prompt");
+  struct live {
+    kv_cache<C> cache;
+    std::vector<float> logits;  // [V] of the last position
+    beam b;
+  };
+  const auto score = [&](const beam& b) {
+    if (b.ids.empty()) return 0.0;
+    return o.length_penalty == 0.0f ? b.log_prob
+                                    : b.log_prob / std::pow(static_cast<double>(b.ids.size()), static_cast<double>(o.length_penalty));
+  };
+  std::vector<beam> done;
+  std::vector<live> beams;
+  {
+    kv_cache<C> cache(std::max<std::size_t>(prompt.size() + o.max_tokens, 1));
+    const auto l = m.prefill(prompt, cache);
+    beams.push_back({std::move(cache), std::vector<float>(l.begin(), l.end()), {}});
+  }
+  struct candidate {
+    double log_prob;
+    std::size_t parent;
+    std::int32_t id;
+  };
+  const auto better = [](const candidate& a, const candidate& b) {
+    if (a.log_prob != b.log_prob) return a.log_prob > b.log_prob;
+    if (a.parent != b.parent) return a.parent < b.parent;
+    return a.id < b.id;
+  };
+  std::vector<double> lp;
+  std::vector<candidate> cands, top;
+  for (std::size_t step = 0; step < o.max_tokens && !beams.empty() && done.size() < o.width; ++step) {
+    cands.clear();
+    for (std::size_t p = 0; p < beams.size(); ++p) {
+      detail::log_softmax(beams[p].logits, lp);
+      // This beam's `width` best tokens: no other token of it can be among the best `width` overall.
+      top.clear();
+      for (std::size_t i = 0; i < lp.size(); ++i) top.push_back({beams[p].b.log_prob + lp[i], p, static_cast<std::int32_t>(i)});
+      const std::size_t k = std::min(o.width, top.size());
+      std::partial_sort(top.begin(), top.begin() + static_cast<std::ptrdiff_t>(k), top.end(), better);
+      cands.insert(cands.end(), top.begin(), top.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    std::sort(cands.begin(), cands.end(), better);
+    cands.resize(std::min(cands.size(), o.width - done.size()));
+    std::vector<std::size_t> children(beams.size(), 0);
+    for (const auto& c : cands) ++children[c.parent];
+    std::vector<live> next;
+    for (const auto& c : cands) {
+      live& parent = beams[c.parent];
+      beam b = parent.b;
+      b.ids.push_back(c.id);
+      b.log_prob = c.log_prob;
+      if (o.stop_at_eos && c.id == tok.eos()) {
+        b.finished = true;
+        b.score = score(b);
+        --children[c.parent];
+        done.push_back(std::move(b));
+        continue;
+      }
+      if (step + 1 == o.max_tokens) {  // the last token is never run through the model
+        b.score = score(b);
+        --children[c.parent];
+        done.push_back(std::move(b));
+        continue;
+      }
+      // The last child of a parent takes its cache; the others get clones.
+      kv_cache<C> cache = --children[c.parent] == 0 ? std::move(parent.cache) : parent.cache.clone();
+      const auto l = m.forward(c.id, cache);
+      next.push_back({std::move(cache), std::vector<float>(l.begin(), l.end()), std::move(b)});
+    }
+    beams = std::move(next);
+  }
+  for (auto& lv : beams) {
+    lv.b.score = score(lv.b);
+    done.push_back(std::move(lv.b));
+  }
+  for (auto& b : done) {
+    std::vector<std::int32_t> visible = b.ids;
+    if (b.finished) visible.pop_back();
+    b.text = tok.decode(visible);
+  }
+  std::stable_sort(done.begin(), done.end(), [](const beam& a, const beam& b) { return a.score > b.score; });
+  return done;
+}
+
+// A ChatML conversation whose tokens stay in the KV cache: each reply runs only the
+// tokens added since the last one through the model (the new messages, the assistant
+// header and the previous reply's last token and end marker), never the whole history.
+//
+// The cache always holds a prefix of tokens(). tokens() is the rendered conversation
+// (apply_chat_template of messages()) as the model saw it: the messages tokenized
+// between the ChatML markers, and each reply as the tokens the model chose. So
+// continuing from the cache is the same computation as a fresh prefill of tokens().
+template <LlamaConfig C>
+class chat_session {
+ public:
+  // capacity: the cache's positions; the whole conversation must fit (default 4096).
+  chat_session(model<C>& m, const tokenizer& tok, std::size_t capacity = std::min<std::size_t>(4096, C::context))
+      : m_(&m), tok_(&tok), cache_(capacity) {
+    const auto& f = m.file();
+    form_ = detail::recognise_chat_template(f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template")
+                                                                               : detail::chatml_plain);
+    im_start_ = special_id("<|im_start|>");
+    im_end_ = special_id("<|im_end|>");
+  }
+
+  // Adds a message; nothing runs through the model until reply().
+  void add(std::string_view role, std::string_view text) {
+    if (role.empty() || role.find_first_of("\n") != std::string_view::npos || role.find("<|") != std::string_view::npos)
+      throw error("chat: the role '" + std::string(role) + "' is not a single line of plain text; use system, user or assistant");
+    if (messages_.empty() && form_.has_default_system && role != "system") append_turn("system", form_.default_system);
+    append_turn(role, text);
+    messages_.push_back({std::string(role), std::string(text)});
+  }
+
+  // Generates the assistant's reply to the conversation so far and adds it as a message.
+  generation_result reply(const generation_options& o = {}, token_callback on_token = {}, const generation_hooks<C>& hooks = {}) {
+    detail::check_options(o);
+    if (messages_.empty()) throw error("chat: reply() with no message; add() a user message first");
+    const std::size_t turn_start = ids_.size();
+    append_special(im_start_);
+    append_text("assistant\n");
+    const std::size_t header_end = ids_.size();
+    generation_result r;
+    r.prompt_tokens = ids_.size() - cache_.length();
+    if (ids_.size() > cache_.capacity()) {
+      ids_.resize(turn_start);
+      throw capacity_error("chat: the conversation needs " + std::to_string(header_end) + " positions but the cache holds " +
+                           std::to_string(cache_.capacity()) + "; reset() it or create the session with a larger capacity");
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto fresh = std::span<const std::int32_t>(ids_).subspan(cache_.length());
+    const auto logits = m_->prefill(fresh, cache_, hooks.prompt_logits);
+    r.prefill_ms = detail::ms_since(t0);
+    last_prefill_ = r.prompt_tokens;
+    std::vector<std::int32_t> context = ids_;
+    const std::int32_t stops[] = {tok_->eos(), im_end_};
+    detail::decode(*m_, *tok_, cache_, logits, context, o, stops, on_token, hooks, r);
+    // The reply's tokens, without a final end marker.
+    std::vector<std::int32_t> reply_ids(context.begin() + static_cast<std::ptrdiff_t>(header_end), context.end());
+    if (tok_->decode(reply_ids) == r.text) {
+      // The common case: the cache already holds all of the reply but its last token.
+      ids_.insert(ids_.end(), reply_ids.begin(), reply_ids.end());
+    } else {
+      // Cut by a stop string (or an incomplete character): the conversation keeps the
+      // visible text, so the cache forgets the reply and the next turn re-reads it.
+      cache_.truncate(std::min(cache_.length(), header_end));
+      append_text(r.text);
+    }
+    append_special(im_end_);
+    append_text("\n");
+    messages_.push_back({"assistant", r.text});
+    return r;
+  }
+
+  // Forgets the conversation (the cache is kept, empty).
+  void reset() {
+    messages_.clear();
+    ids_.clear();
+    cache_.clear();
+    last_prefill_ = 0;
+  }
+
+  const std::vector<chat_message>& messages() const { return messages_; }
+  // The conversation's tokens; the cache holds the first cache().length() of them.
+  const std::vector<std::int32_t>& tokens() const { return ids_; }
+  const kv_cache<C>& cache() const { return cache_; }
+  // How many tokens the last reply() ran through the prefill.
+  std::size_t last_prefill_tokens() const { return last_prefill_; }
+
+ private:
+  std::int32_t special_id(std::string_view marker) const {
+    const auto ids = tok_->encode(marker, {.add_bos = false, .parse_special = true});
+    if (ids.size() != 1)
+      throw error("chat: the tokenizer has no single token for " + std::string(marker) +
+                  "; a ChatML chat needs a model whose vocabulary has its markers");
+    return ids[0];
+  }
+  // Text between markers is tokenized on its own, as a whole-conversation encoding with
+  // parse_special splits there too; and a "<|im_end|>" typed in a message stays text.
+  void append_text(std::string_view text) {
+    if (text.empty()) return;
+    const auto ids = tok_->encode(text, {.add_bos = false, .parse_special = false});
+    ids_.insert(ids_.end(), ids.begin(), ids.end());
+  }
+  void append_special(std::int32_t id) { ids_.push_back(id); }
+  void append_turn(std::string_view role, std::string_view text) {
+    append_special(im_start_);
+    append_text(std::string(role) + "\n" + std::string(text));
+    append_special(im_end_);
+    append_text("\n");
+  }
+
+  model<C>* m_;
+  const tokenizer* tok_;
+  kv_cache<C> cache_;
+  detail::chatml_form form_;
+  std::int32_t im_start_ = -1, im_end_ = -1;
+  std::vector<chat_message> messages_;
+  std::vector<std::int32_t> ids_;
+  std::size_t last_prefill_ = 0;
+};
+
+}  // namespace tlm

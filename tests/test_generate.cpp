@@ -1,0 +1,274 @@
+// The high-level API: generator and chat_session over the real model. The decoding
+// loop against a hand-driven one, stop conditions, seeds across thread counts, and a
+// chat whose second turn runs only its new tokens yet computes what a fresh prefill
+// of the whole conversation computes.
+#include <doctest/doctest.h>
+
+#include <tlm/generate.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "fixture.hpp"
+
+using C = tlm::smollm2_135m;
+
+namespace {
+
+tlm::model<C>& shared() { return tlm_test::shared_model<tlm::model<C>>(); }
+const tlm::tokenizer& shared_tokenizer() {
+  static const tlm::tokenizer tok = tlm::tokenizer::from_gguf(shared().file());
+  return tok;
+}
+
+const std::vector<std::int32_t> prompt = {504, 3575, 282, 4649, 314};  // "The capital of France is"
+
+}  // namespace
+
+TEST_CASE("greedy generate equals the loop driven by hand, and streams the same text") {
+  auto& m = shared();
+  const auto& tok = shared_tokenizer();
+  tlm::kv_cache<C> cache(64);
+  auto logits = m.prefill(prompt, cache);
+  std::vector<std::int32_t> want;
+  for (int i = 0; i < 12; ++i) {
+    want.push_back(tlm::argmax(logits));
+    if (i + 1 < 12) logits = m.forward(want.back(), cache);
+  }
+  tlm::generator gen(m, tok);
+  std::string streamed;
+  std::size_t calls = 0;
+  const auto r = gen.generate(prompt, {.max_tokens = 12}, tlm::make_token_callback([&](std::int32_t, std::string_view t) {
+                                ++calls;
+                                streamed += t;
+                              }));
+  CHECK(r.ids == want);
+  CHECK(r.text == tok.decode(want));
+  CHECK(streamed == r.text);
+  CHECK(calls >= 12);
+  CHECK(r.reason == tlm::stop_reason::max_tokens);
+  CHECK(r.prompt_tokens == 5);
+  CHECK(r.decoded_tokens == 11);
+  CHECK(r.text.starts_with(" Paris"));
+  // Text prompts are tokenized for you.
+  CHECK(gen.generate("The capital of France is", {.max_tokens = 12}).ids == want);
+  CHECK(gen.generate(prompt, {.max_tokens = 0}).ids.empty());
+}
+
+TEST_CASE("a stop string spanning a token boundary ends generation and is never released") {
+  auto& m = shared();
+  const auto& tok = shared_tokenizer();
+  tlm::generator gen(m, tok);
+  const auto full = gen.generate(prompt, {.max_tokens = 24});
+  // The last two bytes of one token's text and the first two of the next one's.
+  std::string stop;
+  std::size_t where = 0;
+  for (std::size_t i = 2; i + 1 < full.ids.size() && stop.empty(); ++i) {
+    const std::string a(tok.token_bytes(full.ids[i])), b(tok.token_bytes(full.ids[i + 1]));
+    if (a.size() < 2 || b.size() < 2) continue;
+    const std::string s = a.substr(a.size() - 2) + b.substr(0, 2);
+    const std::size_t at = full.text.find(s);
+    if (at != std::string::npos && at + 2 == tok.decode(std::vector<std::int32_t>(full.ids.begin(), full.ids.begin() + static_cast<std::ptrdiff_t>(i) + 1)).size()) {
+      stop = s;
+      where = at;
+    }
+  }
+  REQUIRE_MESSAGE(!stop.empty(), "no token boundary to test in: " << full.text);
+  MESSAGE("stop string '" << stop << "' in '" << full.text << "'");
+  std::string streamed;
+  tlm::generation_options o{.max_tokens = 24};
+  o.stop = {"never appears", stop};  // named: GCC 12 warns falsely about a temporary's vectors
+  const auto r = gen.generate(prompt, o,
+                              tlm::make_token_callback([&](std::int32_t, std::string_view t) { streamed += t; }));
+  CHECK(r.reason == tlm::stop_reason::stop_string);
+  CHECK(r.text == full.text.substr(0, where));
+  CHECK(streamed == r.text);
+  CHECK(streamed.find(stop) == std::string::npos);
+  // A stop string that only begins to appear is released at the end.
+  const std::string tail = full.text.substr(full.text.size() - 3) + "@@";
+  o.stop = {tail};
+  const auto r2 = gen.generate(prompt, o);
+  CHECK(r2.reason == tlm::stop_reason::max_tokens);
+  CHECK(r2.text == full.text);
+}
+
+TEST_CASE("end-of-sequence, the callback and the token limit stop generation") {
+  auto& m = shared();
+  const auto& tok = shared_tokenizer();
+  tlm::generator gen(m, tok);
+  tlm::generation_options eos_first{.max_tokens = 8};
+  eos_first.sample.logit_bias = {{tok.eos(), 100.0f}};
+  const auto r = gen.generate(prompt, eos_first);
+  CHECK(r.reason == tlm::stop_reason::eos);
+  CHECK(r.ids == std::vector<std::int32_t>{tok.eos()});
+  CHECK(r.text.empty());
+  eos_first.stop_at_eos = false;
+  CHECK(gen.generate(prompt, eos_first).ids.size() == 8);
+
+  int n = 0;
+  const auto r2 = gen.generate(prompt, {.max_tokens = 8}, tlm::make_token_callback([&](std::int32_t, std::string_view) { return ++n < 3; }));
+  CHECK(r2.reason == tlm::stop_reason::callback);
+  CHECK(r2.ids.size() == 3);
+  CHECK(n == 3);
+}
+
+TEST_CASE("a seed gives the same text at any thread count") {
+  const auto& tok = shared_tokenizer();
+  tlm::generation_options o{.max_tokens = 24};
+  o.sample = {.temperature = 1.0f, .top_k = 50, .top_p = 0.95f, .seed = 1234, .min_p = 0.02f, .repeat_penalty = 1.1f};
+  auto one = tlm::model<C>::load(TLM_MODEL_PATH, {.threads = 1});
+  auto two = tlm::model<C>::load(TLM_MODEL_PATH, {.threads = 2});
+  tlm::generator g1(one, tok), g2(two, tok);
+  const auto a = g1.generate(prompt, o), b = g2.generate(prompt, o), c = g1.generate(prompt, o);
+  MESSAGE("seed 1234: '" << a.text << "'");
+  CHECK(a.ids == b.ids);
+  CHECK(a.ids == c.ids);
+  o.sample.seed = 1235;
+  CHECK(g1.generate(prompt, o).ids != a.ids);
+}
+
+TEST_CASE("bad generation options are errors that say what to do") {
+  tlm::generator gen(shared(), shared_tokenizer());
+  tlm::generation_options o;
+  o.stop = {""};  // (a named object: GCC 12 warns falsely about the temporary's vector)
+  CHECK_THROWS_AS(gen.generate(prompt, o), tlm::error);
+  o.stop.clear();
+  o.sample.top_p = 0.0f;
+  CHECK_THROWS_WITH_AS(gen.generate(prompt, o), doctest::Contains("top_p must be in (0, 1]"), tlm::error);
+  CHECK_THROWS_AS(gen.generate(std::vector<std::int32_t>{}, {}), tlm::error);
+}
+
+TEST_CASE("chat: turn 2 runs only its new tokens and equals a fresh prefill of the conversation") {
+  auto& m = shared();
+  const auto& tok = shared_tokenizer();
+  tlm::chat_session chat(m, tok, 512);
+  chat.add("user", "What is the capital of France?");
+  const auto r1 = chat.reply({.max_tokens = 48});
+  MESSAGE("turn 1 (" << tlm::to_string(r1.reason) << "): " << r1.text);
+  CHECK(r1.text.find("Paris") != std::string::npos);
+  const std::size_t after_turn1 = chat.cache().length();
+  CHECK(r1.prompt_tokens == after_turn1 - r1.decoded_tokens);  // the whole first prompt
+
+  chat.add("user", "And what is the capital of Italy?");
+  std::vector<float> new_logits;
+  const auto r2 = chat.reply({.max_tokens = 48}, {}, {.prompt_logits = &new_logits});
+  MESSAGE("turn 2 (" << tlm::to_string(r2.reason) << "): " << r2.text << " [prefill of " << r2.prompt_tokens << " tokens after "
+                     << after_turn1 << " in the cache]");
+  CHECK(r2.text.find("Rome") != std::string::npos);
+  CHECK(chat.last_prefill_tokens() == r2.prompt_tokens);
+  REQUIRE(new_logits.size() == r2.prompt_tokens * C::vocab);
+  CHECK(r2.prompt_tokens < 30);  // the new message, headers and the end of reply 1: not the history
+
+  // A fresh prefill of the whole conversation up to the second reply.
+  const std::size_t len = after_turn1 + r2.prompt_tokens;
+  const std::vector<std::int32_t> conv(chat.tokens().begin(), chat.tokens().begin() + static_cast<std::ptrdiff_t>(len));
+  tlm::kv_cache<C> fresh(len);
+  std::vector<float> all;
+  (void)m.prefill(conv, fresh, &all);
+  // Relative to the largest logit, as test_model_api compares a batch with token-by-token
+  // (a batch of 19 rows and one of 63 add up in different orders).
+  double worst = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < new_logits.size(); ++i) {
+    const double want = all[after_turn1 * C::vocab + i];
+    worst = std::max(worst, std::fabs(static_cast<double>(new_logits[i]) - want));
+    scale = std::max(scale, std::fabs(want));
+  }
+  MESSAGE("turn 2 logits against a fresh prefill of " << len << " tokens: max abs difference " << worst
+                                                      << ", relative to the largest logit " << worst / scale);
+  CHECK(worst / scale <= 1e-5);
+
+  // The tokens are those of the rendered conversation.
+  const std::string tmpl(m.file().get_string("tokenizer.chat_template"));
+  const auto rendered = tlm::apply_chat_template(tmpl, chat.messages(), false);
+  CHECK(tok.encode(rendered, {.add_bos = false, .parse_special = true}) == chat.tokens());
+
+  chat.reset();
+  CHECK(chat.tokens().empty());
+  CHECK(chat.cache().length() == 0);
+  chat.add("system", "You answer in one word.");
+  chat.add("user", "What is the capital of France?");
+  const auto r3 = chat.reply({.max_tokens = 16});
+  CHECK(!r3.text.empty());
+  CHECK(chat.messages().size() == 3);  // a system message given: no default one added
+}
+
+TEST_CASE("chat: a reply cut by a stop string keeps only the visible text in the conversation") {
+  auto& m = shared();
+  const auto& tok = shared_tokenizer();
+  tlm::chat_session chat(m, tok, 512);
+  chat.add("user", "What is the capital of France?");
+  tlm::generation_options o{.max_tokens = 48};
+  o.stop = {"Paris"};
+  const auto r = chat.reply(o);
+  CHECK(r.reason == tlm::stop_reason::stop_string);
+  CHECK(r.text.find("Paris") == std::string::npos);
+  CHECK(chat.messages().back().content == r.text);
+  const std::string tmpl(m.file().get_string("tokenizer.chat_template"));
+  CHECK(tok.encode(tlm::apply_chat_template(tmpl, chat.messages(), false), {.add_bos = false, .parse_special = true}) ==
+        chat.tokens());
+  CHECK(chat.cache().length() <= chat.tokens().size());
+  chat.add("user", "Say it again.");
+  CHECK_NOTHROW(chat.reply({.max_tokens = 8}));
+  CHECK_THROWS_AS(chat.add("us\ner", "x"), tlm::error);
+}
+
+TEST_CASE("a cache clone copies the written positions and continues like the original") {
+  auto& m = shared();
+  tlm::kv_cache<C> a(16);
+  (void)m.prefill(prompt, a);
+  tlm::kv_cache<C> b = a.clone();
+  CHECK(b.length() == a.length());
+  CHECK(b.capacity() == a.capacity());
+  for (std::size_t l = 0; l < C::layers; l += 7)
+    for (std::size_t g = 0; g < C::kv_heads; ++g) {
+      const auto ka = a.keys(l, g), kb = b.keys(l, g);
+      CHECK(std::equal(ka.begin(), ka.end(), kb.begin(), kb.end()));
+    }
+  const auto la = m.forward(7042, a);
+  const std::vector<float> first(la.begin(), la.end());
+  const auto lb = m.forward(7042, b);
+  CHECK(std::equal(first.begin(), first.end(), lb.begin(), lb.end()));
+}
+
+TEST_CASE("beam search: width 1 is greedy, and every beam's score is its log-probs recomputed") {
+  auto& m = shared();
+  const auto& tok = shared_tokenizer();
+  tlm::generator gen(m, tok);
+  const auto greedy = gen.generate(prompt, {.max_tokens = 10});
+  const auto one = tlm::generate_beam(m, tok, prompt, {.width = 1, .max_tokens = 10});
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].ids == greedy.ids);
+  CHECK(one[0].text == greedy.text);
+
+  const auto beams = tlm::generate_beam(m, tok, prompt, {.width = 3, .max_tokens = 8, .length_penalty = 1.0f});
+  REQUIRE(beams.size() == 3);
+  double worst = 0.0;
+  for (std::size_t k = 0; k < beams.size(); ++k) {
+    const auto& b = beams[k];
+    MESSAGE("beam " << k << ": score " << b.score << ", log-prob " << b.log_prob << ": '" << b.text << "'");
+    if (k > 0) CHECK(beams[k - 1].score >= b.score);
+    // An independent recomputation: one prefill of prompt + beam, log-softmax in double.
+    std::vector<std::int32_t> seq = prompt;
+    seq.insert(seq.end(), b.ids.begin(), b.ids.end() - 1);
+    tlm::kv_cache<C> cache(seq.size());
+    std::vector<float> all;
+    (void)m.prefill(seq, cache, &all);
+    double sum = 0.0;
+    for (std::size_t i = 0; i < b.ids.size(); ++i) {
+      const float* row = all.data() + (prompt.size() - 1 + i) * C::vocab;
+      double top = row[0], z = 0.0;
+      for (std::size_t v = 0; v < C::vocab; ++v) top = std::max(top, static_cast<double>(row[v]));
+      for (std::size_t v = 0; v < C::vocab; ++v) z += std::exp(static_cast<double>(row[v]) - top);
+      sum += static_cast<double>(row[static_cast<std::size_t>(b.ids[i])]) - top - std::log(z);
+    }
+    worst = std::max(worst, std::fabs(sum - b.log_prob));
+    CHECK(b.score == doctest::Approx(b.log_prob / static_cast<double>(b.ids.size())));
+  }
+  MESSAGE("beam log-probs against a recomputation: max abs difference " << worst);
+  CHECK(worst < 1e-4);
+  CHECK(beams[0].log_prob >= greedy.ids.size() * -100.0);
+  CHECK_THROWS_AS(tlm::generate_beam(m, tok, prompt, {.width = 0}), tlm::error);
+  CHECK_THROWS_AS(tlm::generate_beam(m, tok, prompt, {.length_penalty = -1.0f}), tlm::error);
+}

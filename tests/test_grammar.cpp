@@ -1,0 +1,153 @@
+// Constrained output: the JSON recognizer by itself (what it admits, what it refuses,
+// how far a prefix is from a document), schemas that admit nothing are errors, and
+// 100 of 100 sampled outputs at temperature 1 parse (nlohmann::json) and validate.
+#include <doctest/doctest.h>
+
+#include <tlm/generate.hpp>
+#include <tlm/json_schema.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "fixture.hpp"
+
+using C = tlm::smollm2_135m;
+
+namespace {
+
+bool admits(const tlm::json_grammar& g, std::string_view text) {
+  auto s = g.start();
+  return g.feed(s, text) && g.can_end(s);
+}
+bool prefix(const tlm::json_grammar& g, std::string_view text) {
+  auto s = g.start();
+  return g.feed(s, text);
+}
+
+const char* person_schema = R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string"},
+    "age": {"type": "integer"},
+    "height": {"type": "number"},
+    "student": {"type": "boolean"},
+    "color": {"enum": ["red", "green", "blue"]},
+    "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1}
+  },
+  "required": ["name", "age", "height", "student", "color", "tags"]
+})";
+
+bool validates(const nlohmann::json& j) {
+  if (!j.is_object() || j.size() != 6) return false;
+  if (!j.contains("name") || !j["name"].is_string()) return false;
+  if (!j.contains("age") || !j["age"].is_number_integer()) return false;
+  if (!j.contains("height") || !j["height"].is_number()) return false;
+  if (!j.contains("student") || !j["student"].is_boolean()) return false;
+  if (!j.contains("color") || !j["color"].is_string()) return false;
+  const std::string c = j["color"];
+  if (c != "red" && c != "green" && c != "blue") return false;
+  if (!j.contains("tags") || !j["tags"].is_array() || j["tags"].empty()) return false;
+  for (const auto& t : j["tags"])
+    if (!t.is_string()) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("the JSON recognizer admits compact JSON and nothing else") {
+  const tlm::json_grammar any;
+  for (const char* ok : {"0", "-12.5e+3", "\"a\\\"b\\u00e9\"", "true", "null", "[]", "[1,[2,{}]]", "{\"a\":1,\"b\":[true]}",
+                         "{}", "\"\""})
+    CHECK_MESSAGE(admits(any, ok), ok);
+  for (const char* bad : {"1e123", "01", "-", "1.", "[1,]", "{\"a\"}", "{a:1}", "tru", "[1 ]", "\"\x01\"", "1 ", "{\"a\":1,}", "[[[[[0]]]]]"})
+    CHECK_MESSAGE(!admits(any, bad), bad);
+  CHECK(prefix(any, "{\"ab"));
+  CHECK(!prefix(any, "}"));
+  auto s = any.start();
+  CHECK(any.min_to_finish(s) == 1);
+  REQUIRE(any.feed(s, "{\"ab"));
+  CHECK(any.min_to_finish(s) == 4);  // "":0} less the open key: "ab" + `":0}`
+  REQUIRE(any.feed(s, "\":[1,"));
+  CHECK(any.min_to_finish(s) == 3);  // 0]}
+}
+
+TEST_CASE("a schema fixes the properties, their order and their types") {
+  const tlm::json_grammar g(tlm::json_schema::from_text(person_schema));
+  CHECK(admits(g, R"({"name":"Ann","age":31,"height":1.7,"student":false,"color":"red","tags":["x"]})"));
+  CHECK(!admits(g, R"({"name":"Ann","age":31.5,"height":1.7,"student":false,"color":"red","tags":["x"]})"));
+  CHECK(!admits(g, R"({"name":"Ann","age":31,"height":1.7,"student":false,"color":"pink","tags":["x"]})"));
+  CHECK(!admits(g, R"({"name":"Ann","age":31,"height":1.7,"student":false,"color":"red","tags":[]})"));
+  CHECK(!admits(g, R"({"age":31,"name":"Ann","height":1.7,"student":false,"color":"red","tags":["x"]})"));
+  auto s = g.start();
+  CHECK(g.min_to_finish(s) == std::string(R"({"name":"","age":0,"height":0,"student":true,"color":"red","tags":[""]})").size());
+}
+
+TEST_CASE("a schema outside the subset, or one that admits nothing, is an error") {
+  using tlm::json_schema::from_text;
+  CHECK_THROWS_WITH_AS(from_text(R"({"enum": []})"), doctest::Contains("admits nothing"), tlm::error);
+  CHECK_THROWS_WITH_AS(from_text(R"({"type":"object","properties":{},"required":["a"]})"), doctest::Contains("nothing is admitted"),
+                       tlm::error);
+  CHECK_THROWS_WITH_AS(tlm::json_grammar(from_text(R"({"type":"array","items":{"type":"string"},"minItems":100})")),
+                       doctest::Contains("nothing is admitted"), tlm::error);
+  CHECK_THROWS_WITH_AS(from_text(R"({"type":"string","pattern":"a+"})"), doctest::Contains("\"pattern\" is not supported"),
+                       tlm::error);
+  CHECK_THROWS_WITH_AS(from_text(R"({"type":"object","properties":{"a":{"type":"string"}}})"),
+                       doctest::Contains("optional"), tlm::error);
+  CHECK_THROWS_AS(from_text("{"), tlm::error);
+  // A budget too small for the shortest document is an error before any token, not a hang.
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
+  const auto tok = tlm::tokenizer::from_gguf(m.file());
+  tlm::generator gen(m, tok);
+  tlm::generation_options o{.max_tokens = 10};
+  o.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::from_text(person_schema));
+  CHECK_THROWS_WITH_AS(gen.generate("x", o), doctest::Contains("raise max_tokens"), tlm::error);
+}
+
+TEST_CASE("100 of 100 outputs sampled at temperature 1 parse, and validate against the schema") {
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
+  const auto tok = tlm::tokenizer::from_gguf(m.file());
+  tlm::generator gen(m, tok);
+  struct run {
+    const char* what;
+    std::shared_ptr<const tlm::json_grammar> grammar;
+    const char* prompt;
+    std::size_t max_tokens;
+    bool schema;
+  };
+  const run runs[] = {
+      {"any JSON value", std::make_shared<const tlm::json_grammar>(), "Some JSON data: ", 40, false},
+      {"the person schema", std::make_shared<const tlm::json_grammar>(tlm::json_schema::from_text(person_schema)),
+       "A person as JSON: ", 90, true},
+  };
+  for (const auto& r : runs) {
+    int parsed = 0, valid = 0;
+    std::size_t tokens = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string example;
+    for (int i = 0; i < 100; ++i) {
+      tlm::generation_options o{.max_tokens = r.max_tokens};
+      o.sample = {.temperature = 1.0f, .seed = static_cast<std::uint64_t>(1000 + i)};
+      o.grammar = r.grammar;
+      const auto out = gen.generate(r.prompt, o);
+      tokens += out.ids.size();
+      CHECK(out.reason == tlm::stop_reason::eos);
+      try {
+        const auto j = nlohmann::json::parse(out.text);
+        ++parsed;
+        if (!r.schema || validates(j)) ++valid;
+        else FAIL_CHECK("does not validate: " << out.text);
+      } catch (const nlohmann::json::exception&) {
+        FAIL_CHECK("does not parse: " << out.text);
+      }
+      if (i < 3) example += "\n  " + out.text;
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MESSAGE(std::string(r.what) << ": " << parsed << "/100 parse, " << valid << "/100 validate; " << tokens << " tokens in " << s
+                   << " s; e.g." << example);
+    CHECK(parsed == 100);
+    CHECK(valid == 100);
+  }
+}

@@ -238,6 +238,7 @@ int run(const options& o, const std::string& config_name) {
   tlm::tokenize_fn tokenize = tlm::byte_tokens;
   if (!o.model.empty()) {
     source = std::make_unique<tlm::gguf::file>(o.model);
+    (void)tlm::bind<C>(*source);  // a file of another shape is refused before anything else is read
     tok.emplace(tlm::tokenizer::from_gguf(*source));
     tokenize = [&tok](std::string_view text, bool special) { return tok->encode(text, {.add_bos = false, .parse_special = special}); };
   } else if (C::vocab < 256) {
@@ -290,7 +291,9 @@ int run(const options& o, const std::string& config_name) {
   } else {
     tlm::init_weights(*p, o.seed);
   }
-  if (st.step >= total) fail(fmt::format("the checkpoint is at step {}, and --steps/--epochs ask for {} in total; ask for more steps", st.step, total));
+  // A checkpoint at exactly `total` (a run killed between its last checkpoint and the
+  // export) only needs the export; beyond it, the user asked for fewer steps than were run.
+  if (st.step > total) fail(fmt::format("the checkpoint is at step {}, and --steps/--epochs ask for {} in total; ask for more steps", st.step, total));
 
   tlm::training<C, float> tr({.batch = o.batch, .seq = o.seq, .threads = o.threads});
   tlm::window_order order(n_train, o.seed);

@@ -319,8 +319,10 @@ int run(const options& o, const std::string& config_name) {
   };
   const auto save = [&] {
     st.rng_state = order.rng_state();
-    tlm::save_checkpoint<C>(o.out, *p, opt, st, source.get());
+    // The log first: a kill between the two leaves a log that runs ahead of the
+    // checkpoint, which a resume trims; the other order would lose the rows.
     write_log(o.out, rows);
+    tlm::save_checkpoint<C>(o.out, *p, opt, st, source.get());
   };
 
   std::signal(SIGINT, on_sigint);

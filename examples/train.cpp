@@ -13,10 +13,15 @@
 #include <tlm/train/step.hpp>
 #include <tlm/train/weights.hpp>
 
+#ifdef TLM_HAVE_MPI
+#include <mpi.h>
+#endif
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -150,6 +155,105 @@ tlm::encoding encoding_of(const std::string& t) {
   return tlm::encoding::f32;
 }
 
+// The data-parallel group: the ranks of mpirun, or this process alone (built without MPI,
+// or started without mpirun: MPI is initialised only when a launcher set its variables,
+// so a plain run never depends on an MPI runtime).
+class group {
+ public:
+  group() {
+#ifdef TLM_HAVE_MPI
+    if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) {
+      MPI_Init(nullptr, nullptr);
+      mpi_ = true;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+      MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    }
+#endif
+  }
+  ~group() {
+#ifdef TLM_HAVE_MPI
+    if (mpi_) MPI_Finalize();
+#endif
+  }
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
+  std::size_t rank() const { return static_cast<std::size_t>(rank_); }
+  std::size_t size() const { return static_cast<std::size_t>(size_); }
+  bool lead() const { return rank_ == 0; }
+  // In-place sums over the ranks (no-ops alone).
+  void sum(double* v, int n) {
+#ifdef TLM_HAVE_MPI
+    if (mpi_) MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+#else
+    (void)v, (void)n;
+#endif
+  }
+  void sum(float* v, std::size_t n) {
+#ifdef TLM_HAVE_MPI
+    if (mpi_) MPI_Allreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+#else
+    (void)v, (void)n;
+#endif
+  }
+  bool any(bool b) {
+    double v = b ? 1 : 0;
+    sum(&v, 1);
+    return v > 0;
+  }
+  void barrier() {
+#ifdef TLM_HAVE_MPI
+    if (mpi_) MPI_Barrier(MPI_COMM_WORLD);
+#endif
+  }
+  // After an error on one rank the others would wait forever in a collective.
+  void abort() {
+#ifdef TLM_HAVE_MPI
+    if (mpi_ && size_ > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+  }
+
+ private:
+  int rank_ = 0, size_ = 1;
+  bool mpi_ = false;
+};
+
+// Averages the ranks' gradients with one all-reduce per step, in buckets of 4M floats
+// (16 MB) packed along the weight walk. Each rank's gradient is the mean over its own
+// counted targets, so it is weighted by counted / total_counted: the result is the
+// gradient of the global batch's mean loss, as one process computes it.
+template <class W>
+void all_reduce_gradients(group& grp, W& g, double weight) {
+  constexpr std::size_t capacity = std::size_t{1} << 22;
+  static std::vector<float> bucket(capacity);           // [capacity]
+  std::vector<std::pair<float*, std::size_t>> pending;  // where the bucket's pieces go back
+  std::size_t used = 0;
+  const auto flush = [&] {
+    grp.sum(bucket.data(), used);
+    std::size_t off = 0;
+    for (const auto& [ptr, n] : pending) {
+      std::copy_n(bucket.begin() + static_cast<std::ptrdiff_t>(off), n, ptr);
+      off += n;
+    }
+    pending.clear();
+    used = 0;
+  };
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name&, auto& t) {
+        float* data = t.data();
+        const std::size_t n = t.values().size();
+        for (std::size_t done = 0; done < n;) {
+          const std::size_t take = std::min(capacity - used, n - done);
+          for (std::size_t i = 0; i < take; ++i) bucket[used + i] = static_cast<float>(data[done + i] * weight);
+          pending.emplace_back(data + done, take);
+          used += take;
+          done += take;
+          if (used == capacity) flush();
+        }
+      },
+      g);
+  if (used) flush();
+}
+
 std::atomic<bool> interrupted{false};
 extern "C" void on_sigint(int) { interrupted = true; }
 
@@ -230,7 +334,7 @@ std::string duration(double seconds) {
 // ---- the run
 
 template <tlm::LlamaConfig C>
-int run(const options& o, const std::string& config_name) {
+int run(const options& o, const std::string& config_name, group& grp) {
   namespace fs = std::filesystem;
   using weights = tlm::trainable<C, float>;
   std::unique_ptr<tlm::gguf::file> source;
@@ -244,6 +348,9 @@ int run(const options& o, const std::string& config_name) {
   } else if (C::vocab < 256) {
     fail(fmt::format("--config {} has a vocabulary of {}, too small for byte tokens (256)", config_name, C::vocab));
   }
+  if (o.batch % grp.size() != 0)
+    fail(fmt::format("--batch {} is not a multiple of the {} MPI ranks; each rank takes an equal share of the global batch", o.batch, grp.size()));
+  const std::size_t local = o.batch / grp.size();  // windows per step on this rank
   if (o.seq > C::context) fail(fmt::format("--seq {} is more than the context of {} ({} positions)", o.seq, config_name, C::context));
 
   tlm::dataset data;
@@ -265,9 +372,11 @@ int run(const options& o, const std::string& config_name) {
   tlm::adamw<weights> opt(ao);
   tlm::train_state st{.step = 0, .seed = o.seed, .data_position = 0, .rng_state = 0, .batch = o.batch, .seq = o.seq, .threads = o.threads,
                       .options = ao, .config = config_name, .data = fs::absolute(o.data).string(), .chat = o.chat};
-  fs::create_directories(o.out);
-  for (const auto& e : fs::directory_iterator(o.out))  // temporary files of a killed run
-    if (e.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(e.path());
+  if (grp.lead()) {
+    fs::create_directories(o.out);
+    for (const auto& e : fs::directory_iterator(o.out))  // temporary files of a killed run
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(e.path());
+  }
   std::vector<log_row> rows;
   if (o.resume) {
     const tlm::train_state saved = tlm::load_checkpoint<C>(o.out, *p, opt);
@@ -280,7 +389,7 @@ int run(const options& o, const std::string& config_name) {
     differs("--seed", std::to_string(saved.seed), std::to_string(o.seed));
     differs("--data", saved.data, st.data);
     differs("--chat", saved.chat ? "on" : "off", o.chat ? "on" : "off");
-    if (saved.threads != o.threads)
+    if (saved.threads != o.threads && grp.lead())
       fmt::print(stderr, "train: note: the checkpoint was made with --threads {}, this run uses {}; losses will differ in the last bits\n", saved.threads, o.threads);
     st.step = saved.step;
     st.data_position = saved.data_position;
@@ -295,11 +404,11 @@ int run(const options& o, const std::string& config_name) {
   // export) only needs the export; beyond it, the user asked for fewer steps than were run.
   if (st.step > total) fail(fmt::format("the checkpoint is at step {}, and --steps/--epochs ask for {} in total; ask for more steps", st.step, total));
 
-  tlm::training<C, float> tr({.batch = o.batch, .seq = o.seq, .threads = o.threads});
+  tlm::training<C, float> tr({.batch = local, .seq = o.seq, .threads = o.threads});
   tlm::window_order order(n_train, o.seed);
-  std::vector<std::int32_t> x(o.batch * o.seq), y(o.batch * o.seq);  // [B, T] each
+  std::vector<std::int32_t> x(local * o.seq), y(local * o.seq);  // [B / ranks, T] each
   const auto fill = [&](const tlm::window_set& ws, auto window_of) {
-    for (std::size_t b = 0; b < o.batch; ++b) {
+    for (std::size_t b = 0; b < local; ++b) {
       const std::size_t w = window_of(b);
       std::copy_n(ws.inputs.begin() + static_cast<std::ptrdiff_t>(w * o.seq), o.seq, x.begin() + static_cast<std::ptrdiff_t>(b * o.seq));
       std::copy_n(ws.targets.begin() + static_cast<std::ptrdiff_t>(w * o.seq), o.seq, y.begin() + static_cast<std::ptrdiff_t>(b * o.seq));
@@ -311,7 +420,7 @@ int run(const options& o, const std::string& config_name) {
     if (n == 0) return NAN;
     double sum = 0;
     std::size_t batches = 0;
-    for (std::size_t s = 0; s < n; s += o.batch, ++batches) {
+    for (std::size_t s = 0; s < n; s += local, ++batches) {
       fill(data.held_out, [&](std::size_t b) { return (s + b) % n; });
       sum += tr.forward(*p, x, y);
     }
@@ -321,16 +430,20 @@ int run(const options& o, const std::string& config_name) {
     st.rng_state = order.rng_state();
     // The log first: a kill between the two leaves a log that runs ahead of the
     // checkpoint, which a resume trims; the other order would lose the rows.
-    write_log(o.out, rows);
-    tlm::save_checkpoint<C>(o.out, *p, opt, st, source.get());
+    if (grp.lead()) {
+      write_log(o.out, rows);
+      tlm::save_checkpoint<C>(o.out, *p, opt, st, source.get());
+    }
+    grp.barrier();  // no rank runs ahead of a checkpoint it might be asked to resume from
   };
 
   std::signal(SIGINT, on_sigint);
-  const bool tty = ::isatty(1);
-  fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}, {} threads\n",
-             config_name, o.model.empty() ? "from scratch" : o.model, n_train, data.held_out.size(), o.seq, data.tokens, total, st.step, o.batch,
-             o.threads);
-  if (!o.resume) {
+  const bool tty = ::isatty(1) && grp.lead();
+  if (grp.lead())
+    fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}, {} threads{}\n",
+               config_name, o.model.empty() ? "from scratch" : o.model, n_train, data.held_out.size(), o.seq, data.tokens, total, st.step, o.batch,
+               o.threads, grp.size() > 1 ? fmt::format(" on each of {} MPI ranks", grp.size()) : "");
+  if (!o.resume && grp.lead()) {
     const double h0 = held_out_loss();
     if (!std::isnan(h0)) fmt::print("held-out loss before training {:.4f}\n", h0);
   }
@@ -341,26 +454,33 @@ int run(const options& o, const std::string& config_name) {
   bool stop = false;
   while (st.step < total && !stop) {
     const auto t0 = std::chrono::steady_clock::now();
-    fill(data.train, [&](std::size_t b) { return order.at(st.data_position + b); });
-    const double loss = tr.forward(*p, x, y);
+    fill(data.train, [&](std::size_t b) { return order.at(st.data_position + grp.rank() * local + b); });
+    double loss = tr.forward(*p, x, y);
     tlm::zero(*g);
     tr.backward(*p, *g);
+    if (grp.size() > 1) {
+      const double counted = static_cast<double>(std::count_if(y.begin(), y.end(), [](std::int32_t t) { return t != tlm::ignore_target; }));
+      double totals[2] = {loss * counted, counted};  // summed loss and count over the ranks
+      grp.sum(totals, 2);
+      loss = totals[0] / totals[1];
+      all_reduce_gradients(grp, *g, counted / totals[1]);
+    }
     const tlm::adamw_report rep = opt.step(*p, *g);
     st.step = opt.steps();
     st.data_position += o.batch;
     ++this_run;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     log_row r{st.step, loss, NAN, rep.lr, rep.grad_norm, static_cast<double>(o.batch * o.seq) / secs};
-    if ((o.eval_every && st.step % o.eval_every == 0) || st.step == total) r.held_out = last_held = held_out_loss();
+    if (grp.lead() && ((o.eval_every && st.step % o.eval_every == 0) || st.step == total)) r.held_out = last_held = held_out_loss();
     rows.push_back(r);
-    stop = interrupted || (o.stop_after && this_run >= o.stop_after);
+    stop = grp.any(interrupted || (o.stop_after && this_run >= o.stop_after));  // every rank stops at the same step
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     const double eta = elapsed / static_cast<double>(this_run) * static_cast<double>(total - st.step);
     const std::string held = std::isnan(last_held) ? "-" : fmt::format("{:.4f}", last_held);
     if (tty) {
       fmt::print("\r\033[2Kstep {}/{}  loss {:.4f}  held-out {}  lr {:.2e}  {:.0f} tok/s  ETA {}  {}", st.step, total, loss, held, rep.lr, r.tokens_per_s,
                  duration(eta), sparkline(rows, 40));
-    } else {
+    } else if (grp.lead()) {
       fmt::print("step {} loss {:.6f} held_out {} lr {:.3e} grad_norm {:.4f} tokens_per_s {:.0f} eta {}\n", st.step, loss, held, rep.lr, rep.grad_norm,
                  r.tokens_per_s, duration(eta));
     }
@@ -369,6 +489,7 @@ int run(const options& o, const std::string& config_name) {
   }
   if (tty) fmt::print("\n");
   save();
+  if (!grp.lead()) return 0;
   fmt::print("checkpoint {} written (step {})\n", (fs::path(o.out) / tlm::latest_checkpoint(o.out)).string(), st.step);
   if (st.step == total) {
     const fs::path model_out = fs::path(o.out) / "model.gguf";
@@ -383,13 +504,15 @@ int run(const options& o, const std::string& config_name) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  group grp;
   try {
     const options o = parse(argc, argv);
     const std::string config = o.config.empty() ? "smollm2_135m" : o.config;
-    if (config == "tiny_train") return run<tlm::tiny_train>(o, config);
-    return run<tlm::smollm2_135m>(o, config);
+    if (config == "tiny_train") return run<tlm::tiny_train>(o, config, grp);
+    return run<tlm::smollm2_135m>(o, config, grp);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "train: {}\n", e.what());
+    fmt::print(stderr, "train: {}{}\n", grp.size() > 1 ? fmt::format("rank {}: ", grp.rank()) : "", e.what());
+    grp.abort();
     return 1;
   }
 }

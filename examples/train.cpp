@@ -378,8 +378,11 @@ int run(const options& o, const std::string& config_name, group& grp) {
       if (e.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(e.path());
   }
   std::vector<log_row> rows;
+  double load_seconds = 0, save_seconds = 0;  // the last checkpoint load and write, for the log
   if (o.resume) {
+    const auto t_load = std::chrono::steady_clock::now();
     const tlm::train_state saved = tlm::load_checkpoint<C>(o.out, *p, opt);
+    load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     const auto differs = [&](const char* what, const std::string& was, const std::string& now) {
       if (was != now) fail(fmt::format("--resume: the checkpoint in {} was made with {} {}, this run has {}; use the same value to resume", o.out, what, was, now));
     };
@@ -431,8 +434,10 @@ int run(const options& o, const std::string& config_name, group& grp) {
     // The log first: a kill between the two leaves a log that runs ahead of the
     // checkpoint, which a resume trims; the other order would lose the rows.
     if (grp.lead()) {
+      const auto t_save = std::chrono::steady_clock::now();
       write_log(o.out, rows);
       tlm::save_checkpoint<C>(o.out, *p, opt, st, source.get());
+      save_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_save).count();
     }
     grp.barrier();  // no rank runs ahead of a checkpoint it might be asked to resume from
   };
@@ -443,6 +448,7 @@ int run(const options& o, const std::string& config_name, group& grp) {
     fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}, {} threads{}\n",
                config_name, o.model.empty() ? "from scratch" : o.model, n_train, data.held_out.size(), o.seq, data.tokens, total, st.step, o.batch,
                o.threads, grp.size() > 1 ? fmt::format(" on each of {} MPI ranks", grp.size()) : "");
+  if (o.resume && grp.lead()) fmt::print("resumed from {} at step {} (checkpoint loaded in {:.2f} s)\n", tlm::latest_checkpoint(o.out), st.step, load_seconds);
   if (!o.resume && grp.lead()) {
     const double h0 = held_out_loss();
     if (!std::isnan(h0)) fmt::print("held-out loss before training {:.4f}\n", h0);
@@ -488,9 +494,10 @@ int run(const options& o, const std::string& config_name, group& grp) {
     if (o.save_every && st.step % o.save_every == 0 && st.step < total && !stop) save();
   }
   if (tty) fmt::print("\n");
-  save();
+  if (this_run > 0) save();  // a resume of a finished run has its checkpoint already
   if (!grp.lead()) return 0;
-  fmt::print("checkpoint {} written (step {})\n", (fs::path(o.out) / tlm::latest_checkpoint(o.out)).string(), st.step);
+  if (this_run > 0)
+    fmt::print("checkpoint {} written (step {}, {:.2f} s)\n", (fs::path(o.out) / tlm::latest_checkpoint(o.out)).string(), st.step, save_seconds);
   if (st.step == total) {
     const fs::path model_out = fs::path(o.out) / "model.gguf";
     tlm::write_model<C>(model_out, *p, encoding_of(o.out_type), source.get(), st.step);

@@ -78,7 +78,7 @@ def main() -> int:
             arg_ours = (ours.argmax(1) == ref.argmax(1)).mean()
             arg_llama = (theirs.argmax(1) == ref.argmax(1)).mean()
             print(f"{out_type:5s} size {model.stat().st_size / 2**20:7.1f} MiB  tlm vs f64 {err_ours:.2e} argmax {arg_ours:.0%}  "
-                  f"llama.cpp vs f64 {err_llama:.2e} (tolerance {tol:.0e}) argmax {arg_llama:.0%}")
+                  f"llama.cpp vs f64 {err_llama:.2e} (tolerance {tol:.2g}) argmax {arg_llama:.0%}")
             if err_ours > 1e-4 or arg_ours < 1:
                 failures.append(f"{out_type}: tlm's logits differ from the float64 reference ({err_ours:.2e}, argmax {arg_ours:.0%})")
             if err_llama > tol or arg_llama < agree:

@@ -1,0 +1,227 @@
+#pragma once
+// Training data: plain text or chat JSONL turned into fixed windows of T inputs and
+// T targets, a held-out split, and a seeded order over the training windows.
+//
+// Plain text is tokenized whole (with the model's tokenizer, or as bytes for a config
+// trained from scratch) and cut at stride T into windows of T+1 tokens: inputs are the
+// first T, targets the last T, so every next-token pair is trained on exactly once per
+// epoch. Chat JSONL ({"messages": [{"role", "content"}, ...]} per line) is rendered
+// with the model's ChatML template; only the assistant's content and its closing
+// <|im_end|> carry loss (targets elsewhere are ignore_target). Each conversation gets
+// windows of its own, padded, so no window mixes two conversations.
+//
+// Bad data is an error naming the file, the line and the problem; nothing is skipped.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../chat.hpp"
+#include "../error.hpp"
+#include "../unicode.hpp"
+#include "step.hpp"
+#include "weights.hpp"
+
+namespace tlm {
+
+// Text to token ids; `special` lets the text's special-token strings act as tokens.
+using tokenize_fn = std::function<std::vector<std::int32_t>(std::string_view text, bool special)>;
+
+// Bytes as tokens, for a config trained from scratch without a tokenizer.
+inline std::vector<std::int32_t> byte_tokens(std::string_view text, bool) {
+  std::vector<std::int32_t> out(text.size());  // [bytes]
+  std::transform(text.begin(), text.end(), out.begin(), [](char c) { return static_cast<std::int32_t>(static_cast<unsigned char>(c)); });
+  return out;
+}
+
+// Windows of T positions: inputs[i*T + t] predicts targets[i*T + t].
+struct window_set {
+  std::size_t seq = 0;                // T
+  std::vector<std::int32_t> inputs;   // [windows, T]
+  std::vector<std::int32_t> targets;  // [windows, T]; ignore_target carries no loss
+  std::size_t size() const { return seq ? inputs.size() / seq : 0; }
+  void add(std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
+    inputs.insert(inputs.end(), in.begin(), in.end());
+    targets.insert(targets.end(), tg.begin(), tg.end());
+  }
+};
+
+struct dataset {
+  window_set train, held_out;
+  std::size_t tokens = 0;  // tokens read (text) or rendered (chat)
+};
+
+namespace detail {
+
+[[noreturn]] inline void data_fail(const std::string& file, std::size_t line, const std::string& problem) {
+  throw text_error(file + (line ? ":" + std::to_string(line) : std::string()) + ": " + problem);
+}
+
+inline std::string read_all(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw error(file + ": cannot open the data file; check the --data path");
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+inline void check_utf8(const std::string& file, std::string_view text, std::size_t first_line) {
+  const std::size_t bad = utf8::first_invalid(text);
+  if (bad == std::string_view::npos) return;
+  const std::size_t line = first_line + static_cast<std::size_t>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(bad), '\n'));
+  data_fail(file, line, "invalid UTF-8 at byte " + std::to_string(bad) + "; convert the file to UTF-8 (iconv) or remove the bytes");
+}
+
+// Moves the last `fraction` of the windows (at least one when fraction > 0 and there
+// are two or more) into the held-out set; the end of the data, so the two never overlap.
+inline void split_held_out(dataset& d, double fraction) {
+  const std::size_t n = d.train.size(), T = d.train.seq;
+  std::size_t k = static_cast<std::size_t>(std::floor(static_cast<double>(n) * fraction));
+  if (fraction > 0 && k == 0 && n >= 2) k = 1;
+  if (k >= n) k = n - 1;
+  d.held_out.seq = T;
+  const auto cut = static_cast<std::ptrdiff_t>((n - k) * T);
+  d.held_out.inputs.assign(d.train.inputs.begin() + cut, d.train.inputs.end());
+  d.held_out.targets.assign(d.train.targets.begin() + cut, d.train.targets.end());
+  d.train.inputs.resize(static_cast<std::size_t>(cut));
+  d.train.targets.resize(static_cast<std::size_t>(cut));
+}
+
+}  // namespace detail
+
+// Plain text: tokenized whole, cut into windows of T+1 tokens at stride T.
+inline dataset load_text(const std::string& file, const tokenize_fn& tokenize, std::size_t seq, double held_out_fraction) {
+  const std::string text = detail::read_all(file);
+  detail::check_utf8(file, text, 1);
+  const std::vector<std::int32_t> ids = tokenize(text, false);  // [tokens]
+  if (ids.size() < seq + 1) {
+    detail::data_fail(file, 0, "the text is " + std::to_string(ids.size()) + " tokens, shorter than one window of " + std::to_string(seq + 1) +
+                                   " (--seq " + std::to_string(seq) + " plus one); give more text or a smaller --seq");
+  }
+  dataset d;
+  d.tokens = ids.size();
+  d.train.seq = seq;
+  for (std::size_t s = 0; s + seq + 1 <= ids.size(); s += seq)
+    d.train.add(std::span(ids).subspan(s, seq), std::span(ids).subspan(s + 1, seq));
+  detail::split_held_out(d, held_out_fraction);
+  return d;
+}
+
+// Chat JSONL rendered with `chat_template` (ChatML); loss on assistant tokens only.
+inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, std::string_view chat_template, std::int32_t pad,
+                         std::size_t seq, double held_out_fraction) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw error(file + ": cannot open the data file; check the --data path");
+  dataset d;
+  d.train.seq = seq;
+  std::string line;
+  std::size_t line_no = 0, conversations = 0;
+  std::vector<std::int32_t> toks;  // [conversation tokens]
+  std::vector<char> counted;       // [conversation tokens]: 1 where the token is trained on
+  std::vector<std::int32_t> in_w(seq), tg_w(seq);  // [T] each
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    detail::check_utf8(file, line, line_no);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      detail::data_fail(file, line_no, std::string("not valid JSON (") + e.what() + "); each line must be one JSON object");
+    }
+    if (!j.is_object() || !j.contains("messages")) detail::data_fail(file, line_no, "the record has no \"messages\"; write {\"messages\": [{\"role\": ..., \"content\": ...}]}");
+    const auto& ms = j["messages"];
+    if (!ms.is_array() || ms.empty()) detail::data_fail(file, line_no, "\"messages\" is not a non-empty array; give at least one user and one assistant message");
+    std::vector<chat_message> msgs;
+    bool has_assistant = false;
+    for (std::size_t i = 0; i < ms.size(); ++i) {
+      const auto& m = ms[i];
+      const std::string where = "message " + std::to_string(i + 1) + ": ";
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") || !m["content"].is_string())
+        detail::data_fail(file, line_no, where + "needs a string \"role\" and a string \"content\"");
+      const std::string role = m["role"].get<std::string>();
+      if (role != "system" && role != "user" && role != "assistant")
+        detail::data_fail(file, line_no, where + "unknown role \"" + role + "\"; use system, user or assistant");
+      has_assistant = has_assistant || role == "assistant";
+      msgs.push_back({role, m["content"].get<std::string>()});
+    }
+    if (!has_assistant) detail::data_fail(file, line_no, "no assistant message, so nothing to train on; add the answer as {\"role\": \"assistant\", ...}");
+    // ChatML is a concatenation, so rendering message by message and taking the new
+    // suffix gives each message's text, with the template's default system message.
+    toks.clear();
+    counted.clear();
+    const auto append = [&](std::string_view text, bool special, bool loss) {
+      const auto ids = tokenize(text, special);
+      toks.insert(toks.end(), ids.begin(), ids.end());
+      counted.insert(counted.end(), ids.size(), loss ? 1 : 0);
+    };
+    std::string before;
+    for (std::size_t i = 0; i < msgs.size(); ++i) {
+      const std::string upto = apply_chat_template(chat_template, std::span(msgs).first(i + 1), false);
+      const std::string piece = upto.substr(before.size());
+      before = upto;
+      if (msgs[i].role != "assistant") {
+        append(piece, true, false);
+        continue;
+      }
+      const std::string head = "<|im_start|>assistant\n";
+      const std::size_t body = piece.find(head);
+      append(std::string_view(piece).substr(0, body + head.size()), true, false);
+      append(msgs[i].content, false, true);
+      append("<|im_end|>", true, true);
+      append(std::string_view(piece).substr(body + head.size() + msgs[i].content.size() + 10), true, false);
+    }
+    for (std::size_t s = 0; s + 1 < toks.size(); s += seq) {
+      bool any = false;
+      for (std::size_t t = 0; t < seq; ++t) {
+        const std::size_t p = s + t;
+        in_w[t] = p < toks.size() ? toks[p] : pad;
+        const bool loss = p + 1 < toks.size() && counted[p + 1];
+        tg_w[t] = loss ? toks[p + 1] : ignore_target;
+        any = any || loss;
+      }
+      if (any) d.train.add(in_w, tg_w);
+    }
+    d.tokens += toks.size();
+    ++conversations;
+  }
+  if (conversations == 0) detail::data_fail(file, 0, "no conversations; each line must be {\"messages\": [...]}");
+  detail::split_held_out(d, held_out_fraction);
+  return d;
+}
+
+// The order of training windows: a seeded Fisher-Yates shuffle per epoch, a pure function
+// of (seed, position), so a resumed run needs only the position to continue exactly.
+class window_order {
+ public:
+  window_order(std::size_t windows, std::uint64_t seed) : n_(windows), seed_(seed) {}
+  std::size_t at(std::uint64_t position) {
+    const std::uint64_t epoch = position / n_;
+    if (epoch != epoch_ || perm_.empty()) shuffle(epoch);
+    return perm_[static_cast<std::size_t>(position % n_)];
+  }
+  // The generator's state after shuffling the epoch of the last position asked for.
+  std::uint64_t rng_state() const { return rng_state_; }
+  std::size_t size() const { return n_; }
+
+ private:
+  void shuffle(std::uint64_t epoch) {
+    normal_rng rng(seed_ ^ (0x9e3779b97f4a7c15ull * (epoch + 1)));
+    perm_.resize(n_);  // [windows]
+    for (std::size_t i = 0; i < n_; ++i) perm_[i] = i;
+    for (std::size_t i = n_; i > 1; --i) std::swap(perm_[i - 1], perm_[static_cast<std::size_t>(rng.next_u64() % i)]);
+    epoch_ = epoch;
+    rng_state_ = rng.state();
+  }
+  std::size_t n_;
+  std::uint64_t seed_, epoch_ = 0, rng_state_ = 0;
+  std::vector<std::size_t> perm_;
+};
+
+}  // namespace tlm

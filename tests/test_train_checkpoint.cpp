@@ -1,0 +1,136 @@
+// Checkpoints: a round trip restores weights, moments, step and state exactly; a pair
+// that does not belong together is refused; the weights file is a model file that
+// binds; exports in every --out-type bind and stay close to the f32 weights.
+#include <doctest/doctest.h>
+
+#include <tlm/train/checkpoint.hpp>
+
+#include <filesystem>
+#include <string>
+
+#include "train_common.hpp"
+
+namespace {
+
+using C = tlm::tiny_train;
+using W = tlm::trainable<C, float>;
+
+std::filesystem::path fresh_dir(const std::string& name) {
+  const auto dir = std::filesystem::path(TLM_BINARY_DIR) / "test_train_checkpoint" / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Weights and moments after two real AdamW steps, so m and v are not zero.
+struct trained {
+  std::unique_ptr<W> p = std::make_unique<W>();
+  tlm::adamw<W> opt{{.lr = 1e-3, .weight_decay = 0.01, .clip = 1.0, .warmup = 2, .total_steps = 10}};
+  trained() {
+    tlm::init_weights(*p, 5);
+    auto g = std::make_unique<W>();
+    for (int s = 0; s < 2; ++s) {
+      tlm::init_weights(*g, static_cast<std::uint64_t>(100 + s), 0.1);
+      opt.step(*p, *g);
+    }
+  }
+};
+
+bool same(const W& a, const W& b) {
+  bool eq = true;
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name&, const auto& x, const auto& y) {
+        for (std::size_t i = 0; i < x.values().size(); ++i) eq = eq && x.values()[i] == y.values()[i];
+      },
+      a, b);
+  return eq;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint round trip: weights, m, v, step and training state exactly") {
+  const auto dir = fresh_dir("round_trip");
+  trained t;
+  tlm::train_state st{.step = 2, .seed = 9, .data_position = 8, .rng_state = 1234, .batch = 4, .seq = 16, .threads = 1,
+                      .options = t.opt.options(), .config = "tiny_train", .data = "/x/data.txt", .chat = true};
+  tlm::save_checkpoint<C>(dir, *t.p, t.opt, st, nullptr);
+  CHECK(tlm::latest_checkpoint(dir) == "checkpoint-2");
+  CHECK(std::filesystem::exists(dir / "checkpoint-2.gguf"));
+  CHECK(std::filesystem::exists(dir / "checkpoint-2.optim.gguf"));
+
+  auto p = std::make_unique<W>();
+  tlm::adamw<W> opt({.lr = 1});
+  const tlm::train_state got = tlm::load_checkpoint<C>(dir, *p, opt);
+  CHECK(same(*p, *t.p));
+  CHECK(same(opt.m(), t.opt.m()));
+  CHECK(same(opt.v(), t.opt.v()));
+  CHECK(opt.steps() == 2);
+  CHECK(got.step == 2);
+  CHECK(got.seed == 9);
+  CHECK(got.data_position == 8);
+  CHECK(got.rng_state == 1234);
+  CHECK(got.config == "tiny_train");
+  CHECK(got.data == "/x/data.txt");
+  CHECK(got.chat);
+  CHECK(got.options.lr == t.opt.options().lr);
+  CHECK(got.options.total_steps == 10);
+  CHECK(got.options.warmup == 2);
+  CHECK(got.options.clip == 1.0);
+
+  // A newer checkpoint replaces the older pair.
+  st.step = 3;
+  tlm::save_checkpoint<C>(dir, *t.p, t.opt, st, nullptr);
+  CHECK(tlm::latest_checkpoint(dir) == "checkpoint-3");
+  CHECK(!std::filesystem::exists(dir / "checkpoint-2.gguf"));
+  CHECK(!std::filesystem::exists(dir / "checkpoint-2.optim.gguf"));
+}
+
+TEST_CASE("checkpoint: a weights file and optimizer file of different steps are refused") {
+  const auto dir = fresh_dir("mismatch");
+  trained t;
+  tlm::train_state st{.step = 4, .seed = 1, .data_position = 0, .rng_state = 0, .batch = 1, .seq = 4, .threads = 1,
+                      .options = t.opt.options(), .config = "tiny_train", .data = "", .chat = false};
+  tlm::save_checkpoint<C>(dir, *t.p, t.opt, st, nullptr);
+  std::filesystem::copy_file(dir / "checkpoint-4.gguf", dir / "keep.gguf");
+  st.step = 5;
+  tlm::save_checkpoint<C>(dir, *t.p, t.opt, st, nullptr);
+  std::filesystem::rename(dir / "keep.gguf", dir / "checkpoint-5.gguf");  // step-4 weights beside step-5 moments
+  auto p = std::make_unique<W>();
+  tlm::adamw<W> opt({.lr = 1});
+  CHECK_THROWS_WITH(tlm::load_checkpoint<C>(dir, *p, opt), doctest::Contains("do not belong together"));
+}
+
+TEST_CASE("checkpoint: resuming from a folder without one says so") {
+  const auto dir = fresh_dir("empty");
+  auto p = std::make_unique<W>();
+  tlm::adamw<W> opt({.lr = 1});
+  CHECK_THROWS_WITH(tlm::load_checkpoint<C>(dir, *p, opt), doctest::Contains("no checkpoint to resume from"));
+}
+
+TEST_CASE("export: every --out-type writes a model file that binds, close to the f32 weights") {
+  const auto dir = fresh_dir("export");
+  trained t;
+  struct kind {
+    tlm::encoding enc;
+    double tol;  // max |exported - f32| relative to the tensor's max |value|
+  };
+  for (const kind k : {kind{tlm::encoding::f32, 0.0}, kind{tlm::encoding::f16, 1e-3}, kind{tlm::encoding::bf16, 8e-3},
+                       kind{tlm::encoding::q8_0, 1e-2}, kind{tlm::encoding::q4_1, 0.15}}) {
+    const auto path = dir / (std::string(tlm::traits(k.enc).name) + ".gguf");
+    tlm::write_model<C>(path, *t.p, k.enc, nullptr, 2);
+    const tlm::gguf::file f(path);
+    CHECK(f.get_string("general.architecture") == "llama");
+    auto back = tlm::to_trainable<float>(tlm::bind<C>(f));
+    double worst = 0;
+    tlm::for_each_tensor(
+        [&](const tlm::tensor_name&, const auto& a, const auto& b) {
+          float mx = 0;
+          for (const float v : a.values()) mx = std::max(mx, std::abs(v));
+          for (std::size_t i = 0; i < a.values().size(); ++i)
+            worst = std::max(worst, static_cast<double>(std::abs(a.values()[i] - b.values()[i]) / mx));
+        },
+        *t.p, *back);
+    INFO(tlm::traits(k.enc).name, " worst relative error ", worst);
+    CHECK(worst <= k.tol);
+  }
+}

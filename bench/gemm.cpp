@@ -16,6 +16,7 @@
 // The portable path is not timed on the output projection (seconds per call).
 // Every measurement runs once per round, rounds interleaved, median reported: the
 // machine is shared, and interleaving spreads a disturbance over all rows.
+#include "machine.hpp"
 #include <tlm/kernels/gemm.hpp>
 #include <tlm/thread_pool.hpp>
 
@@ -43,24 +44,8 @@ namespace k = tlm::kernels;
 using k::transpose;
 using clock_type = std::chrono::steady_clock;
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto p = line.find(':');
-      if (p != std::string::npos) return line.substr(p + 2);
-    }
-  }
-  return "unknown";
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
+using tlm_bench::cpu_model;
+using tlm_bench::load_average;
 
 // CPU time of every thread of the process: with 2 threads, flops over it is the speed
 // per core while the cores were held (spinning while waiting for a thread counts).

@@ -21,6 +21,7 @@
 // decoded). No decode kernel can beat it; every sweep row is also reported as a
 // multiple of the floor at the same thread count. Kernels run in both precisions
 // (exact: float32 activations; fast: int8 activations) at every level the CPU has.
+#include "machine.hpp"
 #include <tlm/kernels.hpp>
 #include <tlm/quant.hpp>
 #include <tlm/sampler.hpp>
@@ -52,24 +53,8 @@ namespace {
 using tlm::encoding;
 using clock_type = std::chrono::steady_clock;
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const auto p = line.find(':');
-      if (p != std::string::npos) return line.substr(p + 2);
-    }
-  }
-  return "unknown";
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
+using tlm_bench::cpu_model;
+using tlm_bench::load_average;
 
 std::vector<std::byte> random_matrix(encoding enc, std::size_t rows, std::size_t cols, std::mt19937& rng) {
   std::vector<float> row(cols);  // [cols]

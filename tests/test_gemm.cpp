@@ -12,6 +12,8 @@
 // both. Typical errors are far smaller (about sqrt(k) u); the worst ratio seen is printed.
 #include <doctest/doctest.h>
 
+#include "kernel_levels.hpp"
+
 #include <tlm/kernels/gemm.hpp>
 
 #include <algorithm>
@@ -28,18 +30,8 @@ namespace {
 namespace k = tlm::kernels;
 using k::transpose;
 
-std::vector<tlm::kernel_level> testable_levels() {
-  std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
-  for (auto l : {tlm::kernel_level::avx2, tlm::kernel_level::avx512})
-    if (tlm::kernel_level_supported(l)) levels.push_back(l);
-  return levels;
-}
-
-// Restores the start-up level when a test case ends, even on failure.
-struct level_guard {
-  tlm::kernel_level saved = k::active_kernel_level();
-  ~level_guard() { k::force_kernel_level(saved); }
-};
+using tlm_test::level_guard;
+using tlm_test::testable_levels;
 
 const transpose both[] = {transpose::no, transpose::yes};
 

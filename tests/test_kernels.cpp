@@ -10,6 +10,8 @@
 // differs.
 #include <doctest/doctest.h>
 
+#include "kernel_levels.hpp"
+
 #include <tlm/kernels.hpp>
 #include <tlm/kernels/adamw.hpp>
 
@@ -31,18 +33,8 @@ constexpr double rel_tol = 1e-5;
 const encoding all_encodings[] = {encoding::f32,  encoding::f16,  encoding::bf16, encoding::q8_0, encoding::q4_0,
                                   encoding::q4_1, encoding::q4_k, encoding::q5_k, encoding::q6_k};
 
-std::vector<tlm::kernel_level> testable_levels() {
-  std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
-  for (auto l : {tlm::kernel_level::avx2, tlm::kernel_level::avx512})
-    if (tlm::kernel_level_supported(l)) levels.push_back(l);
-  return levels;
-}
-
-// Restores the start-up level when a test case ends, even on failure.
-struct level_guard {
-  tlm::kernel_level saved = k::active_kernel_level();
-  ~level_guard() { k::force_kernel_level(saved); }
-};
+using tlm_test::level_guard;
+using tlm_test::testable_levels;
 
 void put_half(std::byte* p, float v) {
   const std::uint16_t h = tlm::f32_to_fp16(v);

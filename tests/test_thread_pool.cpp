@@ -10,6 +10,7 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -171,4 +172,43 @@ TEST_CASE("a pool is destroyed cleanly right after a job, and with workers that 
     }
   }
   CHECK(jobs_done == 25);
+}
+
+TEST_CASE("run_on_each_thread runs f exactly once on every thread, the caller included") {
+  for (std::size_t threads : {1, 2, 3, 5}) {
+    tlm::thread_pool pool(threads);
+    for (int round = 0; round < 20; ++round) {
+      std::mutex m;
+      std::vector<std::thread::id> ids;  // guarded by m
+      pool.run_on_each_thread([&] {
+        std::lock_guard<std::mutex> g(m);
+        ids.push_back(std::this_thread::get_id());
+      });
+      const std::set<std::thread::id> distinct(ids.begin(), ids.end());
+      CHECK(ids.size() == threads);
+      CHECK(distinct.size() == threads);
+      CHECK(distinct.count(std::this_thread::get_id()) == 1);
+    }
+    check_cover(pool, 1000, 3);  // and parallel_for still works after
+  }
+}
+
+TEST_CASE("run_on_each_thread: an exception reaches the caller; a call from inside a job is refused") {
+  tlm::thread_pool pool(3);
+  std::atomic<int> calls{0};
+  CHECK_THROWS_WITH_AS(pool.run_on_each_thread([&] {
+    if (calls.fetch_add(1) == 1) throw std::runtime_error("init failed");
+  }),
+                       "init failed", std::runtime_error);
+  CHECK(calls.load() == 3);  // the others still ran: a failure does not strand the barrier
+  std::atomic<int> refused{0};
+  pool.parallel_for(4, 1, [&](std::size_t, std::size_t) {
+    try {
+      pool.run_on_each_thread([] {});
+    } catch (const tlm::error& e) {
+      if (std::string(e.what()).find("inside a job") != std::string::npos) refused.fetch_add(1);
+    }
+  });
+  CHECK(refused.load() == 4);
+  check_cover(pool, 100, 1);
 }

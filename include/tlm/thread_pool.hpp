@@ -133,6 +133,51 @@ class thread_pool {
       f(std::size_t{0}, n);
       return;
     }
+    run_job(n, chunks, f);
+  }
+
+  // Runs f() once on every thread of the pool, the calling thread included, and
+  // returns when all have. For per-thread state that a hot loop must find ready
+  // (buffers sized up front, so that the loop allocates nothing): parallel_for
+  // cannot promise that, since a thread claims chunks only when it is scheduled.
+  // Each thread takes one chunk and holds it until all size() chunks are taken, so
+  // no thread takes two. Waits for the pool if another thread is using it; must not
+  // be called from inside a job of this pool (that would wait for itself).
+  template <class F>
+  void run_on_each_thread(F&& f) {
+    if (inside_ == this) {
+      throw error("thread_pool::run_on_each_thread was called from inside a job of the same pool, where it would "
+                  "wait for itself; call it before or after the parallel work");
+    }
+    if (workers_.empty()) {
+      f();
+      return;
+    }
+    std::unique_lock<std::mutex> lock(busy_);
+    const std::size_t n = size();
+    std::atomic<std::size_t> arrived{0};
+    auto each = [&](std::size_t, std::size_t) {
+      // f runs only after the barrier: every chunk is then claimed and inside invoke,
+      // so a throwing f cannot make a later chunk skip the barrier and hang the rest.
+      arrived.fetch_add(1, std::memory_order_acq_rel);
+      arrived.notify_all();
+      for (std::size_t a = arrived.load(std::memory_order_acquire); a < n; a = arrived.load(std::memory_order_acquire)) {
+        detail::spin_then_wait(arrived, a, spin_time);
+      }
+      f();
+    };
+    run_job(n, n, each);
+  }
+
+ private:
+  static constexpr std::size_t max_threads = 1024;
+  static constexpr std::size_t max_chunks = 0xffff;
+  static constexpr std::chrono::microseconds spin_time{200};
+
+  // Publishes job f over [0, n) in `chunks` chunks, takes part, and waits for every
+  // chunk. The caller holds busy_.
+  template <class F>
+  void run_job(std::size_t n, std::size_t chunks, F& f) {
     using fn_type = std::remove_reference_t<F>;
     job_.invoke = [](void* ctx, std::size_t b, std::size_t e) { (*static_cast<fn_type*>(ctx))(b, e); };
     job_.ctx = const_cast<void*>(static_cast<const void*>(std::addressof(f)));
@@ -157,11 +202,6 @@ class thread_pool {
     }
     if (job_.failure) std::rethrow_exception(job_.failure);
   }
-
- private:
-  static constexpr std::size_t max_threads = 1024;
-  static constexpr std::size_t max_chunks = 0xffff;
-  static constexpr std::chrono::microseconds spin_time{200};
 
   struct job {
     void (*invoke)(void*, std::size_t, std::size_t) = nullptr;

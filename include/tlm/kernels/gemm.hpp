@@ -51,8 +51,8 @@ enum class transpose : bool { no = false, yes = true };
 
 namespace gemm_detail {
 
-inline std::size_t round_up(std::size_t x, std::size_t to) { return (x + to - 1) / to * to; }
-inline std::size_t ceil_div(std::size_t x, std::size_t d) { return (x + d - 1) / d; }
+constexpr std::size_t round_up(std::size_t x, std::size_t to) { return (x + to - 1) / to * to; }
+constexpr std::size_t ceil_div(std::size_t x, std::size_t d) { return (x + d - 1) / d; }
 
 // The portable level: an mr x nr tile of plain float loops. The compiler keeps the
 // tile in (baseline SSE) registers and vectorizes across columns; each element is
@@ -133,6 +133,23 @@ inline scratch& thread_scratch() {
   return s;
 }
 
+// The panels of the largest unit kernel K ever packs (make_plan keeps mc <= mc_max
+// and nc <= nc_max, rounded up to whole micro-panels). Every unit asks for these
+// sizes, not for its own, so a thread's buffers take their final size the first
+// time it runs any unit: which thread claims which unit (a race) then never decides
+// whether a later call allocates. See reserve_gemm_scratch.
+template <class K>
+constexpr std::size_t a_capacity = round_up(K::mc_max, K::mr) * K::kc;  // floats: [mc_max / mr, kc, mr]
+template <class K>
+constexpr std::size_t b_capacity = round_up(K::nc_max, K::nr) * K::kc;  // floats: [nc_max / nr, kc, nr]
+
+template <class K>
+void reserve_scratch() {
+  scratch& s = thread_scratch();
+  s.a(a_capacity<K>);
+  s.b(b_capacity<K>);
+}
+
 struct problem {
   bool ta, tb;
   std::size_t m, n, k;
@@ -208,8 +225,8 @@ template <class K>
 void run_unit(const problem& g, std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
   scratch& s = thread_scratch();
   const std::size_t a_panels = ceil_div(i1 - i0, K::mr), b_panels = ceil_div(j1 - j0, K::nr);
-  float* abuf = s.a(a_panels * K::mr * K::kc);  // [a_panels, kc, mr]
-  float* bbuf = s.b(b_panels * K::nr * K::kc);  // [b_panels, kc, nr]
+  float* abuf = s.a(std::max(a_capacity<K>, a_panels * K::mr * K::kc));  // [a_panels, kc, mr]
+  float* bbuf = s.b(std::max(b_capacity<K>, b_panels * K::nr * K::kc));  // [b_panels, kc, nr]
   for (std::size_t p0 = 0; p0 < g.k; p0 += K::kc) {
     const std::size_t kc = std::min(K::kc, g.k - p0);
     const bool overwrite = p0 == 0 && !g.accumulate;
@@ -349,6 +366,21 @@ inline void gemm(transpose ta, transpose tb, std::size_t m, std::size_t n, std::
     case kernel_level::avx2: gemm_detail::run<gemm_avx2::kernel>(g, pool); return;
 #endif
     default: gemm_detail::run<gemm_detail::scalar_kernel>(g, pool); return;
+  }
+}
+
+// Gives the calling thread the packing buffers of the active level's largest unit,
+// so that its later gemm calls allocate nothing. A hot loop that must not allocate
+// (a training step) runs this on every thread of its pool once, up front
+// (thread_pool::run_on_each_thread): with chunks claimed dynamically, a thread may
+// otherwise run its first unit only in a later step.
+inline void reserve_gemm_scratch() {
+  switch (active_kernel_level()) {
+#if defined(__x86_64__) || defined(__i386__)
+    case kernel_level::avx512: gemm_detail::reserve_scratch<gemm_avx512::kernel>(); return;
+    case kernel_level::avx2: gemm_detail::reserve_scratch<gemm_avx2::kernel>(); return;
+#endif
+    default: gemm_detail::reserve_scratch<gemm_detail::scalar_kernel>(); return;
   }
 }
 

@@ -21,11 +21,13 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../block.hpp"
 #include "../config.hpp"
 #include "../error.hpp"
+#include "../kernels/gemm.hpp"
 #include "../ops.hpp"
 #include "../shape.hpp"
 #include "../thread_pool.hpp"
@@ -69,6 +71,9 @@ class training {
     targets_.resize(n_);
     angles_.reserve(opt_.seq);
     for (std::size_t t = 0; t < opt_.seq; ++t) angles_.emplace_back(t);
+    // Every thread's GEMM packing buffers now, so that no step allocates, whichever
+    // thread happens to claim which block of a product.
+    if constexpr (std::is_same_v<T, float>) pool_->run_on_each_thread([] { kernels::reserve_gemm_scratch(); });
   }
 
   const training_options& options() const { return opt_; }

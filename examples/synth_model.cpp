@@ -3,6 +3,7 @@
 //
 //   synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b|tiny_gqa|tiny_untied --out PATH
 //               [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--std S] [--tokenizer-from REAL.gguf]
+//               [--layers N]
 //
 // The tensor list comes from the one walk over tlm::model_weights<C>, so the file
 // has exactly the tensors the loader expects, named as it names them. Matrices are
@@ -13,6 +14,9 @@
 // BPE vocabulary of the config's size is synthesized: 3 control tokens, the 256 byte
 // symbols, then two-symbol merges (a vocabulary smaller than 259, as the tiny test
 // configs have, keeps only the first byte symbols and has no merges).
+// --layers N keeps only the first N blocks (block_count N): a file of the config's exact
+// width, heads and vocabulary that the float64 reference can check in a few GB of memory
+// (tests bind it to a config type with `layers = N`; the named type refuses it).
 // The tiny test configs (tiny_gqa, tiny_untied) are accepted too: their files are the
 // fuzzers' seeds and the random models that tests compare with the float64 reference.
 #include <tlm/config.hpp>
@@ -41,6 +45,7 @@ struct options {
   tlm::encoding embd_enc = tlm::encoding::q8_0;
   std::uint64_t seed = 1;
   float std_dev = 0.02f;  // of the matrices' values
+  std::size_t layers = 0;  // 0: all of the config's blocks
 };
 
 tlm::encoding parse_encoding(std::string_view s) {
@@ -131,11 +136,17 @@ void synthesize_tokenizer(tlm::gguf::writer& w, std::size_t vocab) {
 
 template <tlm::LlamaConfig C>
 int synthesize(const options& o) {
+  if (o.layers > C::layers) {
+    throw tlm::error(fmt::format("--layers {}: {} has only {} blocks; give 1 to {}", o.layers, o.config, C::layers, C::layers));
+  }
+  const std::size_t layers = o.layers != 0 ? o.layers : C::layers;
   tlm::gguf::writer w;
   w.set("general.architecture", "llama");
   w.set("general.type", "model");
-  w.set("general.name", fmt::format("synthetic {} (random weights, seed {})", o.config, o.seed));
-  w.set("llama.block_count", static_cast<std::uint32_t>(C::layers));
+  w.set("general.name", layers == C::layers ? fmt::format("synthetic {} (random weights, seed {})", o.config, o.seed)
+                                             : fmt::format("synthetic {}, first {} of {} layers (random weights, seed {})",
+                                                           o.config, layers, C::layers, o.seed));
+  w.set("llama.block_count", static_cast<std::uint32_t>(layers));
   w.set("llama.context_length", static_cast<std::uint32_t>(C::context));
   w.set("llama.embedding_length", static_cast<std::uint32_t>(tlm::dim<C>));
   w.set("llama.feed_forward_length", static_cast<std::uint32_t>(C::ffn));
@@ -174,6 +185,7 @@ int synthesize(const options& o) {
   tlm::for_each_tensor(
       [&](const tlm::tensor_name& name, auto& t) {
         using T = std::remove_cvref_t<decltype(t)>;
+        if (name.layer >= 0 && static_cast<std::size_t>(name.layer) >= layers) return;
         const std::string n = name.str();
         const std::size_t rows = T::rows, cols = T::cols;
         params += rows * cols;
@@ -224,12 +236,26 @@ int run(int argc, char** argv) {
       if (!(o.std_dev > 0.0f && o.std_dev < 100.0f)) throw tlm::error(fmt::format("--std {} must be a positive number below 100", o.std_dev));
     }
     else if (a == "--tokenizer-from") o.tokenizer_from = next();
+    else if (a == "--layers") {
+      const std::string v = next();
+      std::size_t used = 0;
+      unsigned long long n = 0;
+      try {
+        n = std::stoull(v, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != v.size() || v.empty() || v[0] == '-' || n == 0 || n > 1024)
+        throw tlm::error(fmt::format("--layers takes a whole number of blocks from 1 up, got '{}'", v));
+      o.layers = static_cast<std::size_t>(n);
+    }
     else throw tlm::error(fmt::format("unknown option '{}'", a));
   }
   if (o.config.empty() || o.out.empty()) {
     fmt::print(stderr,
                "usage: synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b|tiny_gqa|tiny_untied --out PATH\n"
-               "                   [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--std S] [--tokenizer-from REAL.gguf]\n");
+               "                   [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--std S] [--tokenizer-from REAL.gguf]\n"
+               "                   [--layers N]\n");
     return 2;
   }
   if (o.config == "smollm2_135m") return synthesize<tlm::smollm2_135m>(o);

@@ -1,0 +1,78 @@
+// The C++ side of the 1.7B-shaped check in tests/reference/check_synthetic.py: binds a
+// file written by `synth_model --config smollm2_1_7b --layers 2` to smollm2_1_7b's
+// shape cut to two blocks, and writes the logits of every prompt position twice: from
+// one batched prefill, and from feeding the tokens one at a time (the decode path).
+//
+//   layers_probe FILE.gguf OUT.f32 ID,ID,...   OUT: float32 [2, n, vocab]
+//
+// The cut type lives here, not in the library: smollm2_1_7b itself must refuse a file
+// with two blocks, and check_synthetic.py checks that it does.
+#include <tlm/model.hpp>
+
+#include <fmt/core.h>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+// smollm2_1_7b's width, heads (group 1: one key/value head per query head), FFN and
+// vocabulary, with only its first two blocks.
+struct smollm2_1_7b_first2 : tlm::smollm2_1_7b {
+  static constexpr std::size_t layers = 2;
+};
+
+std::vector<std::int32_t> parse_ids(const std::string& s) {
+  std::vector<std::int32_t> ids;
+  std::size_t at = 0;
+  while (at <= s.size()) {
+    const std::size_t comma = std::min(s.find(',', at), s.size());
+    ids.push_back(static_cast<std::int32_t>(std::stol(s.substr(at, comma - at))));
+    at = comma + 1;
+  }
+  return ids;
+}
+
+int run(int argc, char** argv) {
+  if (argc != 4) {
+    fmt::print(stderr, "usage: layers_probe FILE.gguf OUT.f32 ID,ID,...\n");
+    return 2;
+  }
+  using C = smollm2_1_7b_first2;
+  const auto ids = parse_ids(argv[3]);
+  auto m = tlm::model<C>::load(argv[1], {.threads = 2});
+  std::vector<float> batched;  // [n, vocab]
+  {
+    tlm::kv_cache<C> cache(ids.size());
+    m.prefill(ids, cache, &batched);
+  }
+  std::vector<float> stepped;  // [n, vocab]
+  {
+    tlm::kv_cache<C> cache(ids.size());
+    for (const auto id : ids) {
+      const auto logits = m.forward(id, cache);
+      stepped.insert(stepped.end(), logits.begin(), logits.end());
+    }
+  }
+  std::ofstream out(argv[2], std::ios::binary);
+  out.write(reinterpret_cast<const char*>(batched.data()), static_cast<std::streamsize>(batched.size() * sizeof(float)));
+  out.write(reinterpret_cast<const char*>(stepped.data()), static_cast<std::streamsize>(stepped.size() * sizeof(float)));
+  if (!out) {
+    fmt::print(stderr, "layers_probe: cannot write {}\n", argv[2]);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "layers_probe: {}\n", e.what());
+    return 1;
+  }
+}

@@ -252,7 +252,9 @@ TEST_CASE("matmul: every level and encoding against the reference, batch 1..9 an
   std::mt19937 rng(777);
   worst_ratio = 0;
   std::size_t cases = 0;
-  const std::size_t batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 64, 67};
+  // 16, 31, 32, 33: around the batch where the AVX-512 level hands short batches to
+  // its narrow (AVX2) kernel.
+  const std::size_t batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 31, 32, 33, 64, 67};
   const std::size_t mm_rows[] = {1, 3, 4, 5, 8, 13, 67};
   for (auto level : testable_levels()) {
     k::force_kernel_level(level);
@@ -293,6 +295,38 @@ TEST_CASE("matmul: every level and encoding against the reference, batch 1..9 an
   }
   MESSAGE("matmul cases: " << cases << ", worst error / tolerance: " << worst_ratio);
   CHECK(cases > 500);
+}
+
+TEST_CASE("every level's own prefill kernel at every batch, including those matmul hands to a narrower one") {
+  std::mt19937 rng(778);
+  std::size_t cases = 0;
+  for (auto level : testable_levels()) {
+    const auto& t = k::detail::table_for(level);
+    for (encoding enc : all_encodings) {
+      const std::size_t s = static_cast<std::size_t>(k::detail::slot(enc));
+      const std::size_t rows = 13, cols = cols_for(enc)[2];  // 7, 96 or 768: a body and a tail
+      const std::size_t rb = tlm::row_bytes(enc, cols);
+      for (std::size_t batch : {1, 2, 5, 15, 16, 17, 31}) {
+        const auto wsrc = random_rows(enc, rows, cols, rng);
+        const auto xsrc = random_floats(batch * cols, rng);
+        placed_bytes w(wsrc, batch % 8);
+        placed_floats x(xsrc, batch % 4);
+        std::vector<float> y(batch * rows), ref(batch * rows);
+        t.matmul[s](enc, w.data, rb, x.data, y.data(), 0, rows, rows, cols, batch);
+        k::matmul_reference(enc, w.data, x.data, ref.data(), rows, cols, batch);
+        int bad = 0;
+        for (std::size_t b = 0; b < batch; ++b) {
+          const auto sums = abs_sums(enc, w.data, x.data + b * cols, rows, cols);
+          bad += compare(y.data() + b * rows, ref.data() + b * rows, sums, rows, rows,
+                         std::string(tlm::kernel_level_name(level)) + " own kernel " + std::string(tlm::name(enc)) +
+                             " batch " + std::to_string(batch));
+        }
+        CHECK(bad == 0);
+        ++cases;
+      }
+    }
+  }
+  CHECK(cases >= 7 * 9);
 }
 
 TEST_CASE("matmul row b agrees with matvec of activation row b") {

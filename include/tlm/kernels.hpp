@@ -57,6 +57,10 @@ struct kernel_table {
   matvec_rows_fn matvec[table_size];
   prepare_x_fn prepare[table_size];  // null: matvec takes x as it is
   matmul_rows_fn matmul[table_size];
+  // A batch of fewer than `matmul_min_batch` rows goes to matmul_narrow instead
+  // (null: matmul takes every batch).
+  matmul_rows_fn matmul_narrow[table_size];
+  std::size_t matmul_min_batch;
   // precision::fast; null where the encoding has no integer path (it runs exact).
   quantize_fn quantize;
   matvec_q8_fn matvec_q8[table_size];
@@ -177,6 +181,15 @@ inline const kernel_table& avx512_table() {
     }
     for (encoding e : {encoding::q4_k, encoding::q5_k, encoding::q6_k})
       k.matmul[slot(e)] = &avx512::matmul_rows<&avx2::decode_row_generic>;
+    // The AVX-512 prefill kernel puts 16 batch rows in the lanes of one register, so a
+    // prompt of 5 tokens leaves 11 of 16 lanes idle; the AVX2 kernel (a dot product
+    // per batch row) wastes none. Splitting a batch between the two would decode each
+    // weight row twice, so a short batch goes to AVX2 whole. Prefill on Zen 4, one
+    // thread, tokens/s AVX2 / AVX-512: 5 tokens 166 / 93, 8: 207 / 147, 21: 269-320 /
+    // 244, 32: 331 / 319-351, 64: 310-349 / 367-381 (bench/results/issue10-epyc-avx512.md).
+    // Zen 4 runs a 512-bit FMA as two 256-bit halves, hence its later crossover.
+    for (std::size_t i = 0; i < table_size; ++i) k.matmul_narrow[i] = avx2_table().matmul[i];
+    k.matmul_min_batch = cpu().amd ? 32 : 16;
     k.dot = &avx512::dot;
     k.axpy = &avx512::axpy;
     k.quantize = &avx512::quantize;
@@ -375,7 +388,7 @@ inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, s
                        [&](std::size_t r0, std::size_t r1) { fq(enc, w, rb, qx, y, r0, r1, rows, cols); });
     return;
   }
-  const auto fn = t.matmul[s];
+  const auto fn = t.matmul_narrow[s] != nullptr && batch < t.matmul_min_batch ? t.matmul_narrow[s] : t.matmul[s];
   detail::split_rows(pool, rows, cols,
                      [&](std::size_t r0, std::size_t r1) { fn(enc, w, rb, x, y, r0, r1, rows, cols, batch); });
 }

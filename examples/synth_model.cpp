@@ -22,6 +22,7 @@
 #include <tlm/config.hpp>
 #include <tlm/gguf.hpp>
 #include <tlm/gguf_writer.hpp>
+#include <tlm/hyperparameters.hpp>
 #include <tlm/quant.hpp>
 #include <tlm/weights.hpp>
 
@@ -141,22 +142,13 @@ int synthesize(const options& o) {
   }
   const std::size_t layers = o.layers != 0 ? o.layers : C::layers;
   tlm::gguf::writer w;
-  w.set("general.architecture", "llama");
-  w.set("general.type", "model");
-  w.set("general.name", layers == C::layers ? fmt::format("synthetic {} (random weights, seed {})", o.config, o.seed)
-                                             : fmt::format("synthetic {}, first {} of {} layers (random weights, seed {})",
-                                                           o.config, layers, C::layers, o.seed));
-  w.set("llama.block_count", static_cast<std::uint32_t>(layers));
-  w.set("llama.context_length", static_cast<std::uint32_t>(C::context));
-  w.set("llama.embedding_length", static_cast<std::uint32_t>(tlm::dim<C>));
-  w.set("llama.feed_forward_length", static_cast<std::uint32_t>(C::ffn));
-  w.set("llama.attention.head_count", static_cast<std::uint32_t>(tlm::heads<C>));
-  w.set("llama.attention.head_count_kv", static_cast<std::uint32_t>(C::kv_heads));
-  w.set("llama.rope.freq_base", static_cast<float>(C::rope_theta));
-  w.set("llama.attention.layer_norm_rms_epsilon", static_cast<float>(C::rms_eps));
+  tlm::write_hyperparameters<C>(w,
+                                layers == C::layers
+                                    ? fmt::format("synthetic {} (random weights, seed {})", o.config, o.seed)
+                                    : fmt::format("synthetic {}, first {} of {} layers (random weights, seed {})", o.config,
+                                                  layers, C::layers, o.seed),
+                                layers);
   w.set("general.file_type", file_type(o.enc));
-  w.set("llama.vocab_size", static_cast<std::uint32_t>(C::vocab));
-  w.set("llama.rope.dimension_count", static_cast<std::uint32_t>(tlm::head_dim<C>));
 
   // The source file stays open until write() returns, so copied values stay valid.
   std::optional<tlm::gguf::file> tok;

@@ -13,6 +13,7 @@
 #include "config.hpp"
 #include "error.hpp"
 #include "gguf.hpp"
+#include "hyperparameters.hpp"
 #include "kernels.hpp"
 #include "weights.hpp"
 
@@ -84,16 +85,10 @@ std::vector<std::string> hyperparameter_problems(const gguf::file& f) {
       out.push_back(std::string(key) + ": expected " + std::to_string(want) + ", found " + std::to_string(got));
     }
   };
-  check_uint("llama.embedding_length", dim<C>);
-  check_uint("llama.block_count", C::layers);
-  check_uint("llama.feed_forward_length", C::ffn);
-  check_uint("llama.attention.head_count", heads<C>);
-  check_uint("llama.attention.head_count_kv", C::kv_heads);
-  check_uint("llama.context_length", C::context);
-  check_uint("llama.vocab_size", C::vocab, false);
-  check_uint("llama.rope.dimension_count", head_dim<C>, false);
-  check_float("llama.attention.layer_norm_rms_epsilon", C::rms_eps, true, 0.0);
-  check_float("llama.rope.freq_base", C::rope_theta, false, 10000.0);
+  for (const hyperparameter& h : hyperparameters<C>) {
+    if (h.is_float) check_float(h.key, h.value, h.required, h.if_absent);
+    else check_uint(h.key, static_cast<std::size_t>(h.value), h.required);
+  }
 
   // Keys that change the computation when present with another value than plain
   // Llama's. A file that sets one is refused, never run as if it were absent.
@@ -127,16 +122,16 @@ std::vector<std::string> hyperparameter_problems(const gguf::file& f) {
   // Every other llama.* key is unknown to tlm, so it cannot vouch that the key leaves
   // the computation alone: refuse rather than compute something else silently.
   static constexpr std::string_view known[] = {
-      "llama.embedding_length", "llama.block_count", "llama.feed_forward_length", "llama.attention.head_count",
-      "llama.attention.head_count_kv", "llama.context_length", "llama.vocab_size", "llama.rope.dimension_count",
-      "llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base", "llama.attention.key_length",
-      "llama.attention.value_length", "llama.expert_count", "llama.expert_used_count", "llama.rope.scaling.type",
+      "llama.attention.key_length", "llama.attention.value_length", "llama.expert_count", "llama.expert_used_count", "llama.rope.scaling.type",
       "llama.rope.scaling.factor", "llama.rope.scale_linear", "llama.rope.scaling.attn_factor",
       // Informational unless a scaling type is set, which is checked above.
       "llama.rope.scaling.original_context_length", "llama.rope.scaling.finetuned"};
   for (const auto& e : f.metadata()) {
     if (!e.key.starts_with("llama.")) continue;
     if (std::find(std::begin(known), std::end(known), e.key) != std::end(known)) continue;
+    if (std::any_of(hyperparameters<C>.begin(), hyperparameters<C>.end(),
+                    [&](const hyperparameter& h) { return h.key == e.key; }))
+      continue;
     out.push_back(std::string(e.key) + ": tlm does not know this key, so it cannot tell whether the file needs a computation tlm "
                           "does not do; remove the key if it is only informational");
   }

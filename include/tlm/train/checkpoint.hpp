@@ -33,6 +33,7 @@
 #include "../error.hpp"
 #include "../gguf.hpp"
 #include "../gguf_writer.hpp"
+#include "../hyperparameters.hpp"
 #include "../load.hpp"
 #include "../quant.hpp"
 #include "../weights.hpp"
@@ -110,25 +111,6 @@ inline std::uint32_t llama_file_type(encoding enc) {
 }
 
 }  // namespace detail
-
-// The GGUF hyperparameters of C, the same keys bind<C> checks (load.hpp), for a model
-// trained from scratch that has no source file to copy them from.
-template <LlamaConfig C>
-void write_hyperparameters(gguf::writer& w, std::string_view name) {
-  w.set("general.architecture", "llama");
-  w.set("general.type", "model");
-  w.set("general.name", name);
-  w.set("llama.block_count", static_cast<std::uint32_t>(C::layers));
-  w.set("llama.context_length", static_cast<std::uint32_t>(C::context));
-  w.set("llama.embedding_length", static_cast<std::uint32_t>(dim<C>));
-  w.set("llama.feed_forward_length", static_cast<std::uint32_t>(C::ffn));
-  w.set("llama.attention.head_count", static_cast<std::uint32_t>(heads<C>));
-  w.set("llama.attention.head_count_kv", static_cast<std::uint32_t>(C::kv_heads));
-  w.set("llama.rope.freq_base", static_cast<float>(C::rope_theta));
-  w.set("llama.attention.layer_norm_rms_epsilon", static_cast<float>(C::rms_eps));
-  w.set("llama.vocab_size", static_cast<std::uint32_t>(C::vocab));
-  w.set("llama.rope.dimension_count", static_cast<std::uint32_t>(head_dim<C>));
-}
 
 // Copies the source model's metadata (hyperparameters, tokenizer, chat template, names)
 // except the keys that describe the tensor encoding, which the new file sets itself.

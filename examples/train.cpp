@@ -371,7 +371,8 @@ int run(const options& o, const std::string& config_name, group& grp) {
   auto g = std::make_unique<weights>();
   tlm::adamw<weights> opt(ao);
   tlm::train_state st{.step = 0, .seed = o.seed, .data_position = 0, .rng_state = 0, .batch = o.batch, .seq = o.seq, .threads = o.threads,
-                      .options = ao, .config = config_name, .data = fs::absolute(o.data).string(), .chat = o.chat};
+                      .options = ao, .config = config_name, .data = fs::absolute(o.data).string(), .chat = o.chat,
+                      .kernels = std::string(tlm::kernels::kernel_level_name())};
   if (grp.lead()) {
     fs::create_directories(o.out);
     for (const auto& e : fs::directory_iterator(o.out))  // temporary files of a killed run
@@ -394,6 +395,11 @@ int run(const options& o, const std::string& config_name, group& grp) {
     differs("--chat", saved.chat ? "on" : "off", o.chat ? "on" : "off");
     if (saved.threads != o.threads && grp.lead())
       fmt::print(stderr, "train: note: the checkpoint was made with --threads {}, this run uses {}; losses will differ in the last bits\n", saved.threads, o.threads);
+    if (!saved.kernels.empty() && saved.kernels != st.kernels && grp.lead())
+      fmt::print(stderr,
+                 "train: note: the checkpoint was made with the {} kernels, this run uses {} (another CPU, or TLM_KERNELS); "
+                 "losses will differ in the last bits\n",
+                 saved.kernels, st.kernels);
     st.step = saved.step;
     st.data_position = saved.data_position;
     rows = read_log(fs::path(o.out) / "loss.csv", st.step);
@@ -445,9 +451,9 @@ int run(const options& o, const std::string& config_name, group& grp) {
   std::signal(SIGINT, on_sigint);
   const bool tty = ::isatty(1) && grp.lead();
   if (grp.lead())
-    fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}, {} threads{}\n",
+    fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}, {} threads{}, kernels {}\n",
                config_name, o.model.empty() ? "from scratch" : o.model, n_train, data.held_out.size(), o.seq, data.tokens, total, st.step, o.batch,
-               o.threads, grp.size() > 1 ? fmt::format(" on each of {} MPI ranks", grp.size()) : "");
+               o.threads, grp.size() > 1 ? fmt::format(" on each of {} MPI ranks", grp.size()) : "", st.kernels);
   if (o.resume && grp.lead()) fmt::print("resumed from {} at step {} (checkpoint loaded in {:.2f} s)\n", tlm::latest_checkpoint(o.out), st.step, load_seconds);
   if (!o.resume && grp.lead()) {
     const double h0 = held_out_loss();

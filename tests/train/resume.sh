@@ -13,4 +13,13 @@ grep -q "stopped at step 7 of 20; continue with --resume" "$dir/split1.log" || f
 "$train" "${args[@]}" --out "$dir/split" --resume > "$dir/split2.log" || fail "resumed run failed"
 diff <(losses "$dir/full/loss.csv") <(losses "$dir/split/loss.csv") || fail "loss curves differ"
 cmp "$dir/full/model.gguf" "$dir/split/model.gguf" || fail "exported models differ"
-echo "resume: $(($(wc -l < "$dir/full/loss.csv") - 1)) steps, losses and model.gguf bit-exact"
+# On another kernel level the resume still works, and says that it cannot be bit-exact.
+"$train" "${args[@]}" --out "$dir/relevel" --stop-after 5 > "$dir/relevel1.log" || fail "first half (relevel) failed"
+TLM_KERNELS=scalar "$train" "${args[@]}" --out "$dir/relevel" --resume > "$dir/relevel2.log" 2> "$dir/relevel2.err" ||
+  fail "resume on the scalar kernels failed"
+level=$(grep -o "kernels [a-z0-9]*" "$dir/relevel1.log" | head -1 | cut -d' ' -f2)
+if [ "$level" != scalar ]; then
+  grep -q "train: note: the checkpoint was made with the $level kernels, this run uses scalar" "$dir/relevel2.err" ||
+    fail "no note about the kernel level on resume: $(cat "$dir/relevel2.err")"
+fi
+echo "resume: $(($(wc -l < "$dir/full/loss.csv") - 1)) steps, losses and model.gguf bit-exact; a resume on another kernel level says so"

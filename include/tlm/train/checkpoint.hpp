@@ -53,6 +53,10 @@ struct train_state {
   std::string config;  // config type name, e.g. "smollm2_135m"
   std::string data;    // the data file trained on (checked on resume)
   bool chat = false;
+  // The kernel level the run computed with (avx512, avx2, scalar): levels round
+  // differently, so a resume is bit-exact only on the same level (and thread count).
+  // Empty in checkpoints written before it was recorded.
+  std::string kernels;
 };
 
 namespace detail {
@@ -168,6 +172,7 @@ inline void put_state(gguf::writer& w, const train_state& s) {
   w.set("tlm.train.config", s.config);
   w.set("tlm.train.data", s.data);
   w.set("tlm.train.chat", s.chat);
+  w.set("tlm.train.kernels", s.kernels);
   const auto& o = s.options;
   w.set("tlm.adamw.lr", o.lr);
   w.set("tlm.adamw.beta1", o.beta1);
@@ -196,6 +201,7 @@ inline train_state get_state(const gguf::file& f) {
   s.config = std::string(f.get_string("tlm.train.config"));
   s.data = std::string(f.get_string("tlm.train.data"));
   s.chat = f.get_bool("tlm.train.chat");
+  if (f.has("tlm.train.kernels")) s.kernels = std::string(f.get_string("tlm.train.kernels"));
   auto& o = s.options;
   o.lr = f.get_float("tlm.adamw.lr");
   o.beta1 = f.get_float("tlm.adamw.beta1");

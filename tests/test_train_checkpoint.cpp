@@ -6,7 +6,10 @@
 #include <tlm/train/checkpoint.hpp>
 
 #include <filesystem>
+#include <cstdint>
 #include <string>
+#include <string_view>
+#include <type_traits>
 
 #include "train_common.hpp"
 
@@ -52,7 +55,8 @@ TEST_CASE("checkpoint round trip: weights, m, v, step and training state exactly
   const auto dir = fresh_dir("round_trip");
   trained t;
   tlm::train_state st{.step = 2, .seed = 9, .data_position = 8, .rng_state = 1234, .batch = 4, .seq = 16, .threads = 1,
-                      .options = t.opt.options(), .config = "tiny_train", .data = "/x/data.txt", .chat = true};
+                      .options = t.opt.options(), .config = "tiny_train", .data = "/x/data.txt", .chat = true,
+                      .kernels = "avx2"};
   tlm::save_checkpoint<C>(dir, *t.p, t.opt, st, nullptr);
   CHECK(tlm::latest_checkpoint(dir) == "checkpoint-2");
   CHECK(std::filesystem::exists(dir / "checkpoint-2.gguf"));
@@ -69,10 +73,20 @@ TEST_CASE("checkpoint round trip: weights, m, v, step and training state exactly
   CHECK(got.seed == 9);
   CHECK(got.data_position == 8);
   CHECK(got.rng_state == 1234);
+  CHECK(got.batch == 4);
+  CHECK(got.seq == 16);
+  CHECK(got.threads == 1);
   CHECK(got.config == "tiny_train");
   CHECK(got.data == "/x/data.txt");
   CHECK(got.chat);
-  CHECK(got.options.lr == t.opt.options().lr);
+  CHECK(got.kernels == "avx2");
+  const auto& want = t.opt.options();
+  CHECK(got.options.lr == want.lr);
+  CHECK(got.options.beta1 == want.beta1);
+  CHECK(got.options.beta2 == want.beta2);
+  CHECK(got.options.eps == want.eps);
+  CHECK(got.options.weight_decay == want.weight_decay);
+  CHECK(got.options.min_lr == want.min_lr);
   CHECK(got.options.total_steps == 10);
   CHECK(got.options.warmup == 2);
   CHECK(got.options.clip == 1.0);
@@ -89,7 +103,7 @@ TEST_CASE("checkpoint: a weights file and optimizer file of different steps are 
   const auto dir = fresh_dir("mismatch");
   trained t;
   tlm::train_state st{.step = 4, .seed = 1, .data_position = 0, .rng_state = 0, .batch = 1, .seq = 4, .threads = 1,
-                      .options = t.opt.options(), .config = "tiny_train", .data = "", .chat = false};
+                      .options = t.opt.options(), .config = "tiny_train", .data = "", .chat = false, .kernels = ""};
   tlm::save_checkpoint<C>(dir, *t.p, t.opt, st, nullptr);
   std::filesystem::copy_file(dir / "checkpoint-4.gguf", dir / "keep.gguf");
   st.step = 5;
@@ -98,6 +112,36 @@ TEST_CASE("checkpoint: a weights file and optimizer file of different steps are 
   auto p = std::make_unique<W>();
   tlm::adamw<W> opt({.lr = 1});
   CHECK_THROWS_WITH(tlm::load_checkpoint<C>(dir, *p, opt), doctest::Contains("do not belong together"));
+}
+
+TEST_CASE("optimizer state: a sidecar without a required key is refused by name; without the kernel level it loads") {
+  const auto dir = fresh_dir("state_keys");
+  tlm::train_state st{.step = 7, .seed = 1, .data_position = 3, .rng_state = 5, .batch = 2, .seq = 4, .threads = 2,
+                      .options = {.lr = 0.5}, .config = "tiny_train", .data = "d.txt", .chat = false, .kernels = "scalar"};
+  // A sidecar written with every key but `skip`.
+  const auto without = [&](std::string_view skip) {
+    tlm::gguf::writer w;
+    w.set("general.architecture", "tlm-optimizer");
+    tlm::detail::walk_state(st, [&](std::string_view key, const auto& v, bool) {
+      if (key == skip) return;
+      using V = std::remove_cvref_t<decltype(v)>;
+      if constexpr (std::is_same_v<V, std::string> || std::is_same_v<V, bool> || std::is_same_v<V, double>) w.set(key, v);
+      else w.set(key, static_cast<std::uint64_t>(v));
+    });
+    const auto path = dir / ("without-" + std::string(skip) + ".gguf");
+    w.write(path);
+    return tlm::gguf::file(path);
+  };
+  CHECK_THROWS_WITH(tlm::detail::get_state(without("tlm.adamw.beta2")),
+                    doctest::Contains("optimizer state lacks tlm.adamw.beta2"));
+  CHECK_THROWS_WITH(tlm::detail::get_state(without("tlm.train.data_position")),
+                    doctest::Contains("optimizer state lacks tlm.train.data_position"));
+  const auto old = tlm::detail::get_state(without("tlm.train.kernels"));
+  CHECK(old.kernels.empty());
+  CHECK(old.step == 7);
+  CHECK(old.threads == 2);
+  CHECK(old.options.lr == 0.5);
+  CHECK(tlm::detail::get_state(without("")).kernels == "scalar");
 }
 
 TEST_CASE("checkpoint: resuming from a folder without one says so") {

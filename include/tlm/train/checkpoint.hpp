@@ -23,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <fcntl.h>
@@ -160,58 +161,57 @@ void write_model(const std::filesystem::path& path, const trainable<C, float>& w
 
 namespace detail {
 
+// The one list of a checkpoint's state keys: put_state writes and get_state reads
+// through it, so the two cannot drift apart. f(key, field, required) for each.
+template <class State, class F>
+  requires std::is_same_v<std::remove_const_t<State>, train_state>
+void walk_state(State& s, F&& f) {
+  f("tlm.train.step", s.step, true);
+  f("tlm.train.seed", s.seed, true);
+  f("tlm.train.data_position", s.data_position, true);
+  f("tlm.train.rng_state", s.rng_state, true);
+  f("tlm.train.batch", s.batch, true);
+  f("tlm.train.seq", s.seq, true);
+  f("tlm.train.threads", s.threads, true);
+  f("tlm.train.config", s.config, true);
+  f("tlm.train.data", s.data, true);
+  f("tlm.train.chat", s.chat, true);
+  f("tlm.train.kernels", s.kernels, false);  // absent from checkpoints written before it was recorded
+  auto& o = s.options;
+  f("tlm.adamw.lr", o.lr, true);
+  f("tlm.adamw.beta1", o.beta1, true);
+  f("tlm.adamw.beta2", o.beta2, true);
+  f("tlm.adamw.eps", o.eps, true);
+  f("tlm.adamw.weight_decay", o.weight_decay, true);
+  f("tlm.adamw.clip", o.clip, true);
+  f("tlm.adamw.warmup", o.warmup, true);
+  f("tlm.adamw.total_steps", o.total_steps, true);
+  f("tlm.adamw.min_lr", o.min_lr, true);
+}
+
 inline void put_state(gguf::writer& w, const train_state& s) {
   w.set("general.architecture", "tlm-optimizer");
-  w.set("tlm.train.step", s.step);
-  w.set("tlm.train.seed", s.seed);
-  w.set("tlm.train.data_position", s.data_position);
-  w.set("tlm.train.rng_state", s.rng_state);
-  w.set("tlm.train.batch", s.batch);
-  w.set("tlm.train.seq", s.seq);
-  w.set("tlm.train.threads", s.threads);
-  w.set("tlm.train.config", s.config);
-  w.set("tlm.train.data", s.data);
-  w.set("tlm.train.chat", s.chat);
-  w.set("tlm.train.kernels", s.kernels);
-  const auto& o = s.options;
-  w.set("tlm.adamw.lr", o.lr);
-  w.set("tlm.adamw.beta1", o.beta1);
-  w.set("tlm.adamw.beta2", o.beta2);
-  w.set("tlm.adamw.eps", o.eps);
-  w.set("tlm.adamw.weight_decay", o.weight_decay);
-  w.set("tlm.adamw.clip", o.clip);
-  w.set("tlm.adamw.warmup", static_cast<std::uint64_t>(o.warmup));
-  w.set("tlm.adamw.total_steps", static_cast<std::uint64_t>(o.total_steps));
-  w.set("tlm.adamw.min_lr", o.min_lr);
+  walk_state(s, [&](std::string_view key, const auto& v, bool) {
+    using V = std::remove_cvref_t<decltype(v)>;
+    if constexpr (std::is_same_v<V, std::string> || std::is_same_v<V, bool> || std::is_same_v<V, double>) w.set(key, v);
+    else w.set(key, static_cast<std::uint64_t>(v));
+  });
 }
 
 inline train_state get_state(const gguf::file& f) {
   train_state s;
-  const auto need = [&](std::string_view key) {
-    if (!f.has(key)) throw format_error(f.name() + ": optimizer state lacks " + std::string(key) + "; the file is not a tlm checkpoint sidecar");
-  };
-  for (const std::string_view k : {"tlm.train.step", "tlm.train.seed", "tlm.train.data_position", "tlm.train.rng_state"}) need(k);
-  s.step = f.get_uint("tlm.train.step");
-  s.seed = f.get_uint("tlm.train.seed");
-  s.data_position = f.get_uint("tlm.train.data_position");
-  s.rng_state = f.get_uint("tlm.train.rng_state");
-  s.batch = f.get_uint("tlm.train.batch");
-  s.seq = f.get_uint("tlm.train.seq");
-  s.threads = f.get_uint("tlm.train.threads");
-  s.config = std::string(f.get_string("tlm.train.config"));
-  s.data = std::string(f.get_string("tlm.train.data"));
-  s.chat = f.get_bool("tlm.train.chat");
-  if (f.has("tlm.train.kernels")) s.kernels = std::string(f.get_string("tlm.train.kernels"));
-  auto& o = s.options;
-  o.lr = f.get_float("tlm.adamw.lr");
-  o.beta1 = f.get_float("tlm.adamw.beta1");
-  o.beta2 = f.get_float("tlm.adamw.beta2");
-  o.eps = f.get_float("tlm.adamw.eps");
-  o.weight_decay = f.get_float("tlm.adamw.weight_decay");
-  o.clip = f.get_float("tlm.adamw.clip");
-  o.warmup = f.get_uint("tlm.adamw.warmup");
-  o.total_steps = f.get_uint("tlm.adamw.total_steps");
-  o.min_lr = f.get_float("tlm.adamw.min_lr");
+  walk_state(s, [&](std::string_view key, auto& v, bool required) {
+    if (!f.has(key)) {
+      if (!required) return;
+      throw format_error(f.name() + ": optimizer state lacks " + std::string(key) +
+                         "; the file is not a tlm checkpoint sidecar, or a damaged one: resume from another checkpoint");
+    }
+    using V = std::remove_cvref_t<decltype(v)>;
+    if constexpr (std::is_same_v<V, std::string>) v = std::string(f.get_string(key));
+    else if constexpr (std::is_same_v<V, bool>) v = f.get_bool(key);
+    else if constexpr (std::is_same_v<V, double>) v = f.get_float(key);
+    else v = static_cast<V>(f.get_uint(key));
+  });
   return s;
 }
 

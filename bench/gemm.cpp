@@ -315,14 +315,5 @@ int main(int argc, char** argv) {
                   core_peak > 0 ? 100.0 * cg / core_peak : 0.0);
     md << buf;
   }
-  std::cout << md.str();
-  if (!out_path.empty()) {
-    std::ofstream out(out_path);
-    if (!out) {
-      std::cerr << "cannot write " << out_path << "\n";
-      return 1;
-    }
-    out << md.str();
-  }
-  return 0;
+  return tlm_bench::publish(md.str(), out_path);
 }

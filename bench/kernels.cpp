@@ -491,14 +491,5 @@ int main(int argc, char** argv) {
                   t * 1e6, lo * 1e6, hi * 1e6, m.bytes / t * 1e-9, flops, tokens, cpu_gb, cpu_flops, vs_floor);
     md << buf;
   }
-  std::cout << md.str();
-  if (!out_path.empty()) {
-    std::ofstream out(out_path);
-    if (!out) {
-      std::cerr << "cannot write " << out_path << "\n";
-      return 1;
-    }
-    out << md.str();
-  }
-  return 0;
+  return tlm_bench::publish(md.str(), out_path);
 }

@@ -1,6 +1,7 @@
 #pragma once
 // What the benchmarks record about the machine they ran on, next to their figures.
 #include <fstream>
+#include <iostream>
 #include <string>
 
 namespace tlm_bench {
@@ -23,6 +24,20 @@ inline std::string load_average() {
   std::string a, b, c;
   in >> a >> b >> c;
   return a + " " + b + " " + c;
+}
+
+// Prints a finished markdown report and, with a path, writes it there too. Returns the
+// benchmark's exit status: 1 when the file cannot be written.
+inline int publish(const std::string& markdown, const std::string& out_path) {
+  std::cout << markdown;
+  if (out_path.empty()) return 0;
+  std::ofstream out(out_path);
+  out << markdown;
+  if (!out) {
+    std::cerr << "cannot write " << out_path << "; check that its folder exists and is writable\n";
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace tlm_bench

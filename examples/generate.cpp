@@ -45,7 +45,8 @@ constexpr std::size_t max_threads = 1024;
 
 constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
   --model PATH        GGUF file (default: $TLM_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)
-  --config NAME       the config type to bind the file to: smollm2_135m (default), smollm2_360m, smollm2_1_7b
+  --config NAME       the config type to bind the file to: smollm2_135m (default), smollm2_360m, smollm2_1_7b,
+                      tiny_train (a model trained from scratch by examples/train --config tiny_train)
   --prompt TEXT       the prompt (or give it as the last argument)
   -n N                tokens to generate (default 32); stops early at end-of-sequence
   --threads T         threads for the matrix kernels (default: all cores)
@@ -518,7 +519,8 @@ int main(int argc, char** argv) {
     if (o.config == "smollm2_135m") return run<tlm::smollm2_135m>(o);
     if (o.config == "smollm2_360m") return run<tlm::smollm2_360m>(o);
     if (o.config == "smollm2_1_7b") return run<tlm::smollm2_1_7b>(o);
-    fail(fmt::format("unknown --config '{}'; known: smollm2_135m, smollm2_360m, smollm2_1_7b", o.config));
+    if (o.config == "tiny_train") return run<tlm::tiny_train>(o);
+    fail(fmt::format("unknown --config '{}'; known: smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train", o.config));
   } catch (const std::exception& e) {  // tlm::error and usage_error: both say what to do
     fmt::print(stderr, "generate: {}\n", e.what());
     return 1;

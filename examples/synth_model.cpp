@@ -24,6 +24,7 @@
 #include <tlm/gguf_writer.hpp>
 #include <tlm/hyperparameters.hpp>
 #include <tlm/quant.hpp>
+#include <tlm/tokenizer.hpp>
 #include <tlm/weights.hpp>
 
 #include <fmt/core.h>
@@ -82,27 +83,11 @@ std::uint64_t tensor_seed(std::uint64_t seed, const std::string& name) {
   return h;
 }
 
-void append_utf8(std::string& s, std::uint32_t cp) {
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xc0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    s += static_cast<char>(0xe0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    s += static_cast<char>(0x80 | (cp & 0x3f));
-  }
-}
-
-// GPT-2's byte-level symbols: printable bytes stand for themselves, the rest map to U+0100 onwards.
+// GPT-2's byte-level symbols, in byte order (the tokenizer's own map).
 std::vector<std::string> byte_symbols() {
+  const auto b2cp = tlm::detail::byte_to_code_point();
   std::vector<std::string> out(256);
-  std::uint32_t next = 256;
-  for (std::uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae);
-    append_utf8(out[b], printable ? b : next++);
-  }
+  for (std::size_t b = 0; b < 256; ++b) tlm::utf8::append_code_point(out[b], b2cp[b]);
   return out;
 }
 

@@ -274,6 +274,44 @@ struct tokenizer_state {
 
 }  // namespace detail
 
+// The vocabulary of a model trained on raw bytes (examples/train --config): token b
+// (0..255) is byte b, spelt as its GPT-2 byte symbol, so byte-level BPE without merges
+// encodes any text to exactly its bytes, as the trainer's byte_tokens does; then
+// <|endoftext|> (the end-of-text token), <|im_start|>, <|im_end|> and unused tokens,
+// as far as `vocab` has room. Written into from-scratch model files so that they run in
+// generate and llama.cpp like any other.
+struct byte_vocabulary {
+  std::vector<std::string> tokens;  // [vocab]
+  std::vector<std::int32_t> types;  // [vocab] token_type values
+  std::int32_t eos = -1;            // <|endoftext|>, or -1 when vocab is 256
+};
+
+inline byte_vocabulary make_byte_vocabulary(std::size_t vocab) {
+  if (vocab < 256) {
+    throw error("byte vocabulary: " + std::to_string(vocab) + " tokens cannot hold the 256 bytes; use a config with a vocabulary of at least 256");
+  }
+  byte_vocabulary v;
+  v.tokens.reserve(vocab);
+  const auto b2cp = detail::byte_to_code_point();
+  for (std::size_t b = 0; b < 256; ++b) {
+    std::string s;
+    utf8::append_code_point(s, b2cp[b]);
+    v.tokens.push_back(std::move(s));
+    v.types.push_back(static_cast<std::int32_t>(token_type::normal));
+  }
+  for (const char* special : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+    if (v.tokens.size() == vocab) break;
+    if (v.eos < 0) v.eos = static_cast<std::int32_t>(v.tokens.size());
+    v.tokens.emplace_back(special);
+    v.types.push_back(static_cast<std::int32_t>(token_type::control));
+  }
+  while (v.tokens.size() < vocab) {
+    v.tokens.push_back("<|unused_" + std::to_string(v.tokens.size()) + "|>");
+    v.types.push_back(static_cast<std::int32_t>(token_type::unused));
+  }
+  return v;
+}
+
 class tokenizer {
  public:
   // Builds from plain vectors (the GGUF arrays). merges are "left right" strings whose

@@ -13,6 +13,9 @@ that file, for a fixed prompt:
      agrees at every position for f32/f16 (75% for the others), and max|llama - ref| /
      max|ref| is within the type's tolerance (llama.cpp rounds activations to Q8 for quantized matrices and keeps its KV
      cache in f16, so its error is larger than tlm's; the figures are printed).
+Then a tiny_train model trained from scratch on bytes (20 steps): llama.cpp loads it,
+tokenizes a text (with a two-byte character) to its bytes as tlm's byte tokenizer does,
+and both engines' logits agree with the reference (tlm 1e-4, llama.cpp the f32 bound).
 Exit status 0 only when every check passes.
 """
 from __future__ import annotations
@@ -83,9 +86,51 @@ def main() -> int:
                 failures.append(f"{out_type}: tlm's logits differ from the float64 reference ({err_ours:.2e}, argmax {arg_ours:.0%})")
             if err_llama > tol or arg_llama < agree:
                 failures.append(f"{out_type}: llama.cpp's logits differ from the float64 reference ({err_llama:.2e}, argmax {arg_llama:.0%})")
+        failures += check_from_scratch(build, Path(tmp), Llama)
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0
+
+
+def check_from_scratch(build: Path, tmp: Path, Llama) -> list[str]:
+    """A tiny_train model trained from scratch on bytes carries a byte tokenizer: llama.cpp
+    loads the file, tokenizes a text to its bytes as tlm does, and its logits agree with
+    tlm's and the float64 reference's."""
+    data = tmp / "scratch.txt"
+    data.write_text("".join(f"line {i}: the quick brown fox jumps over {i * 7 % 13} lazy dogs\n" for i in range(300)))
+    out = tmp / "scratch"
+    subprocess.run([str(build / "examples/train"), "--config", "tiny_train", "--data", str(data), "--steps", "20",
+                    "--seq", "32", "--batch", "4", "--lr", "3e-3", "--save-every", "0", "--eval-every", "0",
+                    "--out", str(out)], check=True, stdout=subprocess.DEVNULL)
+    model = out / "model.gguf"
+    text = "line 7: the quick é"
+    want = list(text.encode("utf-8"))
+    failures = []
+    llm = Llama(str(model), logits_all=True, n_ctx=64, n_threads=1, verbose=False)
+    got = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+    if got != want:
+        failures.append(f"from scratch: llama.cpp tokenizes {text!r} as {got}, not its bytes {want}")
+    llm.eval(want)
+    theirs = np.array(llm.scores[: len(want)], dtype=np.float64)
+    del llm
+    dump = out / "logits.f32"
+    subprocess.run([str(build / "examples/generate"), "--model", str(model), "--config", "tiny_train",
+                    "--token-ids", ",".join(map(str, want)), "-n", "0", "--dump-logits", str(dump)],
+                   check=True, stdout=subprocess.DEVNULL)
+    ours = np.fromfile(dump, dtype=np.float32).reshape(len(want), -1).astype(np.float64)
+    ref = rf.RefModel(str(model)).prompt_logits(want)
+    scale = np.abs(ref).max(axis=1)
+    err_ours = (np.abs(ours - ref).max(axis=1) / scale).max()
+    err_llama = (np.abs(theirs - ref).max(axis=1) / scale).max()
+    arg_llama = (theirs.argmax(1) == ref.argmax(1)).mean()
+    print(f"from scratch (tiny_train, f32): llama.cpp tokenizes to bytes: {got == want}; tlm vs f64 {err_ours:.2e}, "
+          f"llama.cpp vs f64 {err_llama:.2e} argmax {arg_llama:.0%}")
+    if err_ours > 1e-4 or (ours.argmax(1) != ref.argmax(1)).any():
+        failures.append(f"from scratch: tlm's logits differ from the float64 reference ({err_ours:.2e})")
+    if err_llama > LLAMA_TOL["f32"][0] or arg_llama < 1:
+        failures.append(f"from scratch: llama.cpp's logits differ from the float64 reference ({err_llama:.2e}, "
+                        f"argmax {arg_llama:.0%})")
+    return failures
 
 
 if __name__ == "__main__":

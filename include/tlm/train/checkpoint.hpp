@@ -37,6 +37,7 @@
 #include "../hyperparameters.hpp"
 #include "../load.hpp"
 #include "../quant.hpp"
+#include "../tokenizer.hpp"
 #include "../weights.hpp"
 #include "adamw.hpp"
 #include "weights.hpp"
@@ -144,14 +145,36 @@ void add_weights(gguf::writer& out, const W& w, encoding enc) {
       w);
 }
 
+// The tokenizer section of a model trained on bytes (make_byte_vocabulary): byte-level
+// BPE with no merges, the SmolLM2 pre-tokenizer, <|endoftext|> as end of text.
+inline void write_byte_tokenizer(gguf::writer& w, std::size_t vocab) {
+  const byte_vocabulary v = make_byte_vocabulary(vocab);
+  w.set("tokenizer.ggml.model", "gpt2");
+  w.set("tokenizer.ggml.pre", "smollm");
+  w.set_string_array("tokenizer.ggml.tokens", std::span<const std::string>(v.tokens));
+  w.set_array("tokenizer.ggml.token_type", v.types);
+  w.set_string_array("tokenizer.ggml.merges", std::span<const std::string>());
+  if (v.eos >= 0) {
+    w.set("tokenizer.ggml.eos_token_id", static_cast<std::uint32_t>(v.eos));
+    w.set("tokenizer.ggml.bos_token_id", static_cast<std::uint32_t>(v.eos));
+    w.set("tokenizer.ggml.padding_token_id", static_cast<std::uint32_t>(v.eos));
+  }
+  w.set("tokenizer.ggml.add_bos_token", false);
+}
+
 // Writes `w` as a model file (atomic). `source` supplies metadata; without it the
-// hyperparameters of C are written (a from-scratch model has no tokenizer section).
+// hyperparameters of C and a byte tokenizer (the from-scratch trainer reads bytes) are
+// written, so the file runs in generate and llama.cpp.
 template <LlamaConfig C>
 void write_model(const std::filesystem::path& path, const trainable<C, float>& w, encoding enc, const gguf::file* source,
                  std::uint64_t step) {
   gguf::writer out;
-  if (source) copy_model_metadata(out, *source);
-  else write_hyperparameters<C>(out, std::string(type_name<C>()) + " trained from scratch by tlm");
+  if (source) {
+    copy_model_metadata(out, *source);
+  } else {
+    write_hyperparameters<C>(out, std::string(type_name<C>()) + " trained from scratch by tlm");
+    write_byte_tokenizer(out, C::vocab);
+  }
   out.set("general.file_type", detail::llama_file_type(enc));
   if (enc != encoding::f32 && enc != encoding::f16 && enc != encoding::bf16) out.set("general.quantization_version", std::uint32_t{2});
   out.set("tlm.train.step", step);

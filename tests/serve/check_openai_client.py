@@ -99,4 +99,16 @@ with server(args.build, args.model, "--slots", "2", "--threads", "1") as port:
         raise AssertionError("a string temperature was accepted")
     except openai.BadRequestError as e:
         assert e.body["param"] == "temperature", e.body
+
+# With --api-key the client's key is checked: a wrong one is the client's AuthenticationError.
+with server(args.build, args.model, "--slots", "1", "--threads", "1", "--api-key", "k-123") as port:
+    wrong = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k-124", max_retries=0)
+    try:
+        wrong.models.list()
+        raise AssertionError("a wrong API key was accepted")
+    except openai.AuthenticationError as e:
+        assert e.status_code == 401 and e.body["code"] == "invalid_api_key", e.body
+    right = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k-123", max_retries=0)
+    r = right.completions.create(model="tlm", prompt="The capital of France is", max_tokens=2, temperature=0)
+    assert r.choices[0].text == " Paris.", r.choices[0].text
 print("check_openai_client: all passed")

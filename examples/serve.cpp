@@ -18,6 +18,8 @@
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
+#include <pthread.h>
+#include <signal.h>
 
 #include <fmt/core.h>
 
@@ -27,6 +29,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdint>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -184,11 +187,11 @@ struct request_reader {
     const json* v = find(key);
     if (!v) return std::nullopt;
     if (!v->is_number_integer()) wrong(key, "must be a whole number");
-    if (v->is_number_unsigned() ? (v->get<std::uint64_t>() < lo || v->get<std::uint64_t>() > hi)
-                                : (v->get<std::int64_t>() < 0 || static_cast<std::uint64_t>(v->get<std::int64_t>()) < lo ||
-                                   static_cast<std::uint64_t>(v->get<std::int64_t>()) > hi))
+    const bool negative = !v->is_number_unsigned() && v->get<std::int64_t>() < 0;
+    const std::uint64_t n = negative ? 0 : v->get<std::uint64_t>();
+    if (negative || n < lo || n > hi)
       throw api_error(400, fmt::format("'{}' is {}; it must be from {} to {}", key, v->dump(), lo, hi), key, "invalid_value");
-    return v->is_number_unsigned() ? v->get<std::uint64_t>() : static_cast<std::uint64_t>(v->get<std::int64_t>());
+    return n;
   }
   bool boolean(const char* key, bool dflt) const {
     const json* v = find(key);
@@ -211,6 +214,11 @@ template <tlm::LlamaConfig C>
 class server {
  public:
   server(const options& o) : o_(o) {
+    // The options are checked before the file is mapped or a slot made.
+    if (o_.ctx > C::context)
+      fail(fmt::format("--ctx {} is more than the context of {} ({} positions)", o_.ctx, tlm::type_name<C>(), C::context));
+    if (o_.max_tokens >= o_.ctx)
+      fail(fmt::format("--max-tokens {} leaves no room for a prompt in --ctx {}; lower it or raise --ctx", o_.max_tokens, o_.ctx));
     for (std::size_t i = 0; i < o.slots; ++i) {
       // Each load maps the same file: the pages are shared, the workspaces are not.
       auto s = std::make_unique<slot>(tlm::model<C>::load(o.model, {.threads = o.threads}));
@@ -220,9 +228,6 @@ class server {
     const auto& f = slots_[0]->m.file();
     template_ = f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template") : std::string();
     created_ = static_cast<std::int64_t>(std::time(nullptr));
-    if (o_.ctx > C::context)
-      fail(fmt::format("--ctx {} is more than the context of {} ({} positions)", o_.ctx, tlm::type_name<C>(), C::context));
-    if (o_.max_tokens >= o_.ctx) fail(fmt::format("--max-tokens {} leaves no room for a prompt in --ctx {}", o_.max_tokens, o_.ctx));
   }
 
   void routes(httplib::Server& svr) {

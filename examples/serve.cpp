@@ -230,6 +230,9 @@ class server {
     created_ = static_cast<std::int64_t>(std::time(nullptr));
   }
 
+  // Ends the running generations at their next token.
+  void stop() { stopping_ = true; }
+
   void routes(httplib::Server& svr) {
     svr.set_payload_max_length(o_.max_body);
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -527,6 +530,12 @@ class server {
 
   // Runs one generation on a slot, calling on_text with each piece of text.
   tlm::generation_result run(slot& s, const parsed_request& p, std::size_t estimated_prompt, tlm::token_callback on_text) {
+    // On shutdown every generation ends at its next token, so that stopping never waits
+    // for a long reply.
+    on_text = [this, inner = std::move(on_text)](std::int32_t id, std::string_view text) {
+      if (stopping_.load(std::memory_order_relaxed)) return tlm::step::stop;
+      return inner ? inner(id, text) : tlm::step::go_on;
+    };
     if (p.chat) {
       // A few positions of slack over the estimate: the session's own count may differ by the markers.
       const std::size_t capacity = std::min(o_.ctx + 8, estimated_prompt + p.gen.max_tokens + 8 + 2 * p.messages.size());
@@ -648,6 +657,7 @@ class server {
   std::condition_variable freed_;
   std::size_t busy_ = 0, waiting_ = 0;
   std::atomic<std::uint64_t> requests_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 template <tlm::LlamaConfig C>
@@ -682,6 +692,7 @@ int run(const options& o) {
   std::thread watcher([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
+    s.stop();
     svr.stop();
   });
   svr.listen_after_bind();

@@ -4,7 +4,9 @@ mid-stream frees its slot; a full queue answers 503."""
 import concurrent.futures
 import http.client
 import json
+import os
 import socket
+import subprocess
 import time
 
 from serve_common import arguments, request, server, stream_text, wait_until
@@ -88,4 +90,24 @@ with server(args.build, args.model, "--slots", "1", "--threads", "1", "--queue",
                                                            "temperature": 0})
     assert status == 200 and r["choices"][0]["text"] == " Paris.\n", (status, r)
     print(f"disconnect freed the slot after {freed:.2f} s; queue full gave 503")
+
+# SIGTERM while a long stream runs: the generation ends at its next token and the
+# server exits 0 at once, rather than after 3000 tokens.
+exe = os.path.join(args.build, "examples", "serve")
+proc = subprocess.Popen([exe, "--model", args.model, "--port", "0", "--slots", "1", "--threads", "1", "--max-tokens", "3000"],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+try:
+    port = int(proc.stdout.readline().split("127.0.0.1:")[1].split()[0])
+    s = open_stream(port, {"prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0, "stop": ["zzzzzz"]})
+    t0 = time.monotonic()
+    proc.terminate()
+    code = proc.wait(timeout=60)
+    stopped = time.monotonic() - t0
+    s.close()
+    assert code == 0, (code, proc.stderr.read())
+    assert stopped < 10, f"the server took {stopped:.1f} s to stop during a stream"
+    print(f"SIGTERM during a stream: exited 0 after {stopped:.2f} s")
+finally:
+    if proc.poll() is None:
+        proc.kill()
 print("check_concurrency: all passed")

@@ -38,9 +38,9 @@ def server(build, model, *flags):
                 code = proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                raise SystemExit("serve did not stop within 30 s of SIGTERM")
+                raise AssertionError("serve did not stop within 30 s of SIGTERM")
             if code != 0:
-                raise SystemExit(f"serve exited with {code} after SIGTERM: {proc.stderr.read()}")
+                raise AssertionError(f"serve exited with {code} after SIGTERM: {proc.stderr.read()}")
 
 
 def request(port, method, path, body=None, headers=None, timeout=120):

@@ -609,7 +609,8 @@ class server {
       }
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
-          "text/event-stream", [this, p, n, id, held](std::size_t, httplib::DataSink& sink) {
+          "text/event-stream", [this, p, n, id, held](std::size_t, httplib::DataSink& sink) mutable {
+            if (!held) return false;  // called once: the generation ran already
             const auto send = [&](const json& j) {
               const std::string event = "data: " + dump(j) + "\n\n";
               return sink.write(event.data(), event.size());
@@ -621,6 +622,7 @@ class server {
                                    if (connected && !text.empty()) connected = send(chunk(id, p->chat, std::string(text), nullptr, false));
                                    return connected;
                                  }));
+              held.reset();
               if (!connected) return false;
               connected = send(chunk(id, p->chat, "", finish_reason(r.reason), false));
               if (connected && p->include_usage) {
@@ -633,6 +635,10 @@ class server {
               // The status line is gone already: the error travels as an event.
               if (connected) connected = send(error_body(e.what(), "server_error", "", "generation_failed"));
             }
+            // The slot is free once the model is done, not when httplib drops the response
+            // after the last write: a client that sends its next request on reading [DONE]
+            // must find it free.
+            held.reset();
             if (!connected) return false;
             const std::string done = "data: [DONE]\n\n";
             sink.write(done.data(), done.size());

@@ -1,0 +1,377 @@
+// tlm._tlm: the Python face of tlm's model, tokenizer, generator and chat session.
+// A thin layer: every token is produced by the library's own decoding loop.
+//
+// The GIL is released whenever the model runs, so Python threads (and two models)
+// run at the same time. One model serves one call at a time (its forward pass reuses
+// its workspace), so each model has a mutex, taken only after the GIL is released.
+#include <tlm/chat.hpp>
+#include <tlm/generate.hpp>
+#include <tlm/json_schema.hpp>
+#include <tlm/model.hpp>
+#include <tlm/sampler.hpp>
+#include <tlm/tokenizer.hpp>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// What one generate() or chat() call asks for.
+struct request {
+  enum class kind { text, ids, chat } k = kind::text;
+  std::string prompt;
+  std::vector<std::int32_t> ids;
+  std::vector<tlm::chat_message> messages;
+  tlm::generation_options options;
+};
+
+class model_base {
+ public:
+  virtual ~model_base() = default;
+  virtual tlm::generation_result generate(const request& r, tlm::token_callback on_text) = 0;
+  virtual std::vector<float> logits(std::span<const std::int32_t> ids) = 0;
+  virtual std::size_t vocab() const = 0;
+  virtual std::size_t context() const = 0;
+  virtual std::string config_name() const = 0;
+  virtual const tlm::tokenizer& tokenizer() const = 0;
+};
+
+template <tlm::LlamaConfig C>
+class model_impl final : public model_base {
+ public:
+  model_impl(const std::string& path, std::size_t threads)
+      : m_(tlm::model<C>::load(path, {.threads = threads})), tok_(tlm::tokenizer::from_gguf(m_.file())) {
+    const auto& f = m_.file();
+    template_ = f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template") : std::string();
+  }
+
+  tlm::generation_result generate(const request& r, tlm::token_callback on_text) override {
+    std::lock_guard lock(mu_);
+    if (r.k == request::kind::chat) {
+      // The cache is sized to this conversation rather than to the whole context: the
+      // rendered prompt's length plus the reply, with slack for the markers.
+      const std::size_t prompt =
+          tok_.encode(tlm::apply_chat_template(template_, r.messages, true), {.add_bos = false, .parse_special = true}).size();
+      const std::size_t capacity = std::min(C::context, prompt + r.options.max_tokens + 8 + 2 * r.messages.size());
+      tlm::chat_session<C> session(m_, tok_, capacity);
+      for (const auto& msg : r.messages) session.add(msg.role, msg.content);
+      return session.reply(r.options, std::move(on_text));
+    }
+    tlm::generator<C> gen(m_, tok_);
+    if (r.k == request::kind::ids) return gen.generate(std::span<const std::int32_t>(r.ids), r.options, std::move(on_text));
+    return gen.generate(r.prompt, r.options, std::move(on_text));
+  }
+
+  std::vector<float> logits(std::span<const std::int32_t> ids) override {
+    std::lock_guard lock(mu_);
+    if (ids.empty()) throw tlm::error("logits: no token ids; give at least one");
+    if (ids.size() > C::context)
+      throw tlm::capacity_error("logits: " + std::to_string(ids.size()) + " ids are more than the context of " +
+                                std::to_string(C::context) + " positions; give fewer");
+    tlm::kv_cache<C> cache(ids.size());
+    std::vector<float> all;
+    m_.prefill(ids, cache, &all);
+    return all;
+  }
+
+  std::size_t vocab() const override { return C::vocab; }
+  std::size_t context() const override { return C::context; }
+  std::string config_name() const override { return std::string(tlm::type_name<C>()); }
+  const tlm::tokenizer& tokenizer() const override { return tok_; }
+
+ private:
+  std::mutex mu_;
+  tlm::model<C> m_;
+  tlm::tokenizer tok_;
+  std::string template_;
+};
+
+std::shared_ptr<model_base> load(const std::string& path, const std::string& config, std::size_t threads) {
+  if (threads > 1024) throw tlm::error("threads=" + std::to_string(threads) + " is more than 1024; give 0 for every core");
+  if (config == "smollm2_135m") return std::make_shared<model_impl<tlm::smollm2_135m>>(path, threads);
+  if (config == "smollm2_360m") return std::make_shared<model_impl<tlm::smollm2_360m>>(path, threads);
+  if (config == "smollm2_1_7b") return std::make_shared<model_impl<tlm::smollm2_1_7b>>(path, threads);
+  if (config == "tiny_train") return std::make_shared<model_impl<tlm::tiny_train>>(path, threads);
+  throw tlm::error("unknown config '" + config + "'; known: smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train");
+}
+
+// Text from the model may end inside a character (detokenize of a partial sequence);
+// such bytes become U+FFFD rather than an exception.
+nb::str to_str(std::string_view s) {
+  PyObject* o = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+  if (!o) throw nb::python_error();
+  return nb::steal<nb::str>(o);
+}
+
+std::string_view reason_name(tlm::stop_reason r) {
+  switch (r) {
+    case tlm::stop_reason::eos: return "eos";
+    case tlm::stop_reason::stop_string: return "stop";
+    case tlm::stop_reason::max_tokens: return "length";
+    case tlm::stop_reason::callback: return "cancelled";
+    case tlm::stop_reason::context_full: return "context_full";
+  }
+  return "?";
+}
+
+// Pieces of text from a generation that runs on a thread of its own; the Python side
+// waits for each with the GIL released. Dropping the iterator stops the generation.
+class text_stream {
+ public:
+  text_stream(std::shared_ptr<model_base> m, request r) : m_(std::move(m)), r_(std::move(r)) {
+    worker_ = std::thread([this] {
+      try {
+        m_->generate(r_, tlm::make_token_callback([this](std::int32_t, std::string_view text) {
+          std::lock_guard lock(mu_);
+          if (cancelled_) return false;
+          if (!text.empty()) pieces_.emplace_back(text);
+          ready_.notify_one();
+          return true;
+        }));
+      } catch (...) {
+        std::lock_guard lock(mu_);
+        error_ = std::current_exception();
+      }
+      std::lock_guard lock(mu_);
+      finished_ = true;
+      ready_.notify_one();
+    });
+  }
+  text_stream(const text_stream&) = delete;
+  text_stream& operator=(const text_stream&) = delete;
+  ~text_stream() {
+    {
+      std::lock_guard lock(mu_);
+      cancelled_ = true;
+    }
+    // The worker never takes the GIL, so joining while holding it cannot deadlock; it
+    // ends at its next token.
+    if (worker_.joinable()) worker_.join();
+  }
+
+  nb::str next() {
+    std::optional<std::string> piece;
+    std::exception_ptr error;
+    {
+      nb::gil_scoped_release unlocked;
+      std::unique_lock lock(mu_);
+      ready_.wait(lock, [&] { return !pieces_.empty() || finished_; });
+      if (!pieces_.empty()) {
+        piece = std::move(pieces_.front());
+        pieces_.pop_front();
+      } else {
+        error = std::exchange(error_, nullptr);
+      }
+    }
+    if (piece) return to_str(*piece);
+    if (error) std::rethrow_exception(error);
+    throw nb::stop_iteration();
+  }
+
+ private:
+  std::shared_ptr<model_base> m_;
+  request r_;
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<std::string> pieces_;
+  bool finished_ = false, cancelled_ = false;
+  std::exception_ptr error_;
+  std::thread worker_;  // last: started once everything it touches exists
+};
+
+class py_model {
+ public:
+  py_model(const std::string& path, const std::string& config, std::size_t threads) {
+    nb::gil_scoped_release unlocked;
+    m_ = load(path, config, threads);
+  }
+
+  std::vector<std::int32_t> tokenize(const std::string& text, bool special) const {
+    return m_->tokenizer().encode(text, {.add_bos = false, .parse_special = special});
+  }
+
+  nb::str detokenize(const std::vector<std::int32_t>& ids) const {
+    for (const auto id : ids)
+      if (id < 0 || static_cast<std::size_t>(id) >= m_->vocab())
+        throw tlm::error("detokenize: token id " + std::to_string(id) + " is outside the vocabulary (ids 0 to " +
+                         std::to_string(m_->vocab() - 1) + ")");
+    return to_str(m_->tokenizer().decode(ids));
+  }
+
+  nb::object logits(const std::vector<std::int32_t>& ids) {
+    auto* all = new std::vector<float>();
+    nb::capsule owner(all, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+    {
+      nb::gil_scoped_release unlocked;
+      *all = m_->logits(ids);
+    }
+    // The array views the vector's memory, which the capsule frees with the array.
+    return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<2>>(all->data(), {ids.size(), m_->vocab()}, owner));
+  }
+
+  nb::object run(request r, bool stream, bool details) {
+    tlm::detail::check_options(r.options);  // before a thread starts or the GIL goes
+    if (stream) {
+      if (details) throw tlm::error("details=True describes a finished generation; it does not combine with stream=True");
+      return nb::cast(new text_stream(m_, std::move(r)), nb::rv_policy::take_ownership);
+    }
+    tlm::generation_result g;
+    {
+      nb::gil_scoped_release unlocked;
+      g = m_->generate(r, {});
+    }
+    if (!details) return to_str(g.text);
+    nb::dict d;
+    d["text"] = to_str(g.text);
+    d["ids"] = nb::cast(g.ids);
+    d["finish_reason"] = nb::str(std::string(reason_name(g.reason)).c_str());
+    d["prompt_tokens"] = g.prompt_tokens;
+    d["completion_tokens"] = g.ids.size();
+    return d;
+  }
+
+  std::size_t vocab() const { return m_->vocab(); }
+  std::size_t context() const { return m_->context(); }
+  std::string config() const { return m_->config_name(); }
+  std::int32_t eos() const { return m_->tokenizer().eos(); }
+
+ private:
+  std::shared_ptr<model_base> m_;
+};
+
+tlm::generation_options options_from(std::size_t max_tokens, float temperature, float top_p, std::size_t top_k, float min_p,
+                                     std::uint64_t seed, const nb::object& stop, float repeat_penalty, float presence_penalty,
+                                     float frequency_penalty, bool ignore_eos, const nb::object& json_schema) {
+  tlm::generation_options o;
+  o.max_tokens = max_tokens;
+  o.sample.temperature = temperature;
+  o.sample.top_p = top_p;
+  o.sample.top_k = top_k;
+  o.sample.min_p = min_p;
+  o.sample.seed = seed;
+  o.sample.repeat_penalty = repeat_penalty;
+  o.sample.presence_penalty = presence_penalty;
+  o.sample.frequency_penalty = frequency_penalty;
+  o.stop_at_eos = !ignore_eos;
+  if (nb::isinstance<nb::str>(stop)) o.stop.push_back(nb::cast<std::string>(stop));
+  else if (!stop.is_none()) o.stop = nb::cast<std::vector<std::string>>(stop);
+  if (nb::isinstance<nb::str>(json_schema)) {
+    o.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::from_text(nb::cast<std::string>(json_schema)));
+  } else if (nb::isinstance<nb::bool_>(json_schema) && nb::cast<bool>(json_schema)) {
+    o.grammar = std::make_shared<const tlm::json_grammar>();  // any JSON value
+  } else if (!json_schema.is_none() && !nb::isinstance<nb::bool_>(json_schema)) {
+    throw nb::type_error("json_schema takes the schema as JSON text (json.dumps(schema)), or True for any JSON value");
+  }
+  return o;
+}
+
+std::vector<tlm::chat_message> messages_from(const nb::list& messages) {
+  std::vector<tlm::chat_message> out;
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    nb::handle m = messages[i];
+    if (!nb::isinstance<nb::dict>(m)) throw nb::type_error((where + " must be a dict with 'role' and 'content'").c_str());
+    nb::dict d = nb::borrow<nb::dict>(m);
+    if (!d.contains("role") || !nb::isinstance<nb::str>(d["role"]))
+      throw nb::type_error((where + " needs a string 'role' (system, user or assistant)").c_str());
+    if (!d.contains("content")) throw nb::type_error((where + " needs a 'content'").c_str());
+    std::string content;
+    nb::object c = d["content"];
+    if (nb::isinstance<nb::str>(c)) {
+      content = nb::cast<std::string>(c);
+    } else if (nb::isinstance<nb::list>(c)) {  // OpenAI's list of parts; text parts only
+      for (nb::handle part : nb::borrow<nb::list>(c)) {
+        if (!nb::isinstance<nb::dict>(part) || !nb::borrow<nb::dict>(part).contains("text"))
+          throw nb::type_error((where + ".content parts must be {'type': 'text', 'text': ...}").c_str());
+        content += nb::cast<std::string>(nb::borrow<nb::dict>(part)["text"]);
+      }
+    } else {
+      throw nb::type_error((where + ".content must be a string or a list of text parts").c_str());
+    }
+    std::string role = nb::cast<std::string>(d["role"]);
+    if (role == "developer") role = "system";
+    out.push_back({std::move(role), std::move(content)});
+  }
+  if (out.empty()) throw tlm::error("chat: no messages; give at least one {'role': 'user', 'content': ...}");
+  return out;
+}
+
+}  // namespace
+
+NB_MODULE(_tlm, m) {
+  m.doc() = "tlm: typed Llama models (C++20), from Python";
+  nb::exception<tlm::error>(m, "Error", PyExc_RuntimeError);
+
+  nb::class_<text_stream>(m, "TextStream", "The pieces of a generation as they come; dropping it stops the generation.")
+      .def("__iter__", [](nb::handle self) { return self; })
+      .def("__next__", &text_stream::next);
+
+  nb::class_<py_model>(m, "Model", "A GGUF file bound to one of tlm's config types.")
+      .def(nb::init<const std::string&, const std::string&, std::size_t>(), "path"_a, "config"_a = "smollm2_135m",
+           "threads"_a = 2)
+      .def("tokenize", &py_model::tokenize, "text"_a, "special"_a = false,
+           "Token ids of the text, without a BOS token; special=True makes markers like <|im_start|> tokens.")
+      .def("detokenize", &py_model::detokenize, "ids"_a)
+      .def("logits", &py_model::logits, "ids"_a, "The logits of every position, a float32 array [len(ids), vocab].")
+      .def(
+          "generate",
+          [](py_model& self, const nb::object& prompt, std::size_t max_tokens, float temperature, float top_p,
+             std::size_t top_k, float min_p, std::uint64_t seed, const nb::object& stop, bool stream, float repeat_penalty,
+             float presence_penalty, float frequency_penalty, bool ignore_eos, const nb::object& json_schema, bool details) {
+            request r;
+            r.options = options_from(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, presence_penalty,
+                                     frequency_penalty, ignore_eos, json_schema);
+            if (nb::isinstance<nb::str>(prompt)) {
+              r.k = request::kind::text;
+              r.prompt = nb::cast<std::string>(prompt);
+            } else {
+              r.k = request::kind::ids;
+              r.ids = nb::cast<std::vector<std::int32_t>>(prompt);
+            }
+            return self.run(std::move(r), stream, details);
+          },
+          "prompt"_a, "max_tokens"_a = 256, "temperature"_a = 0.0f, "top_p"_a = 1.0f, "top_k"_a = 0, "min_p"_a = 0.0f,
+          "seed"_a = 0, "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f, "presence_penalty"_a = 0.0f,
+          "frequency_penalty"_a = 0.0f, "ignore_eos"_a = false, "json_schema"_a = nb::none(), "details"_a = false,
+          "Continues the prompt (text, or a list of token ids). Returns the text; with stream=True an iterator of "
+          "text pieces; with details=True a dict of text, ids, finish_reason and token counts.")
+      .def(
+          "chat",
+          [](py_model& self, const nb::list& messages, std::size_t max_tokens, float temperature, float top_p,
+             std::size_t top_k, float min_p, std::uint64_t seed, const nb::object& stop, bool stream, float repeat_penalty,
+             float presence_penalty, float frequency_penalty, const nb::object& json_schema, bool details) {
+            request r;
+            r.k = request::kind::chat;
+            r.messages = messages_from(messages);
+            r.options = options_from(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, presence_penalty,
+                                     frequency_penalty, false, json_schema);
+            return self.run(std::move(r), stream, details);
+          },
+          "messages"_a, "max_tokens"_a = 256, "temperature"_a = 0.0f, "top_p"_a = 1.0f, "top_k"_a = 0, "min_p"_a = 0.0f,
+          "seed"_a = 0, "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f, "presence_penalty"_a = 0.0f,
+          "frequency_penalty"_a = 0.0f, "json_schema"_a = nb::none(), "details"_a = false,
+          "The assistant's reply to OpenAI-style messages [{'role': ..., 'content': ...}], in the model's chat template.")
+      .def_prop_ro("vocab_size", &py_model::vocab)
+      .def_prop_ro("context", &py_model::context)
+      .def_prop_ro("config", &py_model::config)
+      .def_prop_ro("eos", &py_model::eos);
+}

@@ -1,0 +1,16 @@
+"""tlm: typed Llama models (header-only C++20), from Python.
+
+    import tlm
+    model = tlm.Model("SmolLM2-135M-Instruct.Q4_1.gguf", config="smollm2_135m", threads=2)
+    model.generate("The capital of France is", max_tokens=8)          # ' Paris.\\n\\nThe answer is:'
+    for piece in model.generate("Once upon a time", max_tokens=32, stream=True):
+        print(piece, end="")
+    model.chat([{"role": "user", "content": "What is the capital of France?"}])
+    model.logits(model.tokenize("Hello"))                             # numpy float32 [positions, vocab]
+
+Errors from the C++ library (a file that does not fit its config, bad options, a
+prompt too long) are raised as tlm.Error with the library's message.
+"""
+from ._tlm import Error, Model, TextStream
+
+__all__ = ["Error", "Model", "TextStream"]

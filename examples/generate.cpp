@@ -53,7 +53,7 @@ constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
                       fast (int8 activations and integer dot products, as llama.cpp)
   --ctx N             KV-cache capacity in tokens (default: prompt + N; at most the context)
   --kv-type T         KV-cache entries: f32 (default) or q8 (int8 with one scale per head and position:
-                      3.76x less cache memory; logits within ~0.1 of f32, see the README)
+                      3.76x less cache memory; logits within ~0.9 of f32, see the README)
   --chat              wrap the prompt as a user message with the model's chat template;
                       without a prompt, chat interactively: end a line with \ to continue it,
                       /reset, /system TEXT (a new conversation with that system message), /quit;

@@ -260,7 +260,7 @@ template <LlamaConfig C>
 class generator {
  public:
   // kv: the element type of the generator's cache (kv.hpp); q8 takes 3.76x less
-  // memory per position at a small logit error (README, "KV cache").
+  // memory per position at a small logit error (README, "Long conversations").
   generator(model<C>& m, const tokenizer& tok, kv_type kv = kv_type::f32) : m_(&m), tok_(&tok), cache_(1, kv) {}
 
   // The prompt is text, tokenized without special tokens (parse_special makes
@@ -506,14 +506,16 @@ class chat_session {
       const std::size_t room = std::min(o.max_tokens == 0 ? cache_.capacity() : o.max_tokens, cache_.capacity() / 2);
       if (ids_.size() + room > cache_.capacity()) r.dropped_tokens = make_room(ids_.size() + room);
       turn_start -= r.dropped_tokens;
+      dropped_ += r.dropped_tokens;
     }
     const std::size_t header_end = ids_.size();
     r.prompt_tokens = ids_.size() - cache_.length();
     if (ids_.size() > cache_.capacity()) {
       ids_.resize(turn_start);
+      const std::size_t kept = std::min(keep_end(), header_end);
       if (opt_.context_shift)
-        throw capacity_error("chat: the newest messages and the reply's header need " + std::to_string(header_end - keep_end()) +
-                             " positions after the " + std::to_string(keep_end()) + " kept ones (n_keep), but the cache holds " +
+        throw capacity_error("chat: the newest messages and the reply's header need " + std::to_string(header_end - kept) +
+                             " positions after the " + std::to_string(kept) + " kept ones (n_keep), but the cache holds " +
                              std::to_string(cache_.capacity()) + " even with every older turn dropped; shorten the message, " +
                              "keep fewer tokens (n_keep) or create the session with a larger capacity");
       throw capacity_error("chat: the conversation needs " + std::to_string(header_end) + " positions but the cache holds " +
@@ -544,7 +546,6 @@ class chat_session {
     append_text("\n");
     messages_.push_back({"assistant", r.text});
     answered_ = turns_.size();
-    dropped_ += r.dropped_tokens;
     return r;
   }
 

@@ -2,7 +2,7 @@
 // file to another shipped config type), streaming the continuation token by token.
 //
 //   generate [--model PATH] [--config NAME] [--prompt TEXT | TEXT] [-n N] [--threads T] [--ctx N]
-//            [--chat] [--system TEXT] [--special] [--temperature X] [--top-k K] [--top-p P] [--min-p P]
+//            [--kv-type f32|q8] [--chat] [--context-shift] [--keep N] [--system TEXT] [--special] [--temperature X] [--top-k K] [--top-p P] [--min-p P]
 //            [--repeat-penalty X] [--frequency-penalty X] [--presence-penalty X] [--penalty-window N]
 //            [--logit-bias ID=X] [--stop TEXT] [--ignore-eos] [--seed S]
 //            [--token-ids 1,2,3] [--print-ids] [--dump-logits FILE] [--show-config] [--timing] [--trace]
@@ -53,11 +53,16 @@ constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
   --precision MODE    exact (default: f32 activations, logits within ~3e-6 of float64) or
                       fast (int8 activations and integer dot products, as llama.cpp)
   --ctx N             KV-cache capacity in tokens (default: prompt + N; at most the context)
+  --kv-type T         KV-cache entries: f32 (default) or q8 (int8 with one scale per head and position:
+                      3.76x less cache memory; logits within ~0.9 of f32, see the README)
   --chat              wrap the prompt as a user message with the model's chat template;
                       without a prompt, chat interactively: end a line with \ to continue it,
                       /reset, /system TEXT (a new conversation with that system message), /quit;
                       Ctrl-C stops the reply, not the program (default -n there: 512)
   --system TEXT       system message for --chat (default: the template's own)
+  --context-shift     --chat: when a turn does not fit --ctx, drop the oldest whole turns (never the
+                      system message) and shift the cache instead of starting over; no re-prefill
+  --keep N            --context-shift: never drop the first N tokens (default: the system message)
   --special           recognise special tokens such as <|im_start|> in the prompt text
   --temperature X     sample with temperature X (default 0: greedy)
   --top-k K --top-p P --seed S   sampling limits and seed
@@ -101,6 +106,9 @@ struct options {
   std::shared_ptr<const tlm::json_grammar> grammar;
   std::size_t beams = 0;  // 0: no beam search
   float length_penalty = 1.0f;
+  tlm::kv_type kv = tlm::kv_type::f32;
+  bool context_shift = false;
+  std::optional<std::size_t> keep;
 };
 
 // A mistake on the command line. Thrown rather than exiting on the spot, so the
@@ -201,6 +209,14 @@ options parse(int argc, char** argv) {
       if (*o.ctx == 0) fail("--ctx 0 leaves no room in the KV cache; give at least the prompt length plus -n, or leave --ctx out");
     }
     else if (a == "--chat") o.chat = true;
+    else if (a == "--kv-type") {
+      const std::string v = value();
+      if (v == "f32") o.kv = tlm::kv_type::f32;
+      else if (v == "q8") o.kv = tlm::kv_type::q8;
+      else fail(fmt::format("--kv-type {} is unknown; give f32 or q8", v));
+    }
+    else if (a == "--context-shift") o.context_shift = true;
+    else if (a == "--keep") o.keep = to_count(a, value());
     else if (a == "--system") o.system = value();
     else if (a == "--special") o.special = true;
     else if (a == "--temperature") o.sampling.temperature = to_float(a, value());
@@ -262,6 +278,8 @@ options parse(int argc, char** argv) {
     fail("--min-p needs --temperature above 0 (temperature 0 is greedy decoding)");
   if (!(o.sampling.repeat_penalty > 0.0f))
     fail(fmt::format("--repeat-penalty {} is not above 0; give 1 for none, or e.g. 1.1", o.sampling.repeat_penalty));
+  if ((o.context_shift || o.keep) && !o.chat) fail("--context-shift and --keep apply to a conversation; add --chat");
+  if (o.keep && !o.context_shift) fail("--keep sets what --context-shift never drops; add --context-shift, or leave --keep out");
   if (o.chat && o.token_ids) fail("--chat takes its messages as text; give the prompt as text, not --token-ids");
   if (o.length_penalty < 0.0f) fail(fmt::format("--length-penalty {} is negative; give 0 or more (default 1)", o.length_penalty));
   if (o.beams && (o.sampling.temperature != 0.0f || !o.stop.empty() || o.grammar || o.chat || o.trace || o.dump_logits))
@@ -299,9 +317,18 @@ void check_against(const options& o) {
   }
   if (o.ctx && *o.ctx > config::context)
     fail(fmt::format("--ctx {} is more than the context of {} ({} positions)", *o.ctx, tlm::type_name<config>(), config::context));
+  if (o.keep && o.ctx && *o.keep >= *o.ctx)
+    fail(fmt::format("--keep {} leaves no room in a cache of --ctx {}; keep fewer tokens", *o.keep, *o.ctx));
   if (o.n >= config::context)
     fail(fmt::format("-n {} leaves no room for the prompt in the context of {} ({} positions)", o.n, tlm::type_name<config>(),
                      config::context));
+}
+
+tlm::chat_options chat_options(const options& o, std::size_t capacity) {
+  return {.capacity = capacity,
+          .kv = o.kv,
+          .context_shift = o.context_shift,
+          .n_keep = o.keep ? *o.keep : tlm::chat_options::keep_system};
 }
 
 tlm::generation_options generation(const options& o) {
@@ -362,7 +389,7 @@ bool read_message(std::string& out) {
 template <tlm::LlamaConfig config>
 int interactive(const options& o, tlm::model<config>& m, const tlm::tokenizer& tok) {
   const std::size_t capacity = o.ctx ? *o.ctx : std::min<std::size_t>(4096, config::context);
-  tlm::chat_session<config> chat(m, tok, capacity);
+  tlm::chat_session<config> chat(m, tok, chat_options(o, capacity));
   std::optional<std::string> system = o.system;
   const auto start = [&] {
     chat.reset();
@@ -409,6 +436,8 @@ int interactive(const options& o, tlm::model<config>& m, const tlm::tokenizer& t
                                   return interrupted == 0;
                                 }));
       fmt::print("{}\n", r.reason == tlm::stop_reason::callback ? " [stopped]" : "");
+      if (r.dropped_tokens)
+        fmt::print(stderr, "(context shift: the oldest turns, {} tokens, were dropped to make room)\n", r.dropped_tokens);
       if (o.timing)
         fmt::print(stderr, "prefill {} tokens in {:.1f} ms | decode {} tokens, {:.2f} ms/token\n", r.prompt_tokens,
                    r.prefill_ms, r.decoded_tokens, r.decoded_tokens ? r.decode_ms / static_cast<double>(r.decoded_tokens) : 0.0);
@@ -470,7 +499,7 @@ int run(const options& o) {
     const auto t0 = clock_type::now();
     const auto beams = tlm::generate_beam(m, tok, prompt,
                                           {.width = o.beams, .max_tokens = o.n, .length_penalty = o.length_penalty,
-                                           .stop_at_eos = !o.ignore_eos});
+                                           .stop_at_eos = !o.ignore_eos, .kv = o.kv});
     fmt::print("{}\n", beams.front().text);
     if (o.print_ids) {
       std::string ids;
@@ -483,11 +512,11 @@ int run(const options& o) {
     return 0;
   }
   if (o.chat) {
-    tlm::chat_session<config> chat(m, tok, capacity);
+    tlm::chat_session<config> chat(m, tok, chat_options(o, capacity));
     for (const auto& msg : msgs) chat.add(msg.role, msg.content);
     r = chat.reply(generation(o), print_pieces(), hooks);
   } else {
-    tlm::generator<config> gen(m, tok);
+    tlm::generator<config> gen(m, tok, o.kv);
     r = gen.generate(prompt, generation(o), print_pieces(), hooks);
   }
   if (o.dump_logits) {
@@ -503,10 +532,11 @@ int run(const options& o) {
   }
   if (o.timing) {
     fmt::print(stderr, "load {:.1f} ms, tokenizer {:.1f} ms | prefill {} tokens in {:.1f} ms ({:.1f} tokens/s) | decode {} tokens, {:.2f} ms/token | "
-                       "{} threads, kernels {} | stop: {}\n",
+                       "{} threads, kernels {} | kv cache {}, {} bytes/position | stop: {}\n",
                load_ms, tokenizer_ms, r.prompt_tokens, r.prefill_ms, r.prompt_tokens * 1000.0 / r.prefill_ms, r.decoded_tokens,
                r.decoded_tokens ? r.decode_ms / static_cast<double>(r.decoded_tokens) : 0.0, m.threads(),
-               tlm::kernels::kernel_level_name(), tlm::to_string(r.reason));
+               tlm::kernels::kernel_level_name(), tlm::to_string(o.kv), tlm::kv_storage<config>::bytes_per_position(o.kv),
+               tlm::to_string(r.reason));
   }
   return 0;
 }

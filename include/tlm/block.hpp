@@ -92,18 +92,20 @@ struct kv_from_cache {
   void write(const rows<kv_dim<C>, float>& k, const rows<kv_dim<C>, float>& v, const batch_layout& b) const {
     constexpr std::size_t E = head_dim<C>, K = kv_dim<C>;
     for (std::size_t i = 0; i < k.count(); ++i)
-      for (std::size_t g = 0; g < C::kv_heads; ++g) {
-        std::copy_n(k.data() + i * K + g * E, E, store->key(layer, g, b.pos0 + i));
-        std::copy_n(v.data() + i * K + g * E, E, store->value(layer, g, b.pos0 + i));
-      }
+      for (std::size_t g = 0; g < C::kv_heads; ++g)
+        store->store(layer, g, b.pos0 + i, k.data() + i * K + g * E, v.data() + i * K + g * E);
   }
-  const float* keys(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t g) const {
-    return store->key(layer, g, 0);
+  // One query row of kv head g over the first `len` positions, in the cache's own
+  // element type.   q: [E]  out: [E]
+  float attend(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t g, const float* q, std::size_t len,
+               float scale, float* out, float* entropy) const {
+    constexpr std::size_t E = head_dim<C>;
+    if (store->type() == kv_type::q8)
+      return attention_row_q8(q, store->key_codes(layer, g, 0), store->key_scales(layer, g, 0),
+                              store->value_codes(layer, g, 0), store->value_scales(layer, g, 0), len, E, scale, out,
+                              entropy);
+    return attention_row<float>(q, store->key(layer, g, 0), store->value(layer, g, 0), E, len, E, scale, out, entropy);
   }
-  const float* values(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t g) const {
-    return store->value(layer, g, 0);
-  }
-  static constexpr std::size_t stride = head_dim<C>;
 };
 
 // kv_in_batch: training. Each sequence of the batch attends to its own rows, read
@@ -112,13 +114,12 @@ template <LlamaConfig C, Element T>
 struct kv_in_batch {
   template <class R>
   void write(const R&, const R&, const batch_layout&) const {}
-  const T* keys(const block_activations<C, T>& a, std::size_t seq, std::size_t g) const {
-    return a.k.data() + seq * length * kv_dim<C> + g * head_dim<C>;
+  T attend(const block_activations<C, T>& a, std::size_t seq, std::size_t g, const T* q, std::size_t len, T scale,
+           T* out, T* entropy) const {
+    constexpr std::size_t E = head_dim<C>, K = kv_dim<C>;
+    const std::size_t at = seq * length * K + g * E;
+    return attention_row<T>(q, a.k.data() + at, a.v.data() + at, K, len, E, scale, out, entropy);
   }
-  const T* values(const block_activations<C, T>& a, std::size_t seq, std::size_t g) const {
-    return a.v.data() + seq * length * kv_dim<C> + g * head_dim<C>;
-  }
-  static constexpr std::size_t stride = kv_dim<C>;
   std::size_t length;
 };
 
@@ -197,9 +198,9 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
     for (std::size_t j = b; j < e; ++j) {
       const std::size_t i = j / H, h = j % H, g = kv_head_of<C>(h);
       const std::size_t seq = i / period, visible = ctx.layout.pos0 + i % period + 1;
-      a.lse.data()[i * H + h] = attention_row<T>(a.q.data() + i * D + h * E, kv.keys(a, seq, g), kv.values(a, seq, g),
-                                                 KV::stride, visible, E, scale, a.o.data() + i * D + h * E,
-                                                 ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
+      a.lse.data()[i * H + h] = kv.attend(a, seq, g, a.q.data() + i * D + h * E, visible, scale,
+                                          a.o.data() + i * D + h * E,
+                                          ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
     }
   };
   if (pool) pool->parallel_for(n * H, 1, attend_rows);

@@ -74,6 +74,7 @@ struct generation_result {
   double prefill_ms = 0.0;
   std::size_t decoded_tokens = 0;   // single-token forward passes after the prefill
   double decode_ms = 0.0;
+  std::size_t dropped_tokens = 0;   // chat with context_shift: positions its shift freed before this reply
 };
 
 // What the streaming callback answers.
@@ -258,7 +259,9 @@ inline void check_options(const generation_options& o) {
 template <LlamaConfig C>
 class generator {
  public:
-  generator(model<C>& m, const tokenizer& tok) : m_(&m), tok_(&tok) {}
+  // kv: the element type of the generator's cache (kv.hpp); q8 takes 3.76x less
+  // memory per position at a small logit error (README, "Long conversations").
+  generator(model<C>& m, const tokenizer& tok, kv_type kv = kv_type::f32) : m_(&m), tok_(&tok), cache_(1, kv) {}
 
   // The prompt is text, tokenized without special tokens (parse_special makes
   // "<|im_start|>" in it a token, for prompts rendered by hand).
@@ -278,7 +281,7 @@ class generator {
     // The last sampled token is never run, so the prompt plus max_tokens - 1 positions
     // suffice; past the context, generation ends with stop_reason::context_full.
     const std::size_t needed = std::min(prompt.size() + std::max<std::size_t>(o.max_tokens, 1) - 1, C::context);
-    if (cache_.capacity() < needed) cache_ = kv_cache<C>(needed);
+    if (cache_.capacity() < needed) cache_ = kv_cache<C>(needed, cache_.type());
     cache_.clear();
     generation_result r;
     r.prompt_tokens = prompt.size();
@@ -304,6 +307,7 @@ struct beam_options {
   std::size_t max_tokens = 64;   // the token limit of every beam
   float length_penalty = 1.0f;   // beams are ranked by log-prob / tokens^length_penalty; 0: raw log-prob
   bool stop_at_eos = true;       // a beam that samples end-of-sequence is finished (its log-prob counts)
+  kv_type kv = kv_type::f32;     // the element type of every beam's cache
 };
 
 struct beam {
@@ -358,7 +362,7 @@ std::vector<beam> generate_beam(model<C>& m, const tokenizer& tok, std::span<con
   std::vector<beam> done;
   std::vector<live> beams;
   {
-    kv_cache<C> cache(std::max<std::size_t>(prompt.size() + o.max_tokens, 1));
+    kv_cache<C> cache(std::max<std::size_t>(prompt.size() + o.max_tokens, 1), o.kv);
     const auto l = m.prefill(prompt, cache);
     beams.push_back({std::move(cache), std::vector<float>(l.begin(), l.end()), {}});
   }
@@ -428,6 +432,28 @@ std::vector<beam> generate_beam(model<C>& m, const tokenizer& tok, std::span<con
   return done;
 }
 
+// How a chat_session keeps its conversation. Every field has a default that works.
+struct chat_options {
+  // The cache's positions; 0 takes min(4096, the model's context). Without
+  // context_shift the whole conversation must fit.
+  std::size_t capacity = 0;
+  kv_type kv = kv_type::f32;  // the cache's element type (kv.hpp); q8 takes 3.76x less memory
+  // Context shift. Off: a turn that does not fit throws capacity_error. On: before a
+  // reply, if the conversation plus room for the reply (max_tokens, at most half the
+  // capacity) does not fit, the oldest whole turns after the first n_keep tokens are
+  // dropped, oldest first, until it does; an assistant turn left first after the kept
+  // part goes too, so the history resumes at a user message. The turns being answered
+  // are never dropped. The cache entries after the dropped ones move down and their
+  // keys are re-rotated by RoPE for their new positions (kv_cache::shift), so nothing
+  // is run through the model again: positions simply continue from the new length.
+  bool context_shift = false;
+  // Tokens at the start a shift never drops; a turn that begins before n_keep is kept
+  // whole. keep_system: the first turn if it is a system message (the session's own
+  // or the template's default), otherwise nothing.
+  std::size_t n_keep = keep_system;
+  static constexpr std::size_t keep_system = static_cast<std::size_t>(-1);
+};
+
 // A ChatML conversation whose tokens stay in the KV cache: each reply runs only the
 // tokens added since the last one through the model (the new messages, the assistant
 // header and the previous reply's last token and end marker), never the whole history.
@@ -436,12 +462,18 @@ std::vector<beam> generate_beam(model<C>& m, const tokenizer& tok, std::span<con
 // (apply_chat_template of messages()) as the model saw it: the messages tokenized
 // between the ChatML markers, and each reply as the tokens the model chose. So
 // continuing from the cache is the same computation as a fresh prefill of tokens().
+// A context shift (chat_options::context_shift) removes whole turns from tokens(),
+// messages() and the cache together, so this stays true of what is left, up to
+// float rounding of the re-rotated keys.
 template <LlamaConfig C>
 class chat_session {
  public:
   // capacity: the cache's positions; the whole conversation must fit (default 4096).
   chat_session(model<C>& m, const tokenizer& tok, std::size_t capacity = std::min<std::size_t>(4096, C::context))
-      : m_(&m), tok_(&tok), cache_(capacity) {
+      : chat_session(m, tok, chat_options{.capacity = capacity}) {}
+
+  chat_session(model<C>& m, const tokenizer& tok, const chat_options& opt)
+      : m_(&m), tok_(&tok), opt_(opt), cache_(opt.capacity ? opt.capacity : std::min<std::size_t>(4096, C::context), opt.kv) {
     const auto& f = m.file();
     form_ = detail::recognise_chat_template(f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template")
                                                                                : detail::chatml_plain);
@@ -453,7 +485,11 @@ class chat_session {
   void add(std::string_view role, std::string_view text) {
     if (role.empty() || role.find_first_of("\n") != std::string_view::npos || role.find("<|") != std::string_view::npos)
       throw error("chat: the role '" + std::string(role) + "' is not a single line of plain text; use system, user or assistant");
-    if (messages_.empty() && form_.has_default_system && role != "system") append_turn("system", form_.default_system);
+    if (messages_.empty() && turns_.empty() && form_.has_default_system && role != "system") {
+      turns_.push_back({ids_.size(), no_message, true, false});
+      append_turn("system", form_.default_system);
+    }
+    turns_.push_back({ids_.size(), messages_.size(), role == "system", role == "assistant"});
     append_turn(role, text);
     messages_.push_back({std::string(role), std::string(text)});
   }
@@ -462,16 +498,29 @@ class chat_session {
   generation_result reply(const generation_options& o = {}, token_callback on_token = {}, const generation_hooks<C>& hooks = {}) {
     detail::check_options(o);
     if (messages_.empty()) throw error("chat: reply() with no message; add() a user message first");
-    const std::size_t turn_start = ids_.size();
+    std::size_t turn_start = ids_.size();
     append_special(im_start_);
     append_text("assistant\n");
-    const std::size_t header_end = ids_.size();
     generation_result r;
+    if (opt_.context_shift) {
+      const std::size_t room = std::min(o.max_tokens == 0 ? cache_.capacity() : o.max_tokens, cache_.capacity() / 2);
+      if (ids_.size() + room > cache_.capacity()) r.dropped_tokens = make_room(ids_.size() + room);
+      turn_start -= r.dropped_tokens;
+      dropped_ += r.dropped_tokens;
+    }
+    const std::size_t header_end = ids_.size();
     r.prompt_tokens = ids_.size() - cache_.length();
     if (ids_.size() > cache_.capacity()) {
       ids_.resize(turn_start);
+      const std::size_t kept = std::min(keep_end(), header_end);
+      if (opt_.context_shift)
+        throw capacity_error("chat: the newest messages and the reply's header need " + std::to_string(header_end - kept) +
+                             " positions after the " + std::to_string(kept) + " kept ones (n_keep), but the cache holds " +
+                             std::to_string(cache_.capacity()) + " even with every older turn dropped; shorten the message, " +
+                             "keep fewer tokens (n_keep) or create the session with a larger capacity");
       throw capacity_error("chat: the conversation needs " + std::to_string(header_end) + " positions but the cache holds " +
-                           std::to_string(cache_.capacity()) + "; reset() it or create the session with a larger capacity");
+                           std::to_string(cache_.capacity()) + "; reset() it, create the session with a larger capacity, " +
+                           "or turn on chat_options::context_shift (generate --context-shift) to drop the oldest turns");
     }
     const auto t0 = std::chrono::steady_clock::now();
     const auto fresh = std::span<const std::int32_t>(ids_).subspan(cache_.length());
@@ -483,6 +532,7 @@ class chat_session {
     detail::decode(*m_, *tok_, cache_, logits, context, o, stops, on_token, hooks, r);
     // The reply's tokens, without a final end marker.
     std::vector<std::int32_t> reply_ids(context.begin() + static_cast<std::ptrdiff_t>(header_end), context.end());
+    turns_.push_back({turn_start, messages_.size(), false, true});
     if (tok_->decode(reply_ids) == r.text) {
       // The common case: the cache already holds all of the reply but its last token.
       ids_.insert(ids_.end(), reply_ids.begin(), reply_ids.end());
@@ -495,6 +545,7 @@ class chat_session {
     append_special(im_end_);
     append_text("\n");
     messages_.push_back({"assistant", r.text});
+    answered_ = turns_.size();
     return r;
   }
 
@@ -502,18 +553,69 @@ class chat_session {
   void reset() {
     messages_.clear();
     ids_.clear();
+    turns_.clear();
     cache_.clear();
     last_prefill_ = 0;
+    answered_ = 0;
+    dropped_ = 0;
   }
 
   const std::vector<chat_message>& messages() const { return messages_; }
   // The conversation's tokens; the cache holds the first cache().length() of them.
   const std::vector<std::int32_t>& tokens() const { return ids_; }
   const kv_cache<C>& cache() const { return cache_; }
+  const chat_options& options() const { return opt_; }
   // How many tokens the last reply() ran through the prefill.
   std::size_t last_prefill_tokens() const { return last_prefill_; }
+  // Tokens context shifts have dropped since the session began (or was reset).
+  std::size_t dropped_tokens() const { return dropped_; }
 
  private:
+  static constexpr std::size_t no_message = static_cast<std::size_t>(-1);
+  struct turn {
+    std::size_t start;    // index of its <|im_start|> in ids_
+    std::size_t message;  // its index in messages_, or no_message for the template's default system turn
+    bool system;
+    bool assistant;
+  };
+
+  // The first token a shift may drop: turns that begin before it are kept.
+  std::size_t keep_end() const {
+    if (opt_.n_keep != chat_options::keep_system) return opt_.n_keep;
+    if (turns_.empty() || !turns_[0].system) return 0;
+    return turns_.size() > 1 ? turns_[1].start : ids_.size();
+  }
+
+  // Drops the oldest whole answered turns after keep_end() until `wanted` positions
+  // fit the cache (or no answered turn is left). Returns the tokens dropped.
+  std::size_t make_room(std::size_t wanted) {
+    const std::size_t keep = keep_end();
+    const auto end_of = [&](std::size_t t) { return t + 1 < turns_.size() ? turns_[t + 1].start : ids_.size(); };
+    std::size_t first = 0;
+    while (first < answered_ && turns_[first].start < keep) ++first;
+    std::size_t last = first, freed = 0;  // turns [first, last) are dropped, freeing `freed` positions
+    while (last < answered_ && wanted - freed > cache_.capacity()) freed = end_of(last++) - turns_[first].start;
+    // So that the history resumes at a user message, an assistant turn left first goes too.
+    while (last > first && last < answered_ && turns_[last].assistant) ++last;
+    if (last == first) return 0;
+    const std::size_t a = turns_[first].start, b = end_of(last - 1), drop = b - a;
+    if (cache_.length() >= b) m_->shift(cache_, a, drop);
+    else cache_.truncate(std::min(cache_.length(), a));
+    ids_.erase(ids_.begin() + static_cast<std::ptrdiff_t>(a), ids_.begin() + static_cast<std::ptrdiff_t>(b));
+    // The dropped turns' messages leave messages() too, and later indices move down.
+    std::vector<std::size_t> gone;
+    for (std::size_t t = first; t < last; ++t)
+      if (turns_[t].message != no_message) gone.push_back(turns_[t].message);
+    for (auto it = gone.rbegin(); it != gone.rend(); ++it) messages_.erase(messages_.begin() + static_cast<std::ptrdiff_t>(*it));
+    turns_.erase(turns_.begin() + static_cast<std::ptrdiff_t>(first), turns_.begin() + static_cast<std::ptrdiff_t>(last));
+    for (std::size_t t = first; t < turns_.size(); ++t) {
+      turns_[t].start -= drop;
+      if (turns_[t].message != no_message) turns_[t].message -= gone.size();
+    }
+    answered_ -= last - first;
+    return drop;
+  }
+
   std::int32_t special_id(std::string_view marker) const {
     const auto ids = tok_->encode(marker, {.add_bos = false, .parse_special = true});
     if (ids.size() != 1)
@@ -538,12 +640,16 @@ class chat_session {
 
   model<C>* m_;
   const tokenizer* tok_;
+  chat_options opt_;
   kv_cache<C> cache_;
   detail::chatml_form form_;
   std::int32_t im_start_ = -1, im_end_ = -1;
   std::vector<chat_message> messages_;
   std::vector<std::int32_t> ids_;
+  std::vector<turn> turns_;      // every turn of ids_, in order
+  std::size_t answered_ = 0;     // turns_[0, answered_) precede the last reply's end: the ones a shift may drop
   std::size_t last_prefill_ = 0;
+  std::size_t dropped_ = 0;
 };
 
 }  // namespace tlm

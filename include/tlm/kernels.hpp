@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstddef>
 #include <cstdlib>
 #include <string>
@@ -67,6 +68,8 @@ struct kernel_table {
   matmul_q8_fn matmul_q8[table_size];
   float (*dot)(const float*, const float*, std::size_t);
   void (*axpy)(float, const float*, float*, std::size_t);
+  float (*dot_i8)(const float*, const std::int8_t*, std::size_t);
+  void (*axpy_i8)(float, const std::int8_t*, float*, std::size_t);
 };
 
 // Encodings with an integer (precision::fast) path.
@@ -87,6 +90,8 @@ inline const kernel_table& scalar_table() {
     }
     k.dot = &dot_scalar;
     k.axpy = &axpy_scalar;
+    k.dot_i8 = &dot_i8_scalar;
+    k.axpy_i8 = &axpy_i8_scalar;
     return k;
   }();
   return t;
@@ -130,6 +135,8 @@ inline const kernel_table& avx2_table() {
     }
     k.dot = &avx2::dot;
     k.axpy = &avx2::axpy;
+    k.dot_i8 = &avx2::dot_i8;
+    k.axpy_i8 = &avx2::axpy_i8;
     k.quantize = &avx2::quantize;
     set_avx2_fast<encoding::q8_0>(k);
     set_avx2_fast<encoding::q4_0>(k);
@@ -192,6 +199,8 @@ inline const kernel_table& avx512_table() {
     k.matmul_min_batch = cpu().amd ? 32 : 16;
     k.dot = &avx512::dot;
     k.axpy = &avx512::axpy;
+    k.dot_i8 = &avx512::dot_i8;
+    k.axpy_i8 = &avx512::axpy_i8;
     k.quantize = &avx512::quantize;
     if (cpu().avx512vnni) {
       set_avx512_fast<encoding::q8_0>(k);
@@ -458,6 +467,20 @@ inline float dot_reference(const float* a, const float* b, std::size_t n) {
 inline void axpy(float a, const float* x, float* y, std::size_t n) { detail::table().axpy(a, x, y, n); }
 inline void axpy_reference(float a, const float* x, float* y, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// sum_i a[i] * b[i] with int8 b, in float32: the int8 KV cache's key dot product.
+inline float dot_i8(const float* a, const std::int8_t* b, std::size_t n) { return detail::table().dot_i8(a, b, n); }
+inline float dot_i8_reference(const float* a, const std::int8_t* b, std::size_t n) {
+  double s = 0;
+  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * static_cast<double>(b[i]);
+  return static_cast<float>(s);
+}
+
+// y += a * x with int8 x: the int8 KV cache's weighted sum of values.
+inline void axpy_i8(float a, const std::int8_t* x, float* y, std::size_t n) { detail::table().axpy_i8(a, x, y, n); }
+inline void axpy_i8_reference(float a, const std::int8_t* x, float* y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] += a * static_cast<float>(x[i]);
 }
 
 }  // namespace tlm::kernels

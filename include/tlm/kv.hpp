@@ -11,53 +11,215 @@
 //   kv_cache<C>    the same with run-time capacity and length, for loops whose
 //                  length is only known at run time; the same bound is checked
 //                  at run time and reported as a capacity_error.
+//
+// The element type is chosen at run time (kv_type), because it is a memory/accuracy
+// trade-off a user makes per session, not a property of the model:
+//   f32  float keys and values, as the block computed them.
+//   q8   each key and each value vector of one (layer, kv head, position) stored as
+//        symmetric int8 with one float scale, absmax / 127: codes [L, G, Cap, E]
+//        and scales [L, G, Cap]. 4E / (E + 4) times smaller: 3.76x at E = 64.
+//        Attention reads the codes directly (ops/attention.hpp, attention_row_q8).
+// The typed kv<C, Cap, T> is f32 only: its spans of floats are its interface.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "config.hpp"
 #include "error.hpp"
+#include "heads.hpp"
+#include "ops/rope.hpp"
 #include "shape.hpp"
 
 namespace tlm {
 
+enum class kv_type { f32, q8 };
+
+inline std::string_view to_string(kv_type t) { return t == kv_type::q8 ? "q8" : "f32"; }
+
+// Symmetric int8 of n values: code = round(x / scale), scale = absmax / 127, so the
+// largest magnitude maps to +-127 and the error of each value is at most scale / 2.
+// An all-zero vector gets scale 0 and codes 0. Returns the scale.   x: [n]  codes: [n]
+inline float quantize_q8_row(const float* x, std::size_t n, std::int8_t* codes) {
+  float top = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) top = std::max(top, std::fabs(x[i]));
+  if (!(top > 0.0f)) {
+    std::fill(codes, codes + n, std::int8_t{0});
+    return 0.0f;
+  }
+  const float inv = 127.0f / top;
+  for (std::size_t i = 0; i < n; ++i)
+    codes[i] = static_cast<std::int8_t>(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+  return top / 127.0f;
+}
+
+// codes: [n]  out: [n]
+inline void dequantize_q8_row(const std::int8_t* codes, float scale, std::size_t n, float* out) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(codes[i]) * scale;
+}
+
 template <LlamaConfig C>
 class kv_storage {
+  static constexpr std::size_t E = head_dim<C>;
+
  public:
   kv_storage() = default;
-  explicit kv_storage(std::size_t capacity)
-      : capacity_(checked(capacity)), keys_(C::layers * capacity * kv_dim<C>), values_(keys_.size()) {}
+  explicit kv_storage(std::size_t capacity, kv_type type = kv_type::f32) : capacity_(checked(capacity)), type_(type) {
+    const std::size_t n = C::layers * capacity * kv_dim<C>;
+    if (type == kv_type::f32) {
+      keys_ = detail::f32_buffer(n);
+      values_ = detail::f32_buffer(n);
+    } else {
+      key_codes_.assign(n, 0);
+      value_codes_.assign(n, 0);
+      key_scales_.assign(n / E, 0.0f);
+      value_scales_.assign(n / E, 0.0f);
+    }
+  }
 
   std::size_t capacity() const { return capacity_; }
+  kv_type type() const { return type_; }
 
-  // [E] key / value of one position of one kv head of one layer.
-  float* key(std::size_t layer, std::size_t g, std::size_t pos) { return keys_.data() + offset(layer, g, pos); }
-  float* value(std::size_t layer, std::size_t g, std::size_t pos) { return values_.data() + offset(layer, g, pos); }
-  // [n, E] the first n positions of one kv head of one layer.
-  std::span<const float> keys(std::size_t layer, std::size_t g, std::size_t n) const {
-    return {keys_.data() + offset(layer, g, 0), n * head_dim<C>};
+  // Bytes one position takes in every layer and kv head, keys and values together:
+  // 2 L G E 4 for f32; 2 L G (E + 4) for q8 (E codes and one float scale).
+  static constexpr std::size_t bytes_per_position(kv_type t) {
+    return t == kv_type::f32 ? 2 * C::layers * C::kv_heads * E * sizeof(float)
+                             : 2 * C::layers * C::kv_heads * (E * sizeof(std::int8_t) + sizeof(float));
   }
+  std::size_t bytes() const { return capacity_ * bytes_per_position(type_); }
+
+  // f32 storage only. [E] key / value of one position of one kv head of one layer.
+  float* key(std::size_t layer, std::size_t g, std::size_t pos) {
+    require(kv_type::f32, "key");
+    return keys_.data() + offset(layer, g, pos);
+  }
+  float* value(std::size_t layer, std::size_t g, std::size_t pos) {
+    require(kv_type::f32, "value");
+    return values_.data() + offset(layer, g, pos);
+  }
+  const float* key(std::size_t layer, std::size_t g, std::size_t pos) const {
+    require(kv_type::f32, "key");
+    return keys_.data() + offset(layer, g, pos);
+  }
+  const float* value(std::size_t layer, std::size_t g, std::size_t pos) const {
+    require(kv_type::f32, "value");
+    return values_.data() + offset(layer, g, pos);
+  }
+  // f32 storage only. [n, E] the first n positions of one kv head of one layer.
+  std::span<const float> keys(std::size_t layer, std::size_t g, std::size_t n) const { return {key(layer, g, 0), n * E}; }
   std::span<const float> values(std::size_t layer, std::size_t g, std::size_t n) const {
-    return {values_.data() + offset(layer, g, 0), n * head_dim<C>};
+    return {value(layer, g, 0), n * E};
   }
+
+  // q8 storage only. [E] codes of one position, followed by those of the next
+  // positions of the same kv head; and the scale of that position, followed likewise.
+  const std::int8_t* key_codes(std::size_t layer, std::size_t g, std::size_t pos) const {
+    require(kv_type::q8, "key_codes");
+    return key_codes_.data() + offset(layer, g, pos);
+  }
+  const std::int8_t* value_codes(std::size_t layer, std::size_t g, std::size_t pos) const {
+    require(kv_type::q8, "value_codes");
+    return value_codes_.data() + offset(layer, g, pos);
+  }
+  const float* key_scales(std::size_t layer, std::size_t g, std::size_t pos) const {
+    require(kv_type::q8, "key_scales");
+    return key_scales_.data() + offset(layer, g, pos) / E;
+  }
+  const float* value_scales(std::size_t layer, std::size_t g, std::size_t pos) const {
+    require(kv_type::q8, "value_scales");
+    return value_scales_.data() + offset(layer, g, pos) / E;
+  }
+
+  // Writes one position's key and value, quantizing them for q8.   k, v: [E]
+  void store(std::size_t layer, std::size_t g, std::size_t pos, const float* k, const float* v) {
+    const std::size_t at = offset(layer, g, pos);
+    if (type_ == kv_type::f32) {
+      std::copy_n(k, E, keys_.data() + at);
+      std::copy_n(v, E, values_.data() + at);
+    } else {
+      key_scales_[at / E] = quantize_q8_row(k, E, key_codes_.data() + at);
+      value_scales_[at / E] = quantize_q8_row(v, E, value_codes_.data() + at);
+    }
+  }
+  // What attention sees of one position (dequantized for q8).   out: [E]
+  void load_key(std::size_t layer, std::size_t g, std::size_t pos, float* out) const {
+    const std::size_t at = offset(layer, g, pos);
+    if (type_ == kv_type::f32) std::copy_n(keys_.data() + at, E, out);
+    else dequantize_q8_row(key_codes_.data() + at, key_scales_[at / E], E, out);
+  }
+  void load_value(std::size_t layer, std::size_t g, std::size_t pos, float* out) const {
+    const std::size_t at = offset(layer, g, pos);
+    if (type_ == kv_type::f32) std::copy_n(values_.data() + at, E, out);
+    else dequantize_q8_row(value_codes_.data() + at, value_scales_[at / E], E, out);
+  }
+
   // Copies the first n positions of every (layer, kv head) from `from`, which has
-  // the same capacity: what a clone needs, and no more (the unwritten tail is never read).
+  // the same capacity and type: what a clone needs, and no more (the unwritten tail
+  // is never read).
   void copy_positions(const kv_storage& from, std::size_t n) {
-    if (from.capacity_ != capacity_ || n > capacity_)
+    if (from.capacity_ != capacity_ || from.type_ != type_ || n > capacity_)
       throw capacity_error("KV cache copy: capacities " + std::to_string(from.capacity_) + " and " +
-                           std::to_string(capacity_) + " differ, or " + std::to_string(n) + " positions do not fit");
+                           std::to_string(capacity_) + " or types " + std::string(to_string(from.type_)) + " and " +
+                           std::string(to_string(type_)) + " differ, or " + std::to_string(n) +
+                           " positions do not fit; copy between caches made alike");
     for (std::size_t l = 0; l < C::layers; ++l) {
       for (std::size_t g = 0; g < C::kv_heads; ++g) {
         const std::size_t at = offset(l, g, 0);
-        std::copy_n(from.keys_.data() + at, n * head_dim<C>, keys_.data() + at);
-        std::copy_n(from.values_.data() + at, n * head_dim<C>, values_.data() + at);
+        if (type_ == kv_type::f32) {
+          std::copy_n(from.keys_.data() + at, n * E, keys_.data() + at);
+          std::copy_n(from.values_.data() + at, n * E, values_.data() + at);
+        } else {
+          std::copy_n(from.key_codes_.data() + at, n * E, key_codes_.data() + at);
+          std::copy_n(from.value_codes_.data() + at, n * E, value_codes_.data() + at);
+          std::copy_n(from.key_scales_.data() + at / E, n, key_scales_.data() + at / E);
+          std::copy_n(from.value_scales_.data() + at / E, n, value_scales_.data() + at / E);
+        }
       }
     }
   }
-  std::size_t key_values() const { return keys_.size(); }
-  std::size_t value_values() const { return values_.size(); }
+
+  // Forgets positions keep .. keep+drop-1 of the first `length`: the later ones move
+  // down by `drop`, and their keys, which are stored rotated by RoPE for their old
+  // position p, are rotated by -drop so that they are what the block would have
+  // written at p - drop. Rotations compose exactly, so this differs from recomputing
+  // the keys only by float rounding (and, for q8, by requantizing the rotated key:
+  // the rotated vector has another absmax, so its codes are recomputed). Values do
+  // not depend on the position and move unchanged.
+  void shift(std::size_t keep, std::size_t drop, std::size_t length, rope_pairing pairing) {
+    if (keep + drop > length || length > capacity_)
+      throw capacity_error("KV cache shift: dropping positions " + std::to_string(keep) + " to " +
+                           std::to_string(keep + drop) + " of a cache holding " + std::to_string(length) +
+                           " of " + std::to_string(capacity_) + " goes past what is written; drop fewer positions");
+    if (drop == 0) return;
+    const rope_angles<C> back(drop);
+    float k[E];  // [E] one key, dequantized for q8
+    for (std::size_t l = 0; l < C::layers; ++l) {
+      for (std::size_t g = 0; g < C::kv_heads; ++g) {
+        for (std::size_t p = keep + drop; p < length; ++p) {
+          const std::size_t from = offset(l, g, p), to = offset(l, g, p - drop);
+          if (type_ == kv_type::f32) {
+            std::copy_n(keys_.data() + from, E, keys_.data() + to);
+            std::copy_n(values_.data() + from, E, values_.data() + to);
+            detail::rotate_heads<C, float>(keys_.data() + to, E, back, pairing, -1.0f);
+          } else {
+            dequantize_q8_row(key_codes_.data() + from, key_scales_[from / E], E, k);
+            detail::rotate_heads<C, float>(k, E, back, pairing, -1.0f);
+            key_scales_[to / E] = quantize_q8_row(k, E, key_codes_.data() + to);
+            std::copy_n(value_codes_.data() + from, E, value_codes_.data() + to);
+            value_scales_[to / E] = value_scales_[from / E];
+          }
+        }
+      }
+    }
+  }
+
+  std::size_t key_values() const { return type_ == kv_type::f32 ? keys_.size() : key_codes_.size(); }
+  std::size_t value_values() const { return type_ == kv_type::f32 ? values_.size() : value_codes_.size(); }
 
  private:
   static std::size_t checked(std::size_t capacity) {
@@ -68,12 +230,25 @@ class kv_storage {
     return capacity;
   }
   std::size_t offset(std::size_t layer, std::size_t g, std::size_t pos) const {
-    return ((layer * C::kv_heads + g) * capacity_ + pos) * head_dim<C>;
+    return ((layer * C::kv_heads + g) * capacity_ + pos) * E;
+  }
+  // A float read of an int8 cache (or the reverse) is a bug in the caller, not data
+  // to reinterpret.
+  void require(kv_type t, const char* what) const {
+    if (type_ != t)
+      throw error(std::string("KV cache: ") + what + "() reads " + std::string(to_string(t)) +
+                  " entries, but this cache stores " + std::string(to_string(type_)) +
+                  "; read it through load_key/load_value, or the accessors of its type");
   }
 
   std::size_t capacity_ = 0;
-  detail::f32_buffer keys_;    // [L, G, Cap, E]
-  detail::f32_buffer values_;  // [L, G, Cap, E]
+  kv_type type_ = kv_type::f32;
+  detail::f32_buffer keys_;               // [L, G, Cap, E] f32 only
+  detail::f32_buffer values_;             // [L, G, Cap, E] f32 only
+  std::vector<std::int8_t> key_codes_;    // [L, G, Cap, E] q8 only
+  std::vector<std::int8_t> value_codes_;  // [L, G, Cap, E] q8 only
+  std::vector<float> key_scales_;         // [L, G, Cap] q8 only
+  std::vector<float> value_scales_;       // [L, G, Cap] q8 only
 };
 
 // A cache of capacity Cap holding T positions has room for one more only while T < Cap.
@@ -160,11 +335,14 @@ class kv {
 template <LlamaConfig C>
 class kv_cache {
  public:
-  explicit kv_cache(std::size_t capacity) : store_(capacity) {}
+  explicit kv_cache(std::size_t capacity, kv_type type = kv_type::f32) : store_(capacity, type) {}
 
   std::size_t capacity() const { return store_.capacity(); }
   std::size_t length() const { return length_; }
   std::size_t room() const { return capacity() - length_; }
+  kv_type type() const { return store_.type(); }
+  // The cache's memory: capacity * kv_storage<C>::bytes_per_position(type()).
+  std::size_t bytes() const { return store_.bytes(); }
 
   // Claims the next position, or explains why there is none.
   void push() {
@@ -185,11 +363,19 @@ class kv_cache {
     length_ = n;
   }
   void clear() { length_ = 0; }
+  // Forgets positions keep .. keep+drop-1 and moves the later ones down, re-rotating
+  // their keys so that they are valid at their new positions (kv_storage::shift): the
+  // cache then holds what a fresh run over the kept tokens would have written, up to
+  // rounding. `pairing` is the model's (model_options::pairing).
+  void shift(std::size_t keep, std::size_t drop, rope_pairing pairing) {
+    store_.shift(keep, drop, length_, pairing);
+    length_ -= drop;
+  }
 
   // A copy with the same capacity and the same written positions (only those are
   // copied), for a branch such as a beam that continues on its own.
   kv_cache clone() const {
-    kv_cache out(capacity());
+    kv_cache out(capacity(), type());
     out.store_.copy_positions(store_, length_);
     out.length_ = length_;
     return out;

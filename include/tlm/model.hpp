@@ -126,6 +126,12 @@ class model {
     return run(tokens, pos0, cache.storage(), all_logits, nullptr);
   }
 
+  // Forgets cache positions keep .. keep+drop-1 and moves the later ones down with
+  // their keys re-rotated for their new positions (kv_cache::shift), in this model's
+  // RoPE pairing. The next forward continues at position length() - drop; no token
+  // is run through the model again.
+  void shift(kv_cache<C>& cache, std::size_t keep, std::size_t drop) const { cache.shift(keep, drop, opt_.pairing); }
+
  private:
   static std::size_t thread_count(const model_options& o) {
     if (o.threads != 0) return o.threads;

@@ -110,6 +110,39 @@ TLM_AVX512_FN inline void axpy(float a, const float* x, float* y, std::size_t n)
   }
 }
 
+// Sixteen int8 codes widened to float (exact); lanes outside `m` load as zero.
+TLM_AVX512_INLINE inline __m512 load16_i8(const std::int8_t* p, __mmask16 m = 0xFFFF) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
+}
+
+TLM_AVX512_FN inline float dot_i8(const float* a, const std::int8_t* b, std::size_t n) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16_i8(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), load16_i8(b + i + 16), s1);
+  }
+  if (i + 16 <= n) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16_i8(b + i), s0);
+    i += 16;
+  }
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), load16_i8(b + i, m), s1);
+  }
+  return hsum(_mm512_add_ps(s0, s1));
+}
+
+TLM_AVX512_FN inline void axpy_i8(float a, const std::int8_t* x, float* y, std::size_t n) {
+  const __m512 va = _mm512_set1_ps(a);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load16_i8(x + i), _mm512_loadu_ps(y + i)));
+  if (i < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, load16_i8(x + i, m), _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
 // ---- Exact matvec -------------------------------------------------------------------
 //
 // Q4 blocks: the 16 code bytes are broadcast to the four 128-bit lanes, the upper two

@@ -82,6 +82,24 @@ inline void axpy_scalar(float a, const float* x, float* y, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// The int8 KV cache's halves of attention (ops/attention.hpp): a float query dotted
+// with a row of int8 codes, and a weighted int8 row added into a float sum. The row's
+// scale is applied by the caller, once per row rather than per element. Every code
+// converts to float exactly, so these differ from the float kernels only in that.
+inline float dot_i8_scalar(const float* a, const std::int8_t* b, std::size_t n) {
+  float s[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (std::size_t k = 0; k < 8; ++k) s[k] += a[i + k] * static_cast<float>(b[i + k]);
+  }
+  for (; i < n; ++i) s[i % 8] += a[i] * static_cast<float>(b[i]);
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+inline void axpy_i8_scalar(float a, const std::int8_t* x, float* y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) y[i] += a * static_cast<float>(x[i]);
+}
+
 // One row dotted with x, dequantizing `chunk_values` at a time into a stack buffer.
 inline float row_dot_generic_scalar(encoding enc, const std::byte* row, const float* x, std::size_t cols) {
   const auto t = traits(enc);

@@ -12,13 +12,15 @@
 //
 // Keys and values are read through a stride, so the same code serves the KV cache
 // (one kv head's positions contiguous: stride E) and a training batch (rows of all
-// kv heads: stride K).
+// kv heads: stride K). attention_row_q8 is the same row over the int8 KV cache.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include "../config.hpp"
 #include "../kernels.hpp"
@@ -121,6 +123,71 @@ T attention_row(const T* q, const T* keys, const T* values, std::size_t stride, 
   const T lse = m + std::log(l);
   if (entropy != nullptr) *entropy = lse - ws * inv;
   return lse;
+}
+
+// attention_row over the int8 KV cache (kv.hpp, kv_type::q8), dequantizing on the
+// fly: a key's score is (q . codes) * key_scale, a value is added as
+// (p * value_scale) * codes, so each scale costs one multiply per position, not per
+// element, and no float copy of the cache is made.
+//   q: [E]   key_codes, value_codes: [len, E] (stride E)   key_scales, value_scales: [len]   out: [E]
+// Returns the log-sum-exp of the scaled scores; `entropy` as in attention_row.
+inline float attention_row_q8(const float* q, const std::int8_t* key_codes, const float* key_scales,
+                              const std::int8_t* value_codes, const float* value_scales, std::size_t len,
+                              std::size_t E, float scale, float* out, float* entropy = nullptr) {
+  float m = -std::numeric_limits<float>::infinity();
+  float l = 0;   // sum of exp(s - m)
+  float ws = 0;  // sum of exp(s - m) * s, for the entropy
+  std::fill(out, out + E, 0.0f);
+  float s[attention_block];
+  for (std::size_t j0 = 0; j0 < len; j0 += attention_block) {
+    const std::size_t nb = std::min(attention_block, len - j0);
+    float block_max = -std::numeric_limits<float>::infinity();
+    for (std::size_t j = 0; j < nb; ++j) {
+      s[j] = kernels::dot_i8(q, key_codes + (j0 + j) * E, E) * (key_scales[j0 + j] * scale);
+      block_max = std::max(block_max, s[j]);
+    }
+    const float m_new = std::max(m, block_max);
+    const float c = std::exp(m - m_new);  // 0 on the first block, where m = -inf
+    l *= c;
+    ws *= c;
+    for (std::size_t e = 0; e < E; ++e) out[e] *= c;
+    for (std::size_t j = 0; j < nb; ++j) {
+      const float p = std::exp(s[j] - m_new);
+      l += p;
+      ws += p * s[j];
+      kernels::axpy_i8(p * value_scales[j0 + j], value_codes + (j0 + j) * E, out, E);
+    }
+    m = m_new;
+  }
+  const float inv = 1.0f / l;
+  for (std::size_t e = 0; e < E; ++e) out[e] *= inv;
+  const float lse = m + std::log(l);
+  if (entropy != nullptr) *entropy = lse - ws * inv;
+  return lse;
+}
+
+// The definition attention_row_q8 is tested against: every key and value dequantized
+// to float first, then the plain softmax of attend, in double. Same arguments.
+inline float attention_row_q8_reference(const float* q, const std::int8_t* key_codes, const float* key_scales,
+                                        const std::int8_t* value_codes, const float* value_scales, std::size_t len,
+                                        std::size_t E, float scale, float* out) {
+  std::vector<double> scores(len);  // [len]
+  double top = -std::numeric_limits<double>::infinity();
+  for (std::size_t j = 0; j < len; ++j) {
+    double d = 0;
+    for (std::size_t e = 0; e < E; ++e)
+      d += static_cast<double>(q[e]) * static_cast<double>(static_cast<float>(key_codes[j * E + e]) * key_scales[j]);
+    scores[j] = d * static_cast<double>(scale);
+    top = std::max(top, scores[j]);
+  }
+  double total = 0;
+  for (auto& x : scores) total += (x = std::exp(x - top));
+  std::vector<double> acc(E, 0.0);  // [E]
+  for (std::size_t j = 0; j < len; ++j)
+    for (std::size_t e = 0; e < E; ++e)
+      acc[e] += scores[j] / total * static_cast<double>(static_cast<float>(value_codes[j * E + e]) * value_scales[j]);
+  for (std::size_t e = 0; e < E; ++e) out[e] = static_cast<float>(acc[e]);
+  return static_cast<float>(top + std::log(total));
 }
 
 // The backward of attention_row for every query head of one kv head over one

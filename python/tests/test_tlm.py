@@ -203,3 +203,53 @@ def test_two_models_in_two_threads(model):
     # On a shared 2-core machine the speed-up is not a stable number, so it is reported,
     # not asserted; the GIL test above is what shows the threads are not serialized.
     print(f"two models: sequential {sequential:.2f} s, two threads {parallel:.2f} s, speed-up {sequential / parallel:.2f}")
+
+
+# ---- tlm.train: the trainer of examples/train, with the same options ----------------
+
+def _training_text(path):
+    path.write_text("".join(f"line {i}: the quick brown fox jumps over {i * 7 % 13} lazy dogs\n" for i in range(400)))
+    return path
+
+
+def test_train_from_scratch_equals_the_command_line_run(tmp_path):
+    data = _training_text(tmp_path / "text.txt")
+    opts = dict(config="tiny_train", data=data, steps=12, batch=4, seq=32, lr=3e-3, warmup=2, eval_every=4,
+                save_every=6, seed=5, threads=1)
+    lines = []
+    r = tlm.train(out=tmp_path / "py", on_line=lines.append, **opts)
+    assert r["model"] == tmp_path / "py" / "model.gguf" and r["model"].is_file()
+    assert [row["step"] for row in r["losses"]] == list(range(1, 13))
+    assert any(line.startswith("train: tiny_train from scratch") for line in lines)
+    assert r["losses"][-1]["loss"] < r["losses"][0]["loss"]
+    assert r["losses"][3]["held_out_loss"] is not None and r["losses"][0]["held_out_loss"] is None
+    # The same options on the command line: the same run, loss for loss and byte for byte.
+    cli = [os.path.join(EXAMPLES, "train")] + tlm._train.train_arguments(out=tmp_path / "cli", **opts)
+    subprocess.run(cli, check=True, stdout=subprocess.DEVNULL)
+    cut = lambda p: [line.split(",")[:4] for line in p.read_text().splitlines()]  # noqa: E731
+    assert cut(tmp_path / "py" / "loss.csv") == cut(tmp_path / "cli" / "loss.csv")
+    assert (tmp_path / "py" / "model.gguf").read_bytes() == (tmp_path / "cli" / "model.gguf").read_bytes()
+    # The result is a model like any other.
+    m = tlm.Model(str(r["model"]), config="tiny_train", threads=1)
+    assert m.tokenize("line") == list(b"line")
+
+
+def test_train_errors_come_through(tmp_path):
+    data = _training_text(tmp_path / "text.txt")
+    with pytest.raises(tlm.Error, match=r"--lr 0 is outside"):
+        tlm.train(config="tiny_train", data=data, steps=1, lr=0, out=tmp_path / "o", on_line=None)
+    with pytest.raises(tlm.Error, match=r"no checkpoint to resume from"):
+        tlm.train(config="tiny_train", data=data, steps=1, resume=True, out=tmp_path / "none", on_line=None)
+    with pytest.raises(TypeError, match=r"unknown option 'learning_rate'"):
+        tlm.train(config="tiny_train", data=data, steps=1, learning_rate=0.1, on_line=None)
+    with pytest.raises(TypeError, match=r"chat is a switch"):
+        tlm.train(config="tiny_train", data=data, steps=1, chat="yes", on_line=None)
+
+
+def test_train_resumes_from_python(tmp_path):
+    data = _training_text(tmp_path / "text.txt")
+    opts = dict(config="tiny_train", data=data, steps=8, batch=2, seq=16, seed=2, threads=1, on_line=None)
+    full = tlm.train(out=tmp_path / "full", **opts)
+    tlm.train(out=tmp_path / "split", stop_after=3, **opts)
+    resumed = tlm.train(out=tmp_path / "split", resume=True, **opts)
+    assert [(x["step"], x["loss"]) for x in resumed["losses"]] == [(x["step"], x["loss"]) for x in full["losses"]]

@@ -7,10 +7,12 @@
         print(piece, end="")
     model.chat([{"role": "user", "content": "What is the capital of France?"}])
     model.logits(model.tokenize("Hello"))                             # numpy float32 [positions, vocab]
+    tlm.train(model="SmolLM2-135M-Instruct.Q4_1.gguf", data="notes.txt", steps=100, out="run1")
 
 Errors from the C++ library (a file that does not fit its config, bad options, a
 prompt too long) are raised as tlm.Error with the library's message.
 """
 from ._tlm import Error, Model, TextStream
+from ._train import train
 
-__all__ = ["Error", "Model", "TextStream"]
+__all__ = ["Error", "Model", "TextStream", "train"]

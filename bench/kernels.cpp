@@ -42,6 +42,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -385,22 +386,33 @@ int main(int argc, char** argv) {
         auto y = std::make_shared<std::vector<float>>(batch * s.rows);
         for (auto level : levels) {
           if (level == tlm::kernel_level::scalar && batch > 64) continue;  // seconds per call: not worth the wait
-          for (auto prec : precisions) {
+          // fast in both paths: the integer kernels and the float32 GEMM that fast mode
+          // takes where it is faster (kernels::integer_prefill; AMD).
+          const std::pair<k::precision, k::prefill_path> paths[] = {{k::precision::exact, k::prefill_path::automatic},
+                                                                    {k::precision::fast, k::prefill_path::integer},
+                                                                    {k::precision::fast, k::prefill_path::float32}};
+          for (const auto& [prec, path] : paths) {
+            if (level == tlm::kernel_level::scalar && path == k::prefill_path::float32) continue;
             for (std::size_t ti = 0; ti < pools.size(); ++ti) {
               tlm::thread_pool* pool = pools[ti].get();
               measurement m;
               m.group = "prefill";
               m.label = std::string(tlm::name(s.enc)) + " " + std::to_string(s.rows) + "x" + std::to_string(s.cols) +
                         " (" + s.what + ") x " + std::to_string(batch) + " tokens, " +
-                        std::string(tlm::kernel_level_name(level)) + " " + precision_name(prec) + ", " +
-                        std::to_string(pool->size()) + " thr";
+                        std::string(tlm::kernel_level_name(level)) + " " + precision_name(prec) +
+                        (prec == k::precision::exact          ? ""
+                         : path == k::prefill_path::integer ? " (integer)"
+                                                            : " (float32 path)") +
+                        ", " + std::to_string(pool->size()) + " thr";
               m.bytes = static_cast<double>(w->size());
               m.threads = pool->size();
               m.tokens = static_cast<double>(batch);
               m.flops = 2.0 * static_cast<double>(s.rows * s.cols * batch);
-              m.run = [=] {
+              m.run = [=, prec = prec, path = path] {
                 k::force_kernel_level(level);
+                const k::prefill_path saved = k::force_prefill_path(path);
                 k::matmul(s.enc, w->data(), x->data(), y->data(), s.rows, s.cols, batch, pool, prec);
+                k::force_prefill_path(saved);
               };
               ms.push_back(std::move(m));
             }

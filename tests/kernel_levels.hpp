@@ -19,4 +19,13 @@ struct level_guard {
   ~level_guard() { tlm::kernels::force_kernel_level(saved); }
 };
 
+// Forces the fast matmul's path for one test case and puts the previous one back.
+struct prefill_guard {
+  tlm::kernels::prefill_path saved;
+  explicit prefill_guard(tlm::kernels::prefill_path p) : saved(tlm::kernels::force_prefill_path(p)) {}
+  ~prefill_guard() { tlm::kernels::force_prefill_path(saved); }
+  prefill_guard(const prefill_guard&) = delete;
+  prefill_guard& operator=(const prefill_guard&) = delete;
+};
+
 }  // namespace tlm_test

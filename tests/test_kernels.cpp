@@ -655,6 +655,8 @@ TEST_CASE("fast: matvec at every level against the scalar integer reference, and
 
 TEST_CASE("fast: matmul at every level against the scalar integer reference, and row b equals matvec of row b") {
   level_guard g;
+  // The integer kernels, also on CPUs whose automatic choice is the float32 GEMM.
+  const tlm_test::prefill_guard integer(k::prefill_path::integer);
   std::mt19937 rng(1618);
   double worst = 0;
   const std::size_t batches[] = {2, 3, 4, 5, 7, 9, 64, 67};
@@ -695,6 +697,34 @@ TEST_CASE("fast: matmul at every level against the scalar integer reference, and
     }
   }
   MESSAGE("fast matmul: worst error / tolerance against the fast reference: " << worst);
+}
+
+TEST_CASE("fast: on the float32 prefill path a fast matmul is the exact one bit for bit; AMD chooses it") {
+  level_guard g;
+  std::mt19937 rng(5);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    {
+      const tlm_test::prefill_guard automatic(k::prefill_path::automatic);
+      // The choice documented in kernels.hpp (avx2_table): float32 on AMD at the SIMD
+      // levels, integer everywhere else.
+      CHECK(k::integer_prefill() == (level == tlm::kernel_level::scalar || !tlm::cpu().amd));
+    }
+    const tlm_test::prefill_guard f32(k::prefill_path::float32);
+    CHECK_FALSE(k::integer_prefill());
+    for (encoding enc : fast_encodings) {
+      for (std::size_t batch : {std::size_t{2}, std::size_t{7}, std::size_t{64}}) {
+        const std::size_t rows = 37, cols = 576;
+        const auto w = random_rows(enc, rows, cols, rng);
+        const auto x = random_floats(batch * cols, rng);
+        std::vector<float> fast(batch * rows), exact(batch * rows);
+        k::matmul(enc, w.data(), x.data(), fast.data(), rows, cols, batch, nullptr, k::precision::fast);
+        k::matmul(enc, w.data(), x.data(), exact.data(), rows, cols, batch, nullptr, k::precision::exact);
+        INFO(describe(level, enc, rows, cols, batch));
+        CHECK(std::memcmp(fast.data(), exact.data(), fast.size() * sizeof(float)) == 0);
+      }
+    }
+  }
 }
 
 TEST_CASE("fast: thread pools of 1, 2 and 3 threads give bitwise the single-threaded result") {

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "fixture.hpp"
+#include "kernel_levels.hpp"
 
 using C = tlm::smollm2_135m;
 
@@ -81,4 +82,74 @@ TEST_CASE("greedy generation of 32 tokens matches the float64 reference on every
     CHECK_MESSAGE(got == want, "prompt ", p);
   }
   CHECK(prompts == 14);
+}
+
+// precision::fast against the same float64 reference. The README states what llama.cpp
+// measures on these 231 positions (worst 9.0e-2 of the largest logit, argmax 227/231)
+// and what fast mode measures; these are the bounds it promises. The figures move with
+// the kernel level (0.056-0.100, argmax 223-227): a float sum in another order flips
+// the rounding of an int8 code now and then, and 30 layers amplify it. Both fast paths are
+// checked: token by token (decode, the integer matvec) and the integer prefill, which
+// a CPU runs unless its float32 GEMM is faster (kernels::integer_prefill: AMD), so it is
+// forced here.
+constexpr double fast_logit_tolerance = 0.125;
+constexpr std::size_t fast_argmax_agreement = 222;
+
+TEST_CASE("precision fast: logits within 0.125 of the largest logit and argmax on >= 222 of 231 positions") {
+  auto m = tlm::model<C>::load(TLM_MODEL_PATH, {.precision = tlm::kernels::precision::fast});
+  const tlm_test::fixture fx(TLM_FIXTURES "/forward/logits.bin");
+  const int prompts = fx.scalar("n_prompts");
+  const int step = fx.scalar("stripe_step");
+  const int topk = fx.scalar("topk");
+  const tlm_test::prefill_guard integer(tlm::kernels::prefill_path::integer);
+  // Under the sanitizers 2 prompts (the bounds are for all 14); on the scalar level only
+  // token by token (its integer prefill sums the same integers in the same order, and
+  // measured the same 0.085 / 223; running both would add half a minute).
+  const int checked = tlm_test::sanitized() ? 2 : prompts;
+  const bool scalar = tlm::kernels::active_kernel_level() == tlm::kernel_level::scalar;
+  for (const bool token_by_token : {true, false}) {
+    if (scalar && !token_by_token) continue;
+    double worst = 0.0;
+    std::size_t positions = 0, agree = 0;
+    for (int p = 0; p < checked; ++p) {
+      const std::string key = "p" + std::to_string(p) + ".";
+      const auto tokens = fx[key + "tokens"].ints();
+      tlm::kv_cache<C> cache(tokens.size());
+      std::vector<float> all;  // [positions, vocab]
+      if (token_by_token) {
+        for (const auto t : tokens) {
+          const auto logits = m.forward(t, cache);
+          all.insert(all.end(), logits.begin(), logits.end());
+        }
+      } else {
+        m.prefill(tokens, cache, &all);
+      }
+      const auto& argmax = fx[key + "argmax"];
+      const auto& max_abs = fx[key + "max_abs"];
+      const auto& top_ids = fx[key + "top_ids"];
+      const auto& top_logits = fx[key + "top_logits"];
+      const auto& stripe = fx[key + "stripe"];
+      const std::size_t stripe_n = stripe.dims[1];
+      for (std::size_t t = 0; t < tokens.size(); ++t) {
+        const float* ours = all.data() + t * C::vocab;
+        double err = 0.0;
+        for (int k = 0; k < topk; ++k) {
+          const auto id = static_cast<std::size_t>(top_ids.values[t * topk + k]);
+          err = std::max(err, std::fabs(ours[id] - top_logits.values[t * topk + k]));
+        }
+        for (std::size_t s = 0; s < stripe_n; ++s)
+          err = std::max(err, std::fabs(ours[s * step] - stripe.values[t * stripe_n + s]));
+        worst = std::max(worst, err / max_abs.values[t]);
+        agree += tlm::argmax({ours, C::vocab}) == static_cast<std::int32_t>(argmax.values[t]);
+        ++positions;
+      }
+    }
+    const std::string path = token_by_token ? "token by token" : "integer prefill";
+    MESSAGE(path, ": worst relative logit error ", worst, ", argmax ", agree, " of ", positions);
+    CHECK_MESSAGE(worst <= fast_logit_tolerance, path);
+    if (checked == prompts) {
+      CHECK_MESSAGE(agree >= fast_argmax_agreement, path);
+      CHECK(positions == 231);
+    }
+  }
 }

@@ -16,7 +16,8 @@
 // activations at every level; levels differ only in summation order. `fast`
 // quantizes the activations per 32-block to int8 for Q4_0 / Q4_1 / Q8_0 weights and
 // sums integer products; the integer sums are the same at every level, so levels
-// again differ only in the order the per-block float terms are added. Tolerances and
+// again differ only in the order the per-block float terms are added; a fast prefill
+// runs exact where the float32 GEMM is faster (integer_prefill()). Tolerances and
 // the fast-against-exact error bound are in tests/test_kernels.cpp.
 #include <tlm/cpu.hpp>
 #include <tlm/encoding.hpp>
@@ -53,6 +54,14 @@ constexpr int slot(encoding enc) {
   return -1;
 }
 
+// The slot of an encoding known at compile time; the tables are built from these, so a
+// missing slot is a compile error, not an index of -1.
+template <encoding E>
+inline constexpr std::size_t slot_of = [] {
+  static_assert(slot(E) >= 0, "encoding without a table slot");
+  return static_cast<std::size_t>(slot(E));
+}();
+
 struct kernel_table {
   kernel_level level;
   matvec_rows_fn matvec[table_size];
@@ -63,6 +72,9 @@ struct kernel_table {
   matmul_rows_fn matmul_narrow[table_size];
   std::size_t matmul_min_batch;
   // precision::fast; null where the encoding has no integer path (it runs exact).
+  // integer_prefill false: a fast matmul (batch > 1) takes the float32 GEMM instead of
+  // matmul_q8, where that measured faster (see avx2_table); decode keeps matvec_q8.
+  bool integer_prefill;
   quantize_fn quantize;
   matvec_q8_fn matvec_q8[table_size];
   matmul_q8_fn matmul_q8[table_size];
@@ -79,14 +91,15 @@ inline const kernel_table& scalar_table() {
   static const kernel_table t = [] {
     kernel_table k{};
     k.level = kernel_level::scalar;
+    k.integer_prefill = true;
     for (std::size_t i = 0; i < table_size; ++i) {
       k.matvec[i] = &matvec_rows_scalar;
       k.matmul[i] = &matmul_rows_scalar;
     }
     k.quantize = &quantize_scalar;
-    for (encoding e : fast_encodings) {
-      k.matvec_q8[slot(e)] = &matvec_q8_scalar;
-      k.matmul_q8[slot(e)] = &matmul_q8_scalar;
+    for (std::size_t i : {slot_of<encoding::q8_0>, slot_of<encoding::q4_0>, slot_of<encoding::q4_1>}) {
+      k.matvec_q8[i] = &matvec_q8_scalar;
+      k.matmul_q8[i] = &matmul_q8_scalar;
     }
     k.dot = &dot_scalar;
     k.axpy = &axpy_scalar;
@@ -100,22 +113,22 @@ inline const kernel_table& scalar_table() {
 #ifdef TLM_HAVE_AVX2_KERNELS
 template <encoding E>
 constexpr void set_avx2(kernel_table& k) {
-  k.matvec[slot(E)] = &avx2::matvec_rows<E>;
-  k.matmul[slot(E)] = &avx2::matmul_rows<&avx2::decode_row<E>>;
+  k.matvec[slot_of<E>] = &avx2::matvec_rows<E>;
+  k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row<E>>;
 }
 
 // Decode-speed matvec with the block scales factored out (avx2.hpp); matmul decodes.
 template <encoding E>
 constexpr void set_avx2_q4(kernel_table& k) {
-  k.matvec[slot(E)] = &avx2::matvec_rows_q4<E>;
-  k.prepare[slot(E)] = &avx2::prepare_q4_x<E>;
-  k.matmul[slot(E)] = &avx2::matmul_rows<&avx2::decode_row<E>>;
+  k.matvec[slot_of<E>] = &avx2::matvec_rows_q4<E>;
+  k.prepare[slot_of<E>] = &avx2::prepare_q4_x<E>;
+  k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row<E>>;
 }
 
 template <encoding E>
 constexpr void set_avx2_fast(kernel_table& k) {
-  k.matvec_q8[slot(E)] = &avx2::matvec_q8<E>;
-  k.matmul_q8[slot(E)] = &avx2::matmul_q8<E>;
+  k.matvec_q8[slot_of<E>] = &avx2::matvec_q8<E>;
+  k.matmul_q8[slot_of<E>] = &avx2::matmul_q8<E>;
 }
 
 inline const kernel_table& avx2_table() {
@@ -127,11 +140,11 @@ inline const kernel_table& avx2_table() {
     set_avx2<encoding::bf16>(k);
     set_avx2_q4<encoding::q4_0>(k);
     set_avx2_q4<encoding::q4_1>(k);
-    k.matvec[slot(encoding::q8_0)] = &avx2::matvec_rows_q8;
-    k.matmul[slot(encoding::q8_0)] = &avx2::matmul_rows<&avx2::decode_row<encoding::q8_0>>;
-    for (encoding e : {encoding::q4_k, encoding::q5_k, encoding::q6_k}) {
-      k.matvec[slot(e)] = &avx2::matvec_rows_generic;
-      k.matmul[slot(e)] = &avx2::matmul_rows<&avx2::decode_row_generic>;
+    k.matvec[slot_of<encoding::q8_0>] = &avx2::matvec_rows_q8;
+    k.matmul[slot_of<encoding::q8_0>] = &avx2::matmul_rows<&avx2::decode_row<encoding::q8_0>>;
+    for (std::size_t i : {slot_of<encoding::q4_k>, slot_of<encoding::q5_k>, slot_of<encoding::q6_k>}) {
+      k.matvec[i] = &avx2::matvec_rows_generic;
+      k.matmul[i] = &avx2::matmul_rows<&avx2::decode_row_generic>;
     }
     k.dot = &avx2::dot;
     k.axpy = &avx2::axpy;
@@ -141,6 +154,14 @@ inline const kernel_table& avx2_table() {
     set_avx2_fast<encoding::q8_0>(k);
     set_avx2_fast<encoding::q4_0>(k);
     set_avx2_fast<encoding::q4_1>(k);
+    // On AMD (Zen 4 measured) the integer prefill is slower than the float32 GEMM it
+    // would replace: one vpmaddubsw/vpdpbusd covers 32-64 products, but every 32-value
+    // block still needs its two scales applied in float (convert, multiply,
+    // multiply-add), as many instructions as the float GEMM spends on the same
+    // products. One thread, tokens/s exact / fast: prefill 64 372 / 256, 512 309 / 233
+    // (bench/results/issue10-epyc-avx512.md). Elsewhere the integer path stays, as
+    // llama.cpp's does (untested here: Intel's 512-bit units may change the balance).
+    k.integer_prefill = !cpu().amd;
     return k;
   }();
   return t;
@@ -150,15 +171,15 @@ inline const kernel_table& avx2_table() {
 #ifdef TLM_HAVE_AVX512_KERNELS
 template <encoding E>
 constexpr void set_avx512(kernel_table& k) {
-  k.matvec[slot(E)] = &avx512::matvec_rows<E>;
-  k.prepare[slot(E)] = E == encoding::q4_1 || E == encoding::q4_0 ? &avx512::prepare_q4_x<E> : nullptr;
-  k.matmul[slot(E)] = &avx512::matmul_rows<&avx2::decode_row<E>>;
+  k.matvec[slot_of<E>] = &avx512::matvec_rows<E>;
+  k.prepare[slot_of<E>] = E == encoding::q4_1 || E == encoding::q4_0 ? &avx512::prepare_q4_x<E> : nullptr;
+  k.matmul[slot_of<E>] = &avx512::matmul_rows<&avx2::decode_row<E>>;
 }
 
 template <encoding E>
 constexpr void set_avx512_fast(kernel_table& k) {
-  k.matvec_q8[slot(E)] = &avx512::matvec_q8<E>;
-  k.matmul_q8[slot(E)] = &avx512::matmul_q8<E>;
+  k.matvec_q8[slot_of<E>] = &avx512::matvec_q8<E>;
+  k.matmul_q8[slot_of<E>] = &avx512::matmul_q8<E>;
 }
 
 // Starts from the AVX2 table (the level needs everything AVX2 does) and replaces the
@@ -180,14 +201,13 @@ inline const kernel_table& avx512_table() {
       // than the 512-bit ones (Q4_1 11.1 against 9.8 GB/s, Q4_0 9.3 against 6.9;
       // bench/results/kernels.md). The AVX-512 versions stay tested
       // (tests/test_kernels.cpp) and serve CPUs with full-width 512-bit units.
-      for (std::size_t i : {std::size_t{slot(encoding::q8_0)}, std::size_t{slot(encoding::q4_0)},
-                            std::size_t{slot(encoding::q4_1)}}) {
+      for (std::size_t i : {slot_of<encoding::q8_0>, slot_of<encoding::q4_0>, slot_of<encoding::q4_1>}) {
         k.matvec[i] = avx2_table().matvec[i];
         k.prepare[i] = avx2_table().prepare[i];
       }
     }
-    for (encoding e : {encoding::q4_k, encoding::q5_k, encoding::q6_k})
-      k.matmul[slot(e)] = &avx512::matmul_rows<&avx2::decode_row_generic>;
+    for (std::size_t i : {slot_of<encoding::q4_k>, slot_of<encoding::q5_k>, slot_of<encoding::q6_k>})
+      k.matmul[i] = &avx512::matmul_rows<&avx2::decode_row_generic>;
     // The AVX-512 prefill kernel puts 16 batch rows in the lanes of one register, so a
     // prompt of 5 tokens leaves 11 of 16 lanes idle; the AVX2 kernel (a dot product
     // per batch row) wastes none. Splitting a batch between the two would decode each
@@ -210,8 +230,8 @@ inline const kernel_table& avx512_table() {
     // Decode with byte permutes where the CPU has them (4 Q4 blocks per step; for
     // Q8_0 the permute measured slower than two 32-byte loads, 29.5 against 37 GB/s).
     if (cpu().avx512vnni && cpu().avx512vbmi) {
-      k.matvec_q8[slot(encoding::q4_0)] = &avx512::matvec_q8_vbmi<encoding::q4_0>;
-      k.matvec_q8[slot(encoding::q4_1)] = &avx512::matvec_q8_vbmi<encoding::q4_1>;
+      k.matvec_q8[slot_of<encoding::q4_0>] = &avx512::matvec_q8_vbmi<encoding::q4_0>;
+      k.matvec_q8[slot_of<encoding::q4_1>] = &avx512::matvec_q8_vbmi<encoding::q4_1>;
     }
     return k;
   }();
@@ -324,6 +344,31 @@ constexpr bool has_fast_kernel(encoding enc) {
   return false;
 }
 
+// Which kernels a fast matmul (prefill, batch > 1) runs: the level's choice
+// (`automatic`: the integer kernels except where the float32 GEMM measured faster, see
+// avx2_table), or forced either way, which tests (the integer kernels at every level)
+// and benchmarks (both paths side by side) do. Decode (matvec) is not affected.
+enum class prefill_path { automatic, integer, float32 };
+
+namespace detail {
+inline std::atomic<prefill_path>& prefill_choice() {
+  static std::atomic<prefill_path> p{prefill_path::automatic};
+  return p;
+}
+}  // namespace detail
+
+// Sets the fast matmul's path; returns the previous setting. Like force_kernel_level,
+// not meant to race with running kernels.
+inline prefill_path force_prefill_path(prefill_path p) {
+  return detail::prefill_choice().exchange(p, std::memory_order_acq_rel);
+}
+
+// Whether a fast matmul on the active level runs the integer kernels.
+inline bool integer_prefill() {
+  const prefill_path p = detail::prefill_choice().load(std::memory_order_acquire);
+  return p == prefill_path::automatic ? detail::table().integer_prefill : p == prefill_path::integer;
+}
+
 // The kernel level in use, and its name for --timing output.
 inline kernel_level active_kernel_level() { return detail::table().level; }
 inline std::string_view kernel_level_name() { return tlm::kernel_level_name(active_kernel_level()); }
@@ -374,6 +419,8 @@ inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, s
 //   W [rows, cols] in `enc`, X [batch, cols], Y [batch, rows]; Y must not overlap X or W.
 // Each decoded weight row is reused across the batch, so this is much faster than
 // `batch` calls of matvec. Results do not depend on the pool or its size.
+// precision::fast computes exactly where integer_prefill() is false (AMD): the float32
+// GEMM is the faster prefill there, so fast mode loses nothing by being exact.
 inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows, std::size_t cols,
                    std::size_t batch, thread_pool* pool = nullptr, precision p = default_precision()) {
   const std::size_t s = detail::check_args("matmul", enc, w, x, y, rows, cols);
@@ -389,7 +436,7 @@ inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, s
   }
   const auto& t = detail::table();
   const std::size_t rb = row_bytes(enc, cols);
-  if (p == precision::fast && t.matmul_q8[s] != nullptr) {
+  if (p == precision::fast && t.matmul_q8[s] != nullptr && integer_prefill()) {
     auto& qx = detail::quantized_x();
     t.quantize(x, batch, cols, qx);
     const auto fq = t.matmul_q8[s];

@@ -44,8 +44,9 @@ struct model_options {
   rope_pairing pairing = rope_pairing::adjacent;
   // exact: f32 activations times the decoded weights (logits within ~3e-6 of
   // float64). fast: activations quantized to int8 per 32-value block and integer
-  // dot products, as llama.cpp computes (logits within a few 1e-2). The default is
-  // exact unless TLM_PRECISION=fast is set.
+  // dot products, as llama.cpp computes (logits within 0.125 of the largest logit;
+  // the prefill runs exact where that is faster, kernels::integer_prefill). The
+  // default is exact unless TLM_PRECISION=fast is set.
   kernels::precision precision = kernels::default_precision();
 };
 

@@ -829,3 +829,48 @@ TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the ta
   check(encoding::bf16, a5::matvec_rows<encoding::bf16>, copy);
 #endif
 }
+
+TEST_CASE("matvec_group: each product bit for bit its own matvec, at every level, precision and pool size") {
+  level_guard g;
+  std::mt19937 rng(77);
+  tlm::thread_pool p2(2), p3(3);
+  // Mixed encodings (x prepared per encoding: Q4_0 and Q4_1 need different sums), row
+  // counts that are not multiples of the 16-row groups, and an empty product.
+  const encoding encs[] = {encoding::q4_1, encoding::q4_0, encoding::q8_0, encoding::f16};
+  const std::size_t rows[] = {67, 0, 200, 13};
+  const std::size_t cols = 576;
+  std::vector<std::vector<std::byte>> w;
+  for (std::size_t i = 0; i < 4; ++i) w.push_back(random_rows(encs[i], rows[i], cols, rng));
+  const auto x = random_floats(cols, rng);
+  std::size_t checked = 0;
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (auto prec : {k::precision::exact, k::precision::fast}) {
+      std::vector<std::vector<float>> want(4);
+      for (std::size_t i = 0; i < 4; ++i) {
+        want[i].resize(rows[i]);
+        k::matvec(encs[i], w[i].data(), x.data(), want[i].data(), rows[i], cols, nullptr, prec);
+      }
+      for (tlm::thread_pool* pool : {static_cast<tlm::thread_pool*>(nullptr), &p2, &p3}) {
+        std::vector<std::vector<float>> got(4);
+        std::array<k::shared_input_product, 4> group{};
+        for (std::size_t i = 0; i < 4; ++i) {
+          got[i].assign(rows[i], -1.0f);
+          group[i] = {encs[i], w[i].data(), got[i].data(), rows[i]};
+        }
+        k::matvec_group(group, x.data(), cols, pool, prec);
+        for (std::size_t i = 0; i < 4; ++i) {
+          INFO(tlm::kernel_level_name(level) << (prec == k::precision::fast ? " fast " : " exact ") << tlm::name(encs[i])
+                                             << " threads " << (pool ? pool->size() : 1));
+          CHECK(std::memcmp(got[i].data(), want[i].data(), rows[i] * sizeof(float)) == 0);
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(checked >= 24);
+  // A bad member is refused before anything runs, naming the call.
+  std::vector<float> y(3);
+  const std::array<k::shared_input_product, 1> bad{{{encoding::q4_1, w[0].data(), y.data(), 3}}};
+  CHECK_THROWS_WITH_AS(k::matvec_group(bad, x.data(), 100, nullptr), doctest::Contains("matvec_group"), tlm::shape_error);
+}

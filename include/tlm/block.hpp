@@ -179,9 +179,7 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
   detail::for_rows(pool, n, [&](std::size_t i) {
     rmsnorm<D, T, typename decltype(g1)::value_type>(a.x.row(i), g1, C::rms_eps, a.xn1.row(i));
   });
-  matmul(w.attn_q, a.xn1, a.q, pool, ctx.precision);
-  matmul(w.attn_k, a.xn1, a.k, pool, ctx.precision);
-  matmul(w.attn_v, a.xn1, a.v, pool, ctx.precision);
+  matmul_shared(a.xn1, pool, ctx.precision, into(w.attn_q, a.q), into(w.attn_k, a.k), into(w.attn_v, a.v));
   const std::size_t period = ctx.layout.length;
   detail::for_rows(pool, n, [&](std::size_t i) {
     rope<C, D, T>(a.q.row(i), ctx.angles[i % period], ctx.pairing);
@@ -213,8 +211,7 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
   detail::for_rows(pool, n, [&](std::size_t i) {
     rmsnorm<D, T, typename decltype(g2)::value_type>(a.x_mid.row(i), g2, C::rms_eps, a.xn2.row(i));
   });
-  matmul(w.ffn_gate, a.xn2, a.gate, pool, ctx.precision);
-  matmul(w.ffn_up, a.xn2, a.up, pool, ctx.precision);
+  matmul_shared(a.xn2, pool, ctx.precision, into(w.ffn_gate, a.gate), into(w.ffn_up, a.up));
   a.h.resize(n);
   detail::for_rows(pool, n, [&](std::size_t i) { swiglu<F, T>(a.gate.row(i), a.up.row(i), a.h.row(i)); });
   matmul(w.ffn_down, a.h, out, pool, ctx.precision);

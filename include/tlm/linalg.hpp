@@ -3,6 +3,7 @@
 // matmul(mat<R, C>, rows<C>) -> rows<R> are the only ways to multiply by a weight,
 // so a product whose shapes disagree does not compile. The types guard the call;
 // the loops live in plain kernels with run-time sizes.
+#include <array>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -77,6 +78,52 @@ void matmul(const mat<R, C, S>& w, const rows<N, T>& x, rows<R, T>& y, thread_po
     kernels::gemm_reference<T>(transpose::no, transpose::yes, x.count(), R, C, x.data(), C, w.data(), C, y.data(), R,
                                false);
   }
+}
+
+// One product of matmul_shared: W [R, C] into y [n, R]. `into` deduces R from both
+// sides, so a weight whose rows are not y's width does not compile.
+template <std::size_t R, std::size_t C, Storage S, class T>
+struct product_into {
+  static constexpr bool mapped = !is_owned_v<S>;
+  const mat<R, C, S>& w;
+  rows<R, T>& y;
+};
+template <std::size_t R, std::size_t C, Storage S, class T>
+product_into<R, C, S, T> into(const mat<R, C, S>& w, rows<R, T>& y) {
+  return {w, y};
+}
+
+// P is a product whose weight takes inputs of width N and element T.
+template <class P, std::size_t N, class T>
+inline constexpr bool takes_input_v = false;
+template <std::size_t R, std::size_t C, Storage S, class T, std::size_t N>
+inline constexpr bool takes_input_v<product_into<R, C, S, T>, N, T> = inner_dims_match<C, N> && multiplies<S, T>;
+template <class P, std::size_t N, class T>
+concept takes_input = takes_input_v<P, N, T>;
+
+namespace detail {
+template <std::size_t R, std::size_t C, Storage S, class T>
+kernels::shared_input_product kernel_product(const product_into<R, C, S, T>& p) {
+  require_bound(p.w);
+  p.y.resize(1);
+  return {p.w.enc(), p.w.bytes().data(), p.y.data(), R};
+}
+}  // namespace detail
+
+// Several products of one input, y_i = X W_iᵀ (q, k and v of a block; gate and up):
+// the same values as a matmul each. A single row of mapped weights runs them as one
+// kernels::matvec_group (one parallel region, x prepared once); anything else, a
+// matmul each.
+template <std::size_t N, class T, takes_input<N, T>... P>
+void matmul_shared(const rows<N, T>& x, thread_pool* pool, kernels::precision precision, const P&... products) {
+  if constexpr ((P::mapped && ...) && std::same_as<T, float>) {
+    if (x.count() == 1) {
+      const std::array<kernels::shared_input_product, sizeof...(P)> group{detail::kernel_product(products)...};
+      kernels::matvec_group(group, x.data(), N, pool, precision);
+      return;
+    }
+  }
+  (matmul(products.w, x, products.y, pool, precision), ...);
 }
 
 // The backward of matmul: the forward's inputs (w, x), the output's gradient dy,

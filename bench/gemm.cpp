@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  const auto levels = tlm_bench::kernel_levels();
+  const auto levels = tlm::supported_kernel_levels();
   const std::size_t thread_counts[] = {1, 2};
   std::vector<std::unique_ptr<tlm::thread_pool>> pools;
   for (std::size_t t : thread_counts) pools.push_back(std::make_unique<tlm::thread_pool>(t));

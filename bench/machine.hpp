@@ -1,8 +1,6 @@
 #pragma once
 // What the benchmarks record about the machine they ran on, next to their figures,
-// and what the kernel benchmarks share: the levels to time and the median of rounds.
-#include <tlm/cpu.hpp>
-
+// and the median of rounds that the kernel benchmarks report.
 #include <algorithm>
 #include <cstddef>
 #include <fstream>
@@ -30,14 +28,6 @@ inline std::string load_average() {
   std::string a, b, c;
   in >> a >> b >> c;
   return a + " " + b + " " + c;
-}
-
-// Every kernel level this machine runs, the portable one first.
-inline std::vector<tlm::kernel_level> kernel_levels() {
-  std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
-  for (auto l : {tlm::kernel_level::avx2, tlm::kernel_level::avx512})
-    if (tlm::kernel_level_supported(l)) levels.push_back(l);
-  return levels;
 }
 
 inline double median(std::vector<double> v) {

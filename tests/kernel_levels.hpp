@@ -10,12 +10,7 @@
 
 namespace tlm_test {
 
-inline std::vector<tlm::kernel_level> testable_levels() {
-  std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
-  for (auto l : {tlm::kernel_level::avx2, tlm::kernel_level::avx512})
-    if (tlm::kernel_level_supported(l)) levels.push_back(l);
-  return levels;
-}
+inline std::vector<tlm::kernel_level> testable_levels() { return tlm::supported_kernel_levels(); }
 
 struct level_guard {
   tlm::kernel_level saved = tlm::kernels::active_kernel_level();

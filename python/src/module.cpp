@@ -96,7 +96,7 @@ class model_impl final : public model_base {
 
   std::size_t vocab() const override { return C::vocab; }
   std::size_t context() const override { return C::context; }
-  std::string config_name() const override { return std::string(tlm::type_name<C>()); }
+  std::string config_name() const override { return std::string(tlm::config_name<C>()); }
   const tlm::tokenizer& tokenizer() const override { return tok_; }
 
  private:

@@ -12,11 +12,6 @@ namespace tlm_test {
 
 inline std::vector<tlm::kernel_level> testable_levels() { return tlm::supported_kernel_levels(); }
 
-struct level_guard {
-  tlm::kernel_level saved = tlm::kernels::active_kernel_level();
-  ~level_guard() { tlm::kernels::force_kernel_level(saved); }
-};
-
 inline std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float range = 1.0f) {
   std::uniform_real_distribution<float> unit(-range, range);
   std::vector<float> v(n);
@@ -36,6 +31,11 @@ struct placed {
     // of a copy into `data` and stops a -Werror build (-Wstringop-overflow).
     for (std::size_t i = 0; i < src.size(); ++i) data[i] = src[i];
   }
+};
+
+struct level_guard {
+  tlm::kernel_level saved = tlm::kernels::active_kernel_level();
+  ~level_guard() { tlm::kernels::force_kernel_level(saved); }
 };
 
 }  // namespace tlm_test

@@ -46,6 +46,7 @@ using clock_type = std::chrono::steady_clock;
 
 using tlm_bench::cpu_model;
 using tlm_bench::load_average;
+using tlm_bench::median;
 
 // CPU time of every thread of the process: with 2 threads, flops over it is the speed
 // per core while the cores were held (spinning while waiting for a thread counts).
@@ -53,12 +54,6 @@ double process_cpu_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 volatile float sink = 0;
@@ -165,9 +160,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
-  for (auto l : {tlm::kernel_level::avx2, tlm::kernel_level::avx512})
-    if (tlm::kernel_level_supported(l)) levels.push_back(l);
+  const auto levels = tlm::supported_kernel_levels();
   const std::size_t thread_counts[] = {1, 2};
   std::vector<std::unique_ptr<tlm::thread_pool>> pools;
   for (std::size_t t : thread_counts) pools.push_back(std::make_unique<tlm::thread_pool>(t));

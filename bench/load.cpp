@@ -154,10 +154,7 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
-  } catch (const tlm::error& e) {
-    fmt::print(stderr, "load: {}\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // tlm::error included: its message says what to do
     fmt::print(stderr, "load: {}\n", e.what());
     return 1;
   }

@@ -1,8 +1,12 @@
 #pragma once
-// What the benchmarks record about the machine they ran on, next to their figures.
+// What the benchmarks record about the machine they ran on, next to their figures,
+// and the median of rounds that the kernel benchmarks report.
+#include <algorithm>
+#include <cstddef>
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 namespace tlm_bench {
 
@@ -24,6 +28,12 @@ inline std::string load_average() {
   std::string a, b, c;
   in >> a >> b >> c;
   return a + " " + b + " " + c;
+}
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 // Prints a finished markdown report and, with a path, writes it there too. Returns the

@@ -1,7 +1,8 @@
-// Prints, for each shipped config, its derived sizes, its tensors with their
-// shapes, and its parameter count: everything the types know without a file.
+// Prints, for each config of tlm::all_configs, its derived sizes, its tensors with
+// their shapes, and its parameter count: everything the types know without a file.
 //
-//   describe [--tensors] [CONFIG...]     CONFIG: smollm2_135m smollm2_360m smollm2_1_7b tiny_gqa tiny_untied
+//   describe [--tensors] [CONFIG...]     CONFIG: a name from tlm/configs.hpp (default: all)
+#include <tlm/configs.hpp>
 #include <tlm/weights.hpp>
 
 #include <fmt/core.h>
@@ -46,20 +47,14 @@ int main(int argc, char** argv) {
       return 0;
     } else wanted.push_back(a);
   }
-  bool any = false;
-  auto maybe = [&]<class C>(std::string_view name) {
-    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) return;
-    describe<C>(name, tensors);
-    any = true;
-  };
-  maybe.operator()<tlm::smollm2_135m>("smollm2_135m");
-  maybe.operator()<tlm::smollm2_360m>("smollm2_360m");
-  maybe.operator()<tlm::smollm2_1_7b>("smollm2_1_7b");
-  maybe.operator()<tlm::tiny_gqa>("tiny_gqa");
-  maybe.operator()<tlm::tiny_untied>("tiny_untied");
-  if (!any) {
-    fmt::print(stderr, "describe: no such config; known: smollm2_135m smollm2_360m smollm2_1_7b tiny_gqa tiny_untied\n");
-    return 1;
-  }
+  using configs = tlm::all_configs;
+  for (const auto name : wanted)
+    if (!configs::contains(name)) {
+      fmt::print(stderr, "describe: unknown config '{}'; known: {}\n", name, tlm::config_names_text<configs>());
+      return 1;
+    }
+  for (const auto name : tlm::config_names<configs>())
+    if (wanted.empty() || std::find(wanted.begin(), wanted.end(), name) != wanted.end())
+      tlm::with_config<configs>(name, [&](auto c) { describe<typename decltype(c)::type>(name, tensors); });
   return 0;
 }

@@ -10,6 +10,7 @@
 // It is a thin layer over tlm/generate.hpp: the decoding loop is the library's.
 // `--chat` without a prompt starts an interactive chat on the terminal.
 #include <tlm/chat.hpp>
+#include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
 #include <tlm/json_schema.hpp>
 #include <tlm/model.hpp>
@@ -43,10 +44,12 @@ using clock_type = std::chrono::steady_clock;
 // More threads than this is a typo, not a machine.
 constexpr std::size_t max_threads = 1024;
 
-constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
+// {configs} stands for tlm's list of config names, so a config added there is offered here.
+constexpr std::string_view usage_format = R"(usage: generate [options] [TEXT]
   --model PATH        GGUF file (default: $TLM_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)
-  --config NAME       the config type to bind the file to: smollm2_135m (default), smollm2_360m, smollm2_1_7b,
-                      tiny_train (a model trained from scratch by examples/train --config tiny_train)
+  --config NAME       the config type to bind the file to (default smollm2_135m):
+                      {configs}
+                      (tiny_train: a model trained from scratch by examples/train --config tiny_train)
   --prompt TEXT       the prompt (or give it as the last argument)
   -n N                tokens to generate (default 32); stops early at end-of-sequence
   --threads T         threads for the matrix kernels (default: all cores)
@@ -87,6 +90,8 @@ constexpr std::string_view usage = R"(usage: generate [options] [TEXT]
   --timing            print load time, prefill tokens/s and decode ms/token to stderr
   --trace             print per-layer residual RMS, attention entropy and logit statistics to stderr
 )";
+
+std::string usage() { return fmt::format(fmt::runtime(usage_format), fmt::arg("configs", tlm::config_names_text())); }
 
 struct options {
   std::string model;
@@ -184,11 +189,11 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(fmt::format("{} needs a value\n{}", a, usage));
+      if (i + 1 >= argc) fail(fmt::format("{} needs a value\n{}", a, usage()));
       return argv[++i];
     };
     if (a == "-h" || a == "--help") {
-      fmt::print("{}", usage);
+      fmt::print("{}", usage());
       std::exit(0);
     } else if (a == "--model") o.model = value();
     else if (a == "--config") o.config = value();
@@ -257,7 +262,7 @@ options parse(int argc, char** argv) {
     else if (a == "--show-config") o.show_config = true;
     else if (a == "--timing") o.timing = true;
     else if (a == "--trace") o.trace = true;
-    else if (a.starts_with("-") && a.size() > 1) fail(fmt::format("unknown option '{}'\n{}", a, usage));
+    else if (a.starts_with("-") && a.size() > 1) fail(fmt::format("unknown option '{}'\n{}", a, usage()));
     else if (!o.prompt) o.prompt = std::string(a);
     else fail(fmt::format("two prompts given ('{}' and '{}'); quote the prompt as one argument", *o.prompt, a));
   }
@@ -265,6 +270,8 @@ options parse(int argc, char** argv) {
   if (!o.prompt && !o.token_ids && !o.chat) o.prompt = "The capital of France is";
   if (o.chat && !o.prompt && !o.token_ids && !o.n_given) o.n = 512;  // an interactive reply
   // Every option is checked here, before the file is mapped or a token computed.
+  if (!tlm::shipped_configs::contains(o.config))
+    fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
   if (o.threads > max_threads) fail(fmt::format("--threads {} is more than {}; give 0 for every core", o.threads, max_threads));
   if (o.sampling.temperature < 0.0f) fail(fmt::format("--temperature {} is negative; give 0 (greedy) or more", o.sampling.temperature));
   if (!(o.sampling.top_p > 0.0f && o.sampling.top_p <= 1.0f))
@@ -546,11 +553,7 @@ int run(const options& o) {
 int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
-    if (o.config == "smollm2_135m") return run<tlm::smollm2_135m>(o);
-    if (o.config == "smollm2_360m") return run<tlm::smollm2_360m>(o);
-    if (o.config == "smollm2_1_7b") return run<tlm::smollm2_1_7b>(o);
-    if (o.config == "tiny_train") return run<tlm::tiny_train>(o);
-    fail(fmt::format("unknown --config '{}'; known: smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train", o.config));
+    return tlm::with_config(o.config, [&](auto c) { return run<typename decltype(c)::type>(o); });
   } catch (const std::exception& e) {  // tlm::error and usage_error: both say what to do
     fmt::print(stderr, "generate: {}\n", e.what());
     return 1;

@@ -10,6 +10,7 @@
 // forward pass reuses its workspace and so serves one sequence at a time. Requests
 // beyond the slots wait in a bounded queue; beyond that they get 503.
 #include <tlm/chat.hpp>
+#include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
 #include <tlm/json_schema.hpp>
 #include <tlm/model.hpp>
@@ -48,9 +49,11 @@ namespace {
 
 using json = nlohmann::ordered_json;  // keeps the order of a schema's properties, which tlm writes in that order
 
-constexpr std::string_view usage = R"(usage: serve [options]
+// {configs} stands for tlm's list of config names, so a config added there is offered here.
+constexpr std::string_view usage_format = R"(usage: serve [options]
   --model PATH       GGUF file (default: $TLM_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)
-  --config NAME      config type to bind the file to: smollm2_135m (default), smollm2_360m, smollm2_1_7b
+  --config NAME      config type to bind the file to (default smollm2_135m):
+                     {configs}
   --host ADDR        address to listen on (default 127.0.0.1: this machine only)
   --port N           TCP port (default 8080; 0 picks a free one, printed on the first line)
   --slots N          requests generated at once, each with its own KV cache (default 2)
@@ -67,6 +70,8 @@ constexpr std::string_view usage = R"(usage: serve [options]
 Sampling defaults follow OpenAI's: temperature 1, top_p 1, no penalties, a random seed.
 Extensions accepted in a request: top_k, min_p, repeat_penalty.
 )";
+
+std::string usage() { return fmt::format(fmt::runtime(usage_format), fmt::arg("configs", tlm::config_names_text())); }
 
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -98,11 +103,11 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     const auto value = [&]() -> std::string {
-      if (i + 1 >= argc) fail(fmt::format("{} needs a value\n{}", a, usage));
+      if (i + 1 >= argc) fail(fmt::format("{} needs a value\n{}", a, usage()));
       return argv[++i];
     };
     if (a == "-h" || a == "--help") {
-      fmt::print("{}", usage);
+      fmt::print("{}", usage());
       std::exit(0);
     } else if (a == "--model") o.model = value();
     else if (a == "--config") o.config = value();
@@ -118,8 +123,10 @@ options parse(int argc, char** argv) {
       o.api_key = value();
       if (o.api_key.empty()) fail("--api-key needs a non-empty key; leave the option out to serve without one");
     } else if (a == "--name") o.name = value();
-    else fail(fmt::format("unknown option '{}'\n{}", a, usage));
+    else fail(fmt::format("unknown option '{}'\n{}", a, usage()));
   }
+  if (!tlm::shipped_configs::contains(o.config))
+    fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
   if (o.threads == 0) o.threads = std::max<std::size_t>(1, std::thread::hardware_concurrency() / o.slots);
   if (o.name.empty()) o.name = std::filesystem::path(o.model).stem().string();
   return o;
@@ -713,10 +720,7 @@ int run(const options& o) {
 int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
-    if (o.config == "smollm2_135m") return run<tlm::smollm2_135m>(o);
-    if (o.config == "smollm2_360m") return run<tlm::smollm2_360m>(o);
-    if (o.config == "smollm2_1_7b") return run<tlm::smollm2_1_7b>(o);
-    fail(fmt::format("unknown --config '{}'; known: smollm2_135m, smollm2_360m, smollm2_1_7b", o.config));
+    return tlm::with_config(o.config, [&](auto c) { return run<typename decltype(c)::type>(o); });
   } catch (const std::exception& e) {
     fmt::print(stderr, "serve: {}\n", e.what());
     return 1;

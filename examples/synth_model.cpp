@@ -1,7 +1,7 @@
 // synth_model: write a random-weight GGUF file with the exact shape of a SmolLM2
 // config, for tests and benchmarks of models too large to download here.
 //
-//   synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b|tiny_gqa|tiny_untied --out PATH
+//   synth_model --config NAME --out PATH    (NAME: a config of tlm::all_configs, tlm/configs.hpp)
 //               [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--std S] [--tokenizer-from REAL.gguf]
 //               [--layers N]
 //
@@ -19,7 +19,7 @@
 // (tests bind it to a config type with `layers = N`; the named type refuses it).
 // The tiny test configs (tiny_gqa, tiny_untied) are accepted too: their files are the
 // fuzzers' seeds and the random models that tests compare with the float64 reference.
-#include <tlm/config.hpp>
+#include <tlm/configs.hpp>
 #include <tlm/gguf.hpp>
 #include <tlm/gguf_writer.hpp>
 #include <tlm/hyperparameters.hpp>
@@ -230,17 +230,14 @@ int run(int argc, char** argv) {
   }
   if (o.config.empty() || o.out.empty()) {
     fmt::print(stderr,
-               "usage: synth_model --config smollm2_135m|smollm2_360m|smollm2_1_7b|tiny_gqa|tiny_untied --out PATH\n"
+               "usage: synth_model --config NAME --out PATH\n"
                "                   [--encoding q4_1] [--embd-encoding q8_0] [--seed N] [--std S] [--tokenizer-from REAL.gguf]\n"
-               "                   [--layers N]\n");
+               "                   [--layers N]\n"
+               "NAME: {}\n",
+               tlm::config_names_text<tlm::all_configs>());
     return 2;
   }
-  if (o.config == "smollm2_135m") return synthesize<tlm::smollm2_135m>(o);
-  if (o.config == "smollm2_360m") return synthesize<tlm::smollm2_360m>(o);
-  if (o.config == "smollm2_1_7b") return synthesize<tlm::smollm2_1_7b>(o);
-  if (o.config == "tiny_gqa") return synthesize<tlm::tiny_gqa>(o);
-  if (o.config == "tiny_untied") return synthesize<tlm::tiny_untied>(o);
-  throw tlm::error(fmt::format("unknown config '{}'; use smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_gqa or tiny_untied", o.config));
+  return tlm::with_config<tlm::all_configs>(o.config, [&](auto c) { return synthesize<typename decltype(c)::type>(o); });
 }
 
 }  // namespace
@@ -248,10 +245,7 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
-  } catch (const tlm::error& e) {
-    fmt::print(stderr, "synth_model: {}\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
+  } catch (const std::exception& e) {  // tlm::error included: its message says what to do
     fmt::print(stderr, "synth_model: {}\n", e.what());
     return 1;
   }

@@ -5,6 +5,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <tlm/configs.hpp>
 #include <tlm/load.hpp>
 #include <tlm/tokenizer.hpp>
 #include <tlm/train/adamw.hpp>
@@ -30,6 +31,10 @@
 #include <vector>
 
 namespace {
+
+// The configs train takes: the tiny one it trains from scratch in the tests and
+// benchmarks, and the one whose published file it fine-tunes.
+using trainable_configs = tlm::config_list<tlm::tiny_train, tlm::smollm2_135m>;
 
 constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architecture model
 
@@ -141,8 +146,8 @@ options parse(int argc, char** argv) {
   if (o.min_lr > o.lr) fail(fmt::format("--min-lr {} is above --lr {}; the decay ends below the peak", o.min_lr, o.lr));
   if (o.out_type != "f32" && o.out_type != "f16" && o.out_type != "bf16" && o.out_type != "q8_0" && o.out_type != "q4_1")
     fail(fmt::format("--out-type is f32, f16, bf16, q8_0 or q4_1, not '{}'", o.out_type));
-  if (!o.config.empty() && o.config != "tiny_train" && o.config != "smollm2_135m")
-    fail(fmt::format("unknown --config '{}'; known: tiny_train, smollm2_135m", o.config));
+  if (!o.config.empty() && !trainable_configs::contains(o.config))
+    fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text<trainable_configs>()));
   if (o.chat && o.model.empty()) fail("--chat needs --model: chat data is rendered with the model's tokenizer and chat template");
   return o;
 }
@@ -521,8 +526,7 @@ int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
     const std::string config = o.config.empty() ? "smollm2_135m" : o.config;
-    if (config == "tiny_train") return run<tlm::tiny_train>(o, config, grp);
-    return run<tlm::smollm2_135m>(o, config, grp);
+    return tlm::with_config<trainable_configs>(config, [&](auto c) { return run<typename decltype(c)::type>(o, config, grp); });
   } catch (const std::exception& e) {
     fmt::print(stderr, "train: {}{}\n", grp.size() > 1 ? fmt::format("rank {}: ", grp.rank()) : "", e.what());
     grp.abort();

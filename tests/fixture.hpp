@@ -1,6 +1,9 @@
 #pragma once
 // Reader for the TLMFIX01 fixture container written by tests/reference
-// (format in tests/fixtures/forward/README.md).
+// (format in tests/fixtures/forward/README.md), and the real model and its tokenizer
+// shared by the tests of one program.
+#include <tlm/tokenizer.hpp>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +90,13 @@ Model& shared_model() {
   }
   static Model m = Model::load(TLM_MODEL_PATH);
   return m;
+}
+
+// The tokenizer of the shared model's file, read once per test program.
+template <class Model>
+const tlm::tokenizer& shared_tokenizer() {
+  static const tlm::tokenizer tok = tlm::tokenizer::from_gguf(shared_model<Model>().file());
+  return tok;
 }
 
 }  // namespace tlm_test

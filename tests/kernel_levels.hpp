@@ -1,18 +1,37 @@
 #pragma once
-// Shared by the kernel tests: every kernel level this CPU can run, and a guard that
-// puts the start-up level back when a test case ends, even on failure.
+// Shared by the kernel tests: every kernel level this CPU can run, a guard that
+// puts the start-up level back when a test case ends, even on failure, and the
+// random, misaligned inputs the kernels are checked on.
 #include <tlm/kernels.hpp>
 
+#include <cstddef>
+#include <random>
 #include <vector>
 
 namespace tlm_test {
 
-inline std::vector<tlm::kernel_level> testable_levels() {
-  std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
-  for (auto l : {tlm::kernel_level::avx2, tlm::kernel_level::avx512})
-    if (tlm::kernel_level_supported(l)) levels.push_back(l);
-  return levels;
+inline std::vector<tlm::kernel_level> testable_levels() { return tlm::supported_kernel_levels(); }
+
+inline std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float range = 1.0f) {
+  std::uniform_real_distribution<float> unit(-range, range);
+  std::vector<float> v(n);
+  for (auto& f : v) f = unit(rng);
+  return v;
 }
+
+// A copy of src placed `offset` elements into a buffer with guard values around it,
+// so a kernel that reads or writes past the end, or assumes alignment, shows.
+template <class T>
+struct placed {
+  std::vector<T> storage;
+  T* data;
+  placed(const std::vector<T>& src, std::size_t offset, T guard = T{}) : storage(src.size() + offset + 64, guard) {
+    data = storage.data() + offset;
+    // A loop, not std::copy: GCC 12 sees a size_t wrap-around in the inlined memmove
+    // of a copy into `data` and stops a -Werror build (-Wstringop-overflow).
+    for (std::size_t i = 0; i < src.size(); ++i) data[i] = src[i];
+  }
+};
 
 struct level_guard {
   tlm::kernel_level saved = tlm::kernels::active_kernel_level();

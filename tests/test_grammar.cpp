@@ -99,7 +99,7 @@ TEST_CASE("a schema outside the subset, or one that admits nothing, is an error"
   CHECK_THROWS_AS(from_text("{"), tlm::error);
   // A budget too small for the shortest document is an error before any token, not a hang.
   auto& m = tlm_test::shared_model<tlm::model<C>>();
-  const auto tok = tlm::tokenizer::from_gguf(m.file());
+  const auto& tok = tlm_test::shared_tokenizer<tlm::model<C>>();
   tlm::generator gen(m, tok);
   tlm::generation_options o{.max_tokens = 10};
   o.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::from_text(person_schema));
@@ -108,7 +108,7 @@ TEST_CASE("a schema outside the subset, or one that admits nothing, is an error"
 
 TEST_CASE("100 of 100 outputs sampled at temperature 1 parse, and validate against the schema") {
   auto& m = tlm_test::shared_model<tlm::model<C>>();
-  const auto tok = tlm::tokenizer::from_gguf(m.file());
+  const auto& tok = tlm_test::shared_tokenizer<tlm::model<C>>();
   tlm::generator gen(m, tok);
   struct run {
     const char* what;

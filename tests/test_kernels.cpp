@@ -34,6 +34,7 @@ const encoding all_encodings[] = {encoding::f32,  encoding::f16,  encoding::bf16
                                   encoding::q4_1, encoding::q4_k, encoding::q5_k, encoding::q6_k};
 
 using tlm_test::level_guard;
+using tlm_test::random_floats;
 using tlm_test::testable_levels;
 
 void put_half(std::byte* p, float v) {
@@ -84,13 +85,6 @@ std::vector<std::byte> random_rows(encoding enc, std::size_t rows, std::size_t c
   return out;
 }
 
-std::vector<float> random_floats(std::size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& f : v) f = unit(rng);
-  return v;
-}
-
 // sum_c |W[r,c] x[c]| for every row, from the reference decoder.
 std::vector<double> abs_sums(encoding enc, const std::byte* w, const float* x, std::size_t rows, std::size_t cols) {
   std::vector<double> out(rows);
@@ -139,23 +133,10 @@ std::vector<std::size_t> cols_for(encoding enc) {
 
 const std::size_t row_counts[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 33, 64, 67};
 
-// A copy of `src` placed `offset` bytes into a fresh buffer, so the data's address
-// has the requested misalignment.
-struct placed_bytes {
-  std::vector<std::byte> storage;
-  std::byte* data;
-  placed_bytes(const std::vector<std::byte>& src, std::size_t offset) : storage(src.size() + offset + 64) {
-    data = storage.data() + offset;
-    std::memcpy(data, src.data(), src.size());
-  }
-};
-struct placed_floats {
-  std::vector<float> storage;
-  float* data;
-  placed_floats(const std::vector<float>& src, std::size_t offset) : storage(src.size() + offset + 16, -777.0f) {
-    data = storage.data() + offset;
-    for (std::size_t i = 0; i < src.size(); ++i) data[i] = src[i];
-  }
+using placed_bytes = tlm_test::placed<std::byte>;
+// The checks look for -777 around an output: any other value there was written out of bounds.
+struct placed_floats : tlm_test::placed<float> {
+  placed_floats(const std::vector<float>& src, std::size_t offset) : placed(src, offset, -777.0f) {}
 };
 
 }  // namespace

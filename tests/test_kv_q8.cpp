@@ -18,16 +18,11 @@
 
 namespace k = tlm::kernels;
 using tlm_test::level_guard;
+using tlm_test::placed;
+using tlm_test::random_floats;
 using tlm_test::testable_levels;
 
 namespace {
-
-std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float range = 1.0f) {
-  std::uniform_real_distribution<float> unit(-range, range);
-  std::vector<float> v(n);
-  for (auto& f : v) f = unit(rng);
-  return v;
-}
 
 // Every code -127..127 occurs, and so does the extreme -128 a foreign writer could store.
 std::vector<std::int8_t> random_codes(std::size_t n, std::mt19937& rng) {
@@ -36,18 +31,6 @@ std::vector<std::int8_t> random_codes(std::size_t n, std::mt19937& rng) {
   for (auto& c : v) c = static_cast<std::int8_t>(code(rng));
   return v;
 }
-
-// A copy of src placed `offset` elements into a buffer with guard values around it,
-// so a kernel that reads or writes past the end, or assumes alignment, shows.
-template <class T>
-struct placed {
-  std::vector<T> storage;
-  T* data;
-  placed(const std::vector<T>& src, std::size_t offset, T guard) : storage(src.size() + offset + 64, guard) {
-    data = storage.data() + offset;
-    std::copy(src.begin(), src.end(), data);
-  }
-};
 
 }  // namespace
 

@@ -18,10 +18,7 @@ using C = tlm::smollm2_135m;
 namespace {
 
 tlm::model<C>& shared() { return tlm_test::shared_model<tlm::model<C>>(); }
-const tlm::tokenizer& shared_tokenizer() {
-  static const tlm::tokenizer tok = tlm::tokenizer::from_gguf(shared().file());
-  return tok;
-}
+const tlm::tokenizer& shared_tokenizer() { return tlm_test::shared_tokenizer<tlm::model<C>>(); }
 
 // The logits of every prompt position and of `steps` greedy tokens after it, with the
 // tokens forced to `forced` when given (so two caches see the same sequence).

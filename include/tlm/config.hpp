@@ -15,9 +15,20 @@
 //   T   positions written to a KV cache;  Cap its capacity
 #include <concepts>
 #include <cstddef>
+#include <string_view>
 #include <type_traits>
 
 namespace tlm {
+
+// The name of a type as the compiler spells it ("tlm::smollm2_135m"), for messages.
+// Here rather than in load.hpp so that naming a config needs nothing but its type.
+template <class T>
+constexpr std::string_view type_name() {
+  std::string_view p = __PRETTY_FUNCTION__;
+  const auto start = p.find("T = ") + 4;
+  const auto end = p.find_first_of(";]", start);
+  return p.substr(start, end - start);
+}
 
 // The fields every config declares, with the types they must have.
 template <class C>

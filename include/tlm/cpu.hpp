@@ -17,6 +17,7 @@
 #endif
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tlm {
 
@@ -116,6 +117,15 @@ inline bool kernel_level_supported(kernel_level l) {
     }
   }
   return false;
+}
+
+// Every level this CPU runs, the portable one first: what the kernel tests and
+// benchmarks sweep.
+inline std::vector<kernel_level> supported_kernel_levels() {
+  std::vector<kernel_level> levels{kernel_level::scalar};
+  for (kernel_level l : {kernel_level::avx2, kernel_level::avx512})
+    if (kernel_level_supported(l)) levels.push_back(l);
+  return levels;
 }
 
 inline kernel_level best_kernel_level() {

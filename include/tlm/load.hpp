@@ -19,15 +19,6 @@
 
 namespace tlm {
 
-// The name of a type as the compiler spells it ("tlm::smollm2_135m"), for messages.
-template <class T>
-constexpr std::string_view type_name() {
-  std::string_view p = __PRETTY_FUNCTION__;
-  const auto start = p.find("T = ") + 4;
-  const auto end = p.find_first_of(";]", start);
-  return p.substr(start, end - start);
-}
-
 // A file that does not fit its config. problems() lists every mismatch found.
 struct bind_error : model_mismatch {
   bind_error(std::string message, std::vector<std::string> problems)

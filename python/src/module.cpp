@@ -5,6 +5,7 @@
 // run at the same time. One model serves one call at a time (its forward pass reuses
 // its workspace), so each model has a mutex, taken only after the GIL is released.
 #include <tlm/chat.hpp>
+#include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
 #include <tlm/json_schema.hpp>
 #include <tlm/model.hpp>
@@ -95,7 +96,7 @@ class model_impl final : public model_base {
 
   std::size_t vocab() const override { return C::vocab; }
   std::size_t context() const override { return C::context; }
-  std::string config_name() const override { return std::string(tlm::type_name<C>()); }
+  std::string config_name() const override { return std::string(tlm::config_name<C>()); }
   const tlm::tokenizer& tokenizer() const override { return tok_; }
 
  private:
@@ -107,11 +108,9 @@ class model_impl final : public model_base {
 
 std::shared_ptr<model_base> load(const std::string& path, const std::string& config, std::size_t threads) {
   if (threads > 1024) throw tlm::error("threads=" + std::to_string(threads) + " is more than 1024; give 0 for every core");
-  if (config == "smollm2_135m") return std::make_shared<model_impl<tlm::smollm2_135m>>(path, threads);
-  if (config == "smollm2_360m") return std::make_shared<model_impl<tlm::smollm2_360m>>(path, threads);
-  if (config == "smollm2_1_7b") return std::make_shared<model_impl<tlm::smollm2_1_7b>>(path, threads);
-  if (config == "tiny_train") return std::make_shared<model_impl<tlm::tiny_train>>(path, threads);
-  throw tlm::error("unknown config '" + config + "'; known: smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train");
+  return tlm::with_config(config, [&](auto c) -> std::shared_ptr<model_base> {
+    return std::make_shared<model_impl<typename decltype(c)::type>>(path, threads);
+  });
 }
 
 // Text from the model may end inside a character (detokenize of a partial sequence);

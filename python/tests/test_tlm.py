@@ -231,6 +231,7 @@ def test_train_from_scratch_equals_the_command_line_run(tmp_path):
     assert (tmp_path / "py" / "model.gguf").read_bytes() == (tmp_path / "cli" / "model.gguf").read_bytes()
     # The result is a model like any other.
     m = tlm.Model(str(r["model"]), config="tiny_train", threads=1)
+    assert m.config == "tiny_train"
     assert m.tokenize("line") == list(b"line")
 
 

@@ -1,0 +1,88 @@
+// The registry of configs by name (tlm/configs.hpp).
+#include <doctest/doctest.h>
+
+#include <tlm/configs.hpp>
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+static_assert(tlm::config_name<tlm::smollm2_135m>() == "smollm2_135m");
+static_assert(tlm::config_name<tlm::tiny_untied>() == "tiny_untied");
+static_assert(tlm::shipped_configs::contains("tiny_train"));
+static_assert(!tlm::shipped_configs::contains("tiny_gqa"));
+static_assert(tlm::all_configs::contains("tiny_gqa"));
+
+namespace {
+
+// A config out of tlm's namespace, named by its type all the same.
+struct local_config : tlm::tiny_gqa {};
+
+struct sizes {
+  std::size_t dim, layers, kv_heads;
+};
+
+template <class List>
+sizes sizes_of(std::string_view name) {
+  return tlm::with_config<List>(name, [](auto c) {
+    using C = typename decltype(c)::type;
+    return sizes{tlm::dim<C>, C::layers, C::kv_heads};
+  });
+}
+
+template <tlm::LlamaConfig C>
+void check_maps_to(std::string_view name) {
+  CAPTURE(name);
+  const sizes s = sizes_of<tlm::all_configs>(name);
+  CHECK(s.dim == tlm::dim<C>);
+  CHECK(s.layers == C::layers);
+  CHECK(s.kv_heads == C::kv_heads);
+}
+
+}  // namespace
+
+TEST_CASE("each name maps to the config type of that name") {
+  check_maps_to<tlm::smollm2_135m>("smollm2_135m");
+  check_maps_to<tlm::smollm2_360m>("smollm2_360m");
+  check_maps_to<tlm::smollm2_1_7b>("smollm2_1_7b");
+  check_maps_to<tlm::tiny_train>("tiny_train");
+  check_maps_to<tlm::tiny_gqa>("tiny_gqa");
+  check_maps_to<tlm::tiny_untied>("tiny_untied");
+  // The sizes alone would not tell 135M from a config of the same shape.
+  const bool exact = tlm::with_config("smollm2_360m", [](auto c) { return std::is_same_v<typename decltype(c)::type, tlm::smollm2_360m>; });
+  CHECK(exact);
+}
+
+TEST_CASE("the shipped names are the published configs and tiny_train, in order; all adds the test configs") {
+  const auto& names = tlm::config_names();
+  REQUIRE(names.size() == 4);
+  CHECK(names[0] == "smollm2_135m");
+  CHECK(names[1] == "smollm2_360m");
+  CHECK(names[2] == "smollm2_1_7b");
+  CHECK(names[3] == "tiny_train");
+  CHECK(tlm::config_names_text() == "smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train");
+  CHECK(tlm::config_names_text<tlm::all_configs>() ==
+        "smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train, tiny_gqa, tiny_untied");
+}
+
+TEST_CASE("an unknown name throws tlm::error listing the known names") {
+  CHECK_THROWS_WITH_AS(sizes_of<tlm::shipped_configs>("llama3"),
+                       "unknown config 'llama3'; known: smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train", tlm::error);
+  // A test config is not among the shipped ones, and the namespace is not part of a name.
+  CHECK_THROWS_AS(sizes_of<tlm::shipped_configs>("tiny_gqa"), tlm::error);
+  CHECK_THROWS_AS(sizes_of<tlm::shipped_configs>("tlm::smollm2_135m"), tlm::error);
+  CHECK_THROWS_AS(sizes_of<tlm::shipped_configs>(""), tlm::error);
+  CHECK_THROWS_WITH(sizes_of<tlm::config_list<tlm::tiny_gqa>>("tiny_untied"), "unknown config 'tiny_untied'; known: tiny_gqa");
+}
+
+TEST_CASE("a list of the caller's own configs works the same way") {
+  using mine = tlm::config_list<local_config, tlm::tiny_untied>;
+  CHECK(tlm::config_name<local_config>() == "local_config");
+  CHECK(tlm::config_names_text<mine>() == "local_config, tiny_untied");
+  CHECK(sizes_of<mine>("local_config").dim == tlm::dim<tlm::tiny_gqa>);
+  // f's result comes back whatever its type, void included.
+  std::string seen;
+  tlm::with_config<mine>("tiny_untied", [&](auto c) { seen = tlm::config_name<typename decltype(c)::type>(); });
+  CHECK(seen == "tiny_untied");
+}

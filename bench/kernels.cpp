@@ -91,11 +91,7 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using tlm_bench::median;
 
 double time_once(measurement& m, double* cpu = nullptr) {
   const double c0 = thread_cpu_seconds();
@@ -218,9 +214,7 @@ int main(int argc, char** argv) {
   }
 
   namespace k = tlm::kernels;
-  std::vector<tlm::kernel_level> levels{tlm::kernel_level::scalar};
-  for (auto l : {tlm::kernel_level::avx2, tlm::kernel_level::avx512})
-    if (tlm::kernel_level_supported(l)) levels.push_back(l);
+  const std::vector<tlm::kernel_level> levels = tlm::supported_kernel_levels();
   const k::precision precisions[] = {k::precision::exact, k::precision::fast};
   const std::size_t thread_counts[] = {1, 2};
   std::vector<std::unique_ptr<tlm::thread_pool>> pools;

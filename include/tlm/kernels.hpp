@@ -21,6 +21,7 @@
 #include <tlm/cpu.hpp>
 #include <tlm/encoding.hpp>
 #include <tlm/error.hpp>
+#include <tlm/kernels/attention_avx512.hpp>
 #include <tlm/kernels/avx2.hpp>
 #include <tlm/kernels/avx512.hpp>
 #include <tlm/kernels/scalar.hpp>
@@ -70,6 +71,7 @@ struct kernel_table {
   void (*axpy)(float, const float*, float*, std::size_t);
   float (*dot_i8)(const float*, const std::int8_t*, std::size_t);
   void (*axpy_i8)(float, const std::int8_t*, float*, std::size_t);
+  attention_kernels attention;  // kernels/attention_scalar.hpp
 };
 
 // Encodings with an integer (precision::fast) path.
@@ -92,6 +94,7 @@ inline const kernel_table& scalar_table() {
     k.axpy = &axpy_scalar;
     k.dot_i8 = &dot_i8_scalar;
     k.axpy_i8 = &axpy_i8_scalar;
+    k.attention = attention_scalar;
     return k;
   }();
   return t;
@@ -137,6 +140,7 @@ inline const kernel_table& avx2_table() {
     k.axpy = &avx2::axpy;
     k.dot_i8 = &avx2::dot_i8;
     k.axpy_i8 = &avx2::axpy_i8;
+    k.attention = attention_avx2::table;
     k.quantize = &avx2::quantize;
     set_avx2_fast<encoding::q8_0>(k);
     set_avx2_fast<encoding::q4_0>(k);
@@ -201,6 +205,7 @@ inline const kernel_table& avx512_table() {
     k.axpy = &avx512::axpy;
     k.dot_i8 = &avx512::dot_i8;
     k.axpy_i8 = &avx512::axpy_i8;
+    k.attention = attention_avx512::table;
     k.quantize = &avx512::quantize;
     if (cpu().avx512vnni) {
       set_avx512_fast<encoding::q8_0>(k);

@@ -158,7 +158,8 @@ inline constexpr std::size_t attention_max_heads = 16;
 
 // The online softmax: `nq` query heads against the same `len` positions, a block of
 // keys at a time for all heads, so the heads that share a kv head (GQA) read each
-// block while it is in L1.
+// block from near cache (64 positions of f32 keys and values are 32 KB, of int8 codes
+// 8 KB) instead of the whole kv head again from memory.
 //   q, out: [nq, E]   lse: [nq] log-sum-exp of the scaled scores
 //   entropy: null, or [nq] Shannon entropy (nats) of each head's attention weights,
 //            lse - sum(p * s), accumulated online like the sum itself.

@@ -59,12 +59,16 @@ TEST_CASE("loss, gradients and 10 AdamW steps equal PyTorch's: double") {
 }
 
 // In float the gradients agree to about 1e-6; after 10 AdamW steps the weights
-// agree to about 5e-5, not 1e-5: Adam divides each moment by the root of its second
+// agree to about 1e-4, not 1e-5: Adam divides each moment by the root of its second
 // moment, so an entry whose gradient is near zero moves by about lr whatever its
 // size, and float rounding in such a gradient changes that move. PyTorch's own
 // float32 run differs from its float64 run in the same way (see
-// tests/reference/torch_check_train.py's yardstick column).
+// tests/reference/torch_check_train.py's yardstick column). How far depends on the
+// summation order alone: tiny_untied's worst weight error after 10 steps was 7.9e-5,
+// 1.33e-4 and 8.8e-5 at the scalar, avx2 and avx512 levels with per-key attention, and
+// is 7.9e-5, 9.5e-5 and 1.21e-4 with the blocked attention kernels, whose gradients
+// agree as closely (8.5e-7 to 1.6e-6); hence 2e-4.
 TEST_CASE("loss, gradients and 10 AdamW steps equal PyTorch's: float") {
-  check<tlm::tiny_gqa, float>("tiny_gqa.gguf", 3e-6, 1e-4);
-  check<tlm::tiny_untied, float>("tiny_untied.gguf", 3e-6, 1e-4);
+  check<tlm::tiny_gqa, float>("tiny_gqa.gguf", 3e-6, 2e-4);
+  check<tlm::tiny_untied, float>("tiny_untied.gguf", 3e-6, 2e-4);
 }

@@ -95,16 +95,18 @@ struct kv_from_cache {
       for (std::size_t g = 0; g < C::kv_heads; ++g)
         store->store(layer, g, b.pos0 + i, k.data() + i * K + g * E, v.data() + i * K + g * E);
   }
-  // One query row of kv head g over the first `len` positions, in the cache's own
-  // element type.   q: [E]  out: [E]
-  float attend(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t g, const float* q, std::size_t len,
-               float scale, float* out, float* entropy) const {
+  // `nq` consecutive query heads of one row, all of kv head g, over the first `len`
+  // positions, in the cache's own element type.   q, out: [nq, E]  lse: [nq]
+  // entropy: null or [nq]
+  void attend(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t g, const float* q, std::size_t nq,
+              std::size_t len, float scale, float* out, float* lse, float* entropy) const {
     constexpr std::size_t E = head_dim<C>;
     if (store->type() == kv_type::q8)
-      return attention_row_q8(q, store->key_codes(layer, g, 0), store->key_scales(layer, g, 0),
-                              store->value_codes(layer, g, 0), store->value_scales(layer, g, 0), len, E, scale, out,
-                              entropy);
-    return attention_row<float>(q, store->key(layer, g, 0), store->value(layer, g, 0), E, len, E, scale, out, entropy);
+      return attention_heads(detail::q8_rows{store->key_codes(layer, g, 0), store->key_scales(layer, g, 0),
+                                             store->value_codes(layer, g, 0), store->value_scales(layer, g, 0)},
+                             q, nq, len, E, scale, out, lse, entropy);
+    attention_heads(detail::float_rows<float>{store->key(layer, g, 0), store->value(layer, g, 0), E}, q, nq, len, E,
+                    scale, out, lse, entropy);
   }
 };
 
@@ -114,11 +116,12 @@ template <LlamaConfig C, Element T>
 struct kv_in_batch {
   template <class R>
   void write(const R&, const R&, const batch_layout&) const {}
-  T attend(const block_activations<C, T>& a, std::size_t seq, std::size_t g, const T* q, std::size_t len, T scale,
-           T* out, T* entropy) const {
+  void attend(const block_activations<C, T>& a, std::size_t seq, std::size_t g, const T* q, std::size_t nq,
+              std::size_t len, T scale, T* out, T* lse, T* entropy) const {
     constexpr std::size_t E = head_dim<C>, K = kv_dim<C>;
     const std::size_t at = seq * length * K + g * E;
-    return attention_row<T>(q, a.k.data() + at, a.v.data() + at, K, len, E, scale, out, entropy);
+    attention_heads(detail::float_rows<T>{a.k.data() + at, a.v.data() + at, K}, q, nq, len, E, scale, out, lse,
+                    entropy);
   }
   std::size_t length;
 };
@@ -192,17 +195,23 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
   a.lse.resize(n);
   if (ctx.entropy) ctx.entropy->resize(n);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(E)));
+  // The query heads of one kv head attend together, reading each block of keys and
+  // values once for all of them (attention_heads), unless that leaves too few units
+  // for the threads: decoding one row gives kv_heads units, and 3 units on 2 threads
+  // would leave one thread idle a third of the time, which costs more than the
+  // shared reads save.
+  const bool grouped = pool == nullptr || pool->size() == 1 || n * C::kv_heads >= 4 * pool->size();
+  const std::size_t nq = grouped ? C::group : 1;
   auto attend_rows = [&](std::size_t b, std::size_t e) {
-    for (std::size_t j = b; j < e; ++j) {
-      const std::size_t i = j / H, h = j % H, g = kv_head_of<C>(h);
+    for (std::size_t u = b; u < e; ++u) {
+      const std::size_t i = u * nq / H, h = u * nq % H, g = kv_head_of<C>(h);
       const std::size_t seq = i / period, visible = ctx.layout.pos0 + i % period + 1;
-      a.lse.data()[i * H + h] = kv.attend(a, seq, g, a.q.data() + i * D + h * E, visible, scale,
-                                          a.o.data() + i * D + h * E,
-                                          ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
+      kv.attend(a, seq, g, a.q.data() + i * D + h * E, nq, visible, scale, a.o.data() + i * D + h * E,
+                a.lse.data() + i * H + h, ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
     }
   };
-  if (pool) pool->parallel_for(n * H, 1, attend_rows);
-  else attend_rows(0, n * H);
+  if (pool) pool->parallel_for(n * H / nq, 1, attend_rows);
+  else attend_rows(0, n * H / nq);
 
   matmul(w.attn_output, a.o, a.x_mid, pool, ctx.precision);
   detail::add_rows(a.x_mid, a.x, pool);

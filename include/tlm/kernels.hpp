@@ -22,6 +22,7 @@
 #include <tlm/cpu.hpp>
 #include <tlm/encoding.hpp>
 #include <tlm/error.hpp>
+#include <tlm/kernels/attention_avx512.hpp>
 #include <tlm/kernels/avx2.hpp>
 #include <tlm/kernels/avx512.hpp>
 #include <tlm/kernels/scalar.hpp>
@@ -83,6 +84,7 @@ struct kernel_table {
   void (*axpy)(float, const float*, float*, std::size_t);
   float (*dot_i8)(const float*, const std::int8_t*, std::size_t);
   void (*axpy_i8)(float, const std::int8_t*, float*, std::size_t);
+  attention_kernels attention;  // kernels/attention_scalar.hpp
 };
 
 // Encodings with an integer (precision::fast) path.
@@ -106,6 +108,7 @@ inline const kernel_table& scalar_table() {
     k.axpy = &axpy_scalar;
     k.dot_i8 = &dot_i8_scalar;
     k.axpy_i8 = &axpy_i8_scalar;
+    k.attention = attention_scalar;
     return k;
   }();
   return t;
@@ -151,6 +154,7 @@ inline const kernel_table& avx2_table() {
     k.axpy = &avx2::axpy;
     k.dot_i8 = &avx2::dot_i8;
     k.axpy_i8 = &avx2::axpy_i8;
+    k.attention = attention_avx2::table;
     k.quantize = &avx2::quantize;
     set_avx2_fast<encoding::q8_0>(k);
     set_avx2_fast<encoding::q4_0>(k);
@@ -222,6 +226,7 @@ inline const kernel_table& avx512_table() {
     k.axpy = &avx512::axpy;
     k.dot_i8 = &avx512::dot_i8;
     k.axpy_i8 = &avx512::axpy_i8;
+    k.attention = attention_avx512::table;
     k.quantize = &avx512::quantize;
     if (cpu().avx512vnni) {
       set_avx512_fast<encoding::q8_0>(k);

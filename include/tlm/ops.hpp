@@ -2,7 +2,7 @@
 // The operations of a Llama block, each in ops/ next to its backward pass:
 //   ops/rmsnorm.hpp        rmsnorm, rmsnorm_backward
 //   ops/rope.hpp           rope_angles, rope, rope_backward
-//   ops/attention.hpp      attend (reference), attention_row, attention_backward
+//   ops/attention.hpp      attend (reference), attention_heads / attention_row, attention_backward
 //   ops/swiglu.hpp         swiglu, swiglu_backward
 //   ops/cross_entropy.hpp  cross_entropy, cross_entropy_backward
 //   ops/embedding.hpp      embed, embed_backward

@@ -1,18 +1,21 @@
 #pragma once
-// Causal attention of one query head over the positions of its kv head.
+// Causal attention of query heads over the positions of their kv head.
 //
 // Two forms:
-//   attend          the plain definition: all T scores, a softmax, the weighted sum.
-//                   Kept as the reference the block's form is tested against.
-//   attention_row   what the block runs: keys in blocks of `attention_block` with a
-//                   running maximum and sum (online softmax), returning the row's
-//                   log-sum-exp. Memory is O(block), never O(T), and the backward
-//                   recomputes the probabilities from the saved log-sum-exp, so
-//                   training never holds a T x T matrix.
+//   attend           the plain definition: all T scores, a softmax, the weighted sum.
+//                    Kept as the reference the block's form is tested against.
+//   attention_heads  what the block runs: keys in blocks of `attention_block` with a
+//                    running maximum and sum (online softmax), returning each row's
+//                    log-sum-exp. Memory is O(block), never O(T), and the backward
+//                    recomputes the probabilities from the saved log-sum-exp, so
+//                    training never holds a T x T matrix. attention_row and
+//                    attention_row_q8 are its one-head forms.
 //
-// Keys and values are read through a stride, so the same code serves the KV cache
-// (one kv head's positions contiguous: stride E) and a training batch (rows of all
-// kv heads: stride K). attention_row_q8 is the same row over the int8 KV cache.
+// How keys and values are read is a parameter (detail::float_rows, detail::q8_rows):
+// float rows through a stride serve the KV cache (one kv head's positions contiguous:
+// stride E) and a training batch (rows of all kv heads: stride K); int8 codes with a
+// scale per position serve the int8 KV cache. For float, each block is three kernel
+// calls (kernels/attention_scalar.hpp: scores, exp, accumulate).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -24,6 +27,7 @@
 
 #include "../config.hpp"
 #include "../kernels.hpp"
+#include "../kernels/attention.hpp"
 
 namespace tlm {
 
@@ -86,83 +90,142 @@ inline void head_axpy(T a, const T* x, T* y, std::size_t n) {
 // Keys per block of the online softmax: the scores of one block live on the stack.
 inline constexpr std::size_t attention_block = 64;
 
+namespace detail {
+
+// How the online softmax reads keys and values, a block of positions at a time:
+//   scores(q, j0, n, E, scale, s)       s[j] = scale * q . key(j0 + j)       s: [n]
+//   accumulate(c, p, j0, n, E, out)     out = c * out + sum_j p[j] value(j0 + j)
+// float goes to the attention kernels (kernels/attention_scalar.hpp), one call per
+// block; double (gradient checks) runs plain loops.
+
+// Rows of T at a stride: the f32 KV cache (stride E) and a training batch (stride K).
+template <class T>
+struct float_rows {
+  const T* keys;    // [len] rows at `stride`, E used
+  const T* values;  // [len] rows at `stride`, E used
+  std::size_t stride;
+
+  void scores(const T* q, std::size_t j0, std::size_t n, std::size_t E, T scale, T* s) const {
+    if constexpr (std::same_as<T, float>) {
+      kernels::attention().scores(q, keys + j0 * stride, stride, n, E, scale, s);
+    } else {
+      for (std::size_t j = 0; j < n; ++j) s[j] = head_dot(q, keys + (j0 + j) * stride, E) * scale;
+    }
+  }
+  void accumulate(T c, const T* p, std::size_t j0, std::size_t n, std::size_t E, T* out) const {
+    if constexpr (std::same_as<T, float>) {
+      kernels::attention().accumulate(c, p, values + j0 * stride, stride, n, E, out);
+    } else {
+      for (std::size_t e = 0; e < E; ++e) out[e] *= c;
+      for (std::size_t j = 0; j < n; ++j) head_axpy(p[j], values + (j0 + j) * stride, out, E);
+    }
+  }
+};
+
+// The int8 KV cache (kv_type::q8): codes dequantized on the fly, a key's score as
+// (q . codes) * key_scale and a value added as (p * value_scale) * codes, so each scale
+// costs one multiply per position, not per element, and no float copy is made.
+struct q8_rows {
+  const std::int8_t* key_codes;    // [len, E]
+  const float* key_scales;         // [len]
+  const std::int8_t* value_codes;  // [len, E]
+  const float* value_scales;       // [len]
+
+  void scores(const float* q, std::size_t j0, std::size_t n, std::size_t E, float scale, float* s) const {
+    kernels::attention().scores_q8(q, key_codes + j0 * E, key_scales + j0, n, E, scale, s);
+  }
+  void accumulate(float c, const float* p, std::size_t j0, std::size_t n, std::size_t E, float* out) const {
+    kernels::attention().accumulate_q8(c, p, value_codes + j0 * E, value_scales + j0, n, E, out);
+  }
+};
+
+// p[j] = exp(s[j] - m), returning the sum: the kernel for float, std::exp for double.
+template <class T>
+inline T exp_block(const T* s, std::size_t n, T m, T* p) {
+  if constexpr (std::same_as<T, float>) {
+    return kernels::attention().exp(s, n, m, p);
+  } else {
+    T sum = 0;
+    for (std::size_t j = 0; j < n; ++j) sum += (p[j] = std::exp(s[j] - m));
+    return sum;
+  }
+}
+
+// Query heads attended together at most, for the per-head running state on the stack.
+inline constexpr std::size_t attention_max_heads = 16;
+
+}  // namespace detail
+
+// The online softmax: `nq` query heads against the same `len` positions, a block of
+// keys at a time for all heads, so the heads that share a kv head (GQA) read each
+// block from near cache (64 positions of f32 keys and values are 32 KB, of int8 codes
+// 8 KB) instead of the whole kv head again from memory.
+//   q, out: [nq, E]   lse: [nq] log-sum-exp of the scaled scores
+//   entropy: null, or [nq] Shannon entropy (nats) of each head's attention weights,
+//            lse - sum(p * s), accumulated online like the sum itself.
+template <class T, class Rows>
+void attention_heads(const Rows& kv, const T* q, std::size_t nq, std::size_t len, std::size_t E, T scale, T* out,
+                     T* lse, T* entropy = nullptr) {
+  if (nq > detail::attention_max_heads) {
+    for (std::size_t h0 = 0; h0 < nq; h0 += detail::attention_max_heads)
+      attention_heads(kv, q + h0 * E, std::min(detail::attention_max_heads, nq - h0), len, E, scale, out + h0 * E,
+                      lse + h0, entropy ? entropy + h0 : nullptr);
+    return;
+  }
+  T m[detail::attention_max_heads];   // running maximum
+  T l[detail::attention_max_heads];   // sum of exp(s - m)
+  T ws[detail::attention_max_heads];  // sum of exp(s - m) * s, for the entropy
+  std::fill(m, m + nq, -std::numeric_limits<T>::infinity());
+  std::fill(l, l + nq, T(0));
+  std::fill(ws, ws + nq, T(0));
+  std::fill(out, out + nq * E, T(0));
+  T s[attention_block];  // [block] scaled scores
+  T p[attention_block];  // [block] exp(s - m)
+  for (std::size_t j0 = 0; j0 < len; j0 += attention_block) {
+    const std::size_t nb = std::min(attention_block, len - j0);
+    for (std::size_t h = 0; h < nq; ++h) {
+      kv.scores(q + h * E, j0, nb, E, scale, s);
+      const T m_new = std::max(m[h], *std::max_element(s, s + nb));
+      const T c = std::exp(m[h] - m_new);  // 0 on the first block, where m = -inf
+      l[h] = l[h] * c + detail::exp_block(s, nb, m_new, p);
+      if (entropy != nullptr) {
+        T sp = 0;
+        if constexpr (std::same_as<T, float>) sp = kernels::dot(p, s, nb);
+        else for (std::size_t j = 0; j < nb; ++j) sp += p[j] * s[j];
+        ws[h] = ws[h] * c + sp;
+      }
+      kv.accumulate(c, p, j0, nb, E, out + h * E);
+      m[h] = m_new;
+    }
+  }
+  for (std::size_t h = 0; h < nq; ++h) {
+    const T inv = T(1) / l[h];
+    for (std::size_t e = 0; e < E; ++e) out[h * E + e] *= inv;
+    lse[h] = m[h] + std::log(l[h]);
+    if (entropy != nullptr) entropy[h] = lse[h] - ws[h] * inv;
+  }
+}
+
 // One query row against `len` positions.   q: [E]; key/value j at keys + j*stride,
-// values + j*stride: [E]; out: [E]. Returns the log-sum-exp of the scaled scores.
-// With `entropy`, also the Shannon entropy (nats) of the row's attention weights:
-// lse - sum(p * s), accumulated online like the sum itself.
+// values + j*stride: [E]; out: [E]. Returns the log-sum-exp of the scaled scores;
+// `entropy` as in attention_heads.
 template <class T>
 T attention_row(const T* q, const T* keys, const T* values, std::size_t stride, std::size_t len, std::size_t E,
                 T scale, T* out, T* entropy = nullptr) {
-  T m = -std::numeric_limits<T>::infinity();
-  T l = 0;   // sum of exp(s - m)
-  T ws = 0;  // sum of exp(s - m) * s, for the entropy
-  std::fill(out, out + E, T(0));
-  T s[attention_block];
-  for (std::size_t j0 = 0; j0 < len; j0 += attention_block) {
-    const std::size_t nb = std::min(attention_block, len - j0);
-    T block_max = -std::numeric_limits<T>::infinity();
-    for (std::size_t j = 0; j < nb; ++j) {
-      s[j] = detail::head_dot(q, keys + (j0 + j) * stride, E) * scale;
-      block_max = std::max(block_max, s[j]);
-    }
-    const T m_new = std::max(m, block_max);
-    const T c = std::exp(m - m_new);  // 0 on the first block, where m = -inf
-    l *= c;
-    ws *= c;
-    for (std::size_t e = 0; e < E; ++e) out[e] *= c;
-    for (std::size_t j = 0; j < nb; ++j) {
-      const T p = std::exp(s[j] - m_new);
-      l += p;
-      ws += p * s[j];
-      detail::head_axpy(p, values + (j0 + j) * stride, out, E);
-    }
-    m = m_new;
-  }
-  const T inv = T(1) / l;
-  for (std::size_t e = 0; e < E; ++e) out[e] *= inv;
-  const T lse = m + std::log(l);
-  if (entropy != nullptr) *entropy = lse - ws * inv;
+  T lse;
+  attention_heads(detail::float_rows<T>{keys, values, stride}, q, 1, len, E, scale, out, &lse, entropy);
   return lse;
 }
 
-// attention_row over the int8 KV cache (kv.hpp, kv_type::q8), dequantizing on the
-// fly: a key's score is (q . codes) * key_scale, a value is added as
-// (p * value_scale) * codes, so each scale costs one multiply per position, not per
-// element, and no float copy of the cache is made.
+// attention_row over the int8 KV cache (kv.hpp, kv_type::q8; detail::q8_rows).
 //   q: [E]   key_codes, value_codes: [len, E] (stride E)   key_scales, value_scales: [len]   out: [E]
 // Returns the log-sum-exp of the scaled scores; `entropy` as in attention_row.
 inline float attention_row_q8(const float* q, const std::int8_t* key_codes, const float* key_scales,
                               const std::int8_t* value_codes, const float* value_scales, std::size_t len,
                               std::size_t E, float scale, float* out, float* entropy = nullptr) {
-  float m = -std::numeric_limits<float>::infinity();
-  float l = 0;   // sum of exp(s - m)
-  float ws = 0;  // sum of exp(s - m) * s, for the entropy
-  std::fill(out, out + E, 0.0f);
-  float s[attention_block];
-  for (std::size_t j0 = 0; j0 < len; j0 += attention_block) {
-    const std::size_t nb = std::min(attention_block, len - j0);
-    float block_max = -std::numeric_limits<float>::infinity();
-    for (std::size_t j = 0; j < nb; ++j) {
-      s[j] = kernels::dot_i8(q, key_codes + (j0 + j) * E, E) * (key_scales[j0 + j] * scale);
-      block_max = std::max(block_max, s[j]);
-    }
-    const float m_new = std::max(m, block_max);
-    const float c = std::exp(m - m_new);  // 0 on the first block, where m = -inf
-    l *= c;
-    ws *= c;
-    for (std::size_t e = 0; e < E; ++e) out[e] *= c;
-    for (std::size_t j = 0; j < nb; ++j) {
-      const float p = std::exp(s[j] - m_new);
-      l += p;
-      ws += p * s[j];
-      kernels::axpy_i8(p * value_scales[j0 + j], value_codes + (j0 + j) * E, out, E);
-    }
-    m = m_new;
-  }
-  const float inv = 1.0f / l;
-  for (std::size_t e = 0; e < E; ++e) out[e] *= inv;
-  const float lse = m + std::log(l);
-  if (entropy != nullptr) *entropy = lse - ws * inv;
+  float lse;
+  attention_heads(detail::q8_rows{key_codes, key_scales, value_codes, value_scales}, q, 1, len, E, scale, out, &lse,
+                  entropy);
   return lse;
 }
 

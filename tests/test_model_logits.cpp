@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <string>
 
 #include "fixture.hpp"
 #include "kernel_levels.hpp"
@@ -22,12 +23,29 @@ using C = tlm::smollm2_135m;
 // 2.4e-6 and 3.2e-6).
 constexpr double logit_tolerance = 3.5e-6;
 
+// The error of our logits at position t of a prompt against the float64 reference, over
+// the fixture's top ids and stripe, relative to the position's largest logit.
+//   ours: [vocab] logits of position t
+static double relative_logit_error(const tlm_test::fixture& fx, const std::string& key, std::size_t t, const float* ours) {
+  const int step = fx.scalar("stripe_step");
+  const int topk = fx.scalar("topk");
+  const auto& top_ids = fx[key + "top_ids"];
+  const auto& top_logits = fx[key + "top_logits"];
+  const auto& stripe = fx[key + "stripe"];
+  const std::size_t stripe_n = stripe.dims[1];
+  double err = 0.0;
+  for (int k = 0; k < topk; ++k) {
+    const auto id = static_cast<std::size_t>(top_ids.values[t * topk + k]);
+    err = std::max(err, std::fabs(ours[id] - top_logits.values[t * topk + k]));
+  }
+  for (std::size_t s = 0; s < stripe_n; ++s) err = std::max(err, std::fabs(ours[s * step] - stripe.values[t * stripe_n + s]));
+  return err / fx[key + "max_abs"].values[t];
+}
+
 TEST_CASE("logits at every prompt position match the float64 reference to 3.5e-6") {
   auto& m = tlm_test::shared_model<tlm::model<C>>();
   const tlm_test::fixture fx(TLM_FIXTURES "/forward/logits.bin");
   const int prompts = fx.scalar("n_prompts");
-  const int step = fx.scalar("stripe_step");
-  const int topk = fx.scalar("topk");
   double worst = 0.0;
   std::size_t positions = 0;
   for (int p = 0; p < prompts; ++p) {
@@ -37,20 +55,9 @@ TEST_CASE("logits at every prompt position match the float64 reference to 3.5e-6
     std::vector<float> all;
     m.prefill(tokens, cache, &all);
     const auto& argmax = fx[key + "argmax"];
-    const auto& max_abs = fx[key + "max_abs"];
-    const auto& top_ids = fx[key + "top_ids"];
-    const auto& top_logits = fx[key + "top_logits"];
-    const auto& stripe = fx[key + "stripe"];
-    const std::size_t stripe_n = stripe.dims[1];
     for (std::size_t t = 0; t < tokens.size(); ++t) {
       const float* ours = all.data() + t * C::vocab;
-      double err = 0.0;
-      for (int k = 0; k < topk; ++k) {
-        const auto id = static_cast<std::size_t>(top_ids.values[t * topk + k]);
-        err = std::max(err, std::fabs(ours[id] - top_logits.values[t * topk + k]));
-      }
-      for (std::size_t s = 0; s < stripe_n; ++s) err = std::max(err, std::fabs(ours[s * step] - stripe.values[t * stripe_n + s]));
-      const double rel = err / max_abs.values[t];
+      const double rel = relative_logit_error(fx, key, t, ours);
       worst = std::max(worst, rel);
       CHECK_MESSAGE(rel <= logit_tolerance, "prompt ", p, " position ", t, ": relative logit error ", rel);
       CHECK_MESSAGE(tlm::argmax({ours, C::vocab}) == static_cast<std::int32_t>(argmax.values[t]),
@@ -100,8 +107,6 @@ TEST_CASE("precision fast: logits within 0.125 of the largest logit and argmax o
   auto m = tlm::model<C>::load(TLM_MODEL_PATH, {.precision = tlm::kernels::precision::fast});
   const tlm_test::fixture fx(TLM_FIXTURES "/forward/logits.bin");
   const int prompts = fx.scalar("n_prompts");
-  const int step = fx.scalar("stripe_step");
-  const int topk = fx.scalar("topk");
   const tlm_test::prefill_guard integer(tlm::kernels::prefill_path::integer);
   // Under the sanitizers 2 prompts (the bounds are for all 14); on the scalar level only
   // token by token (its integer prefill sums the same integers in the same order, and
@@ -126,21 +131,9 @@ TEST_CASE("precision fast: logits within 0.125 of the largest logit and argmax o
         m.prefill(tokens, cache, &all);
       }
       const auto& argmax = fx[key + "argmax"];
-      const auto& max_abs = fx[key + "max_abs"];
-      const auto& top_ids = fx[key + "top_ids"];
-      const auto& top_logits = fx[key + "top_logits"];
-      const auto& stripe = fx[key + "stripe"];
-      const std::size_t stripe_n = stripe.dims[1];
       for (std::size_t t = 0; t < tokens.size(); ++t) {
         const float* ours = all.data() + t * C::vocab;
-        double err = 0.0;
-        for (int k = 0; k < topk; ++k) {
-          const auto id = static_cast<std::size_t>(top_ids.values[t * topk + k]);
-          err = std::max(err, std::fabs(ours[id] - top_logits.values[t * topk + k]));
-        }
-        for (std::size_t s = 0; s < stripe_n; ++s)
-          err = std::max(err, std::fabs(ours[s * step] - stripe.values[t * stripe_n + s]));
-        worst = std::max(worst, err / max_abs.values[t]);
+        worst = std::max(worst, relative_logit_error(fx, key, t, ours));
         agree += tlm::argmax({ours, C::vocab}) == static_cast<std::int32_t>(argmax.values[t]);
         ++positions;
       }

@@ -65,9 +65,27 @@ std::vector<std::byte> random_matrix(encoding enc, std::size_t rows, std::size_t
   // Quantizing a few distinct rows and repeating them keeps set-up fast; the data
   // values do not change the speed of these kernels.
   std::vector<std::byte> some(16 * rb);
-  for (std::size_t r = 0; r < 16; ++r) {
-    for (auto& v : row) v = normal(rng);
-    tlm::quantize_row(enc, row.data(), some.data() + r * rb, cols);
+  if (!tlm::writable(enc)) {
+    // No quantizer here (the K-quants): random codes, finite halves of a realistic
+    // size for the super-block scales (d and dmin first; Q6_K's d last).
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& b : some) b = static_cast<std::byte>(byte(rng));
+    const auto t = tlm::traits(enc);
+    const std::uint16_t half = tlm::f32_to_fp16(0.002f);
+    for (std::size_t i = 0; i < some.size() / t.block_bytes; ++i) {
+      std::byte* p = some.data() + i * t.block_bytes;
+      if (enc == encoding::q6_k) {
+        std::memcpy(p + 208, &half, 2);
+      } else {
+        std::memcpy(p, &half, 2);
+        std::memcpy(p + 2, &half, 2);
+      }
+    }
+  } else {
+    for (std::size_t r = 0; r < 16; ++r) {
+      for (auto& v : row) v = normal(rng);
+      tlm::quantize_row(enc, row.data(), some.data() + r * rb, cols);
+    }
   }
   for (std::size_t r = 0; r < rows; ++r) std::memcpy(out.data() + r * rb, some.data() + (r % 16) * rb, rb);
   return out;
@@ -252,7 +270,15 @@ int main(int argc, char** argv) {
   const shape shapes[] = {{encoding::q4_1, 576, 576, "attn_q/o"},
                           {encoding::q4_1, 1536, 576, "ffn_gate/up"},
                           {encoding::q4_1, 576, 1536, "ffn_down"},
-                          {encoding::q8_0, 49152, 576, "output"}};
+                          {encoding::q8_0, 49152, 576, "output"},
+                          // SmolLM2-135M as Q4_K_M: Q5_0 where rows are 576 wide, K-quants at 1536
+                          {encoding::q5_0, 1536, 576, "Q4_K_M ffn_gate/up"},
+                          {encoding::q4_k, 576, 1536, "Q4_K_M ffn_down"},
+                          {encoding::q6_k, 576, 1536, "Q4_K_M ffn_down"},
+                          // Llama 3.2 1B shapes
+                          {encoding::q4_k, 2048, 2048, "1B attn_q/o"},
+                          {encoding::q5_k, 2048, 2048, "1B attn_q/o"},
+                          {encoding::q6_k, 2048, 2048, "1B attn_q/o"}};
 
   for (const auto& s : shapes) {
     const std::size_t rb = tlm::row_bytes(s.enc, s.cols);

@@ -6,7 +6,7 @@
 //                                      write TENSOR dequantized to float32 (raw little-endian, row-major)
 //   inspect FILE.gguf --requantize ENC OUT.gguf
 //                                      copy the file with gguf::writer, re-encoding every F32 tensor
-//                                      with two or more dims to ENC (f32, f16, bf16, q8_0, q4_0, q4_1)
+//                                      with two or more dims to ENC (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0)
 //
 // Errors (missing file, not a GGUF file, unknown tensor) print the tlm::error message
 // and exit with code 1.
@@ -99,13 +99,8 @@ int dump(const tlm::gguf::file& f, std::string_view tensor, const std::string& o
 }
 
 tlm::encoding parse_encoding(std::string_view s) {
-  for (const auto e : {tlm::encoding::f32, tlm::encoding::f16, tlm::encoding::bf16, tlm::encoding::q8_0, tlm::encoding::q4_0,
-                       tlm::encoding::q4_1}) {
-    std::string n(tlm::name(e));
-    for (auto& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (n == s) return e;
-  }
-  throw tlm::error(fmt::format("unknown target encoding '{}'; use f32, f16, bf16, q8_0, q4_0 or q4_1", s));
+  if (const auto* r = tlm::parse_writable_encoding(s)) return r->enc;
+  throw tlm::error(fmt::format("unknown target encoding '{}'; use one of {}", s, tlm::writable_encodings_list()));
 }
 
 int requantize(const tlm::gguf::file& f, tlm::encoding enc, const std::string& out_path) {

@@ -51,26 +51,14 @@ struct options {
 };
 
 tlm::encoding parse_encoding(std::string_view s) {
-  for (const auto e : {tlm::encoding::f32, tlm::encoding::f16, tlm::encoding::bf16, tlm::encoding::q8_0, tlm::encoding::q4_0,
-                       tlm::encoding::q4_1}) {
-    std::string n(tlm::name(e));
-    for (auto& c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (n == s) return e;
-  }
-  throw tlm::error(fmt::format("unknown encoding '{}'; use f32, f16, bf16, q8_0, q4_0 or q4_1", s));
+  if (const auto* r = tlm::parse_writable_encoding(s)) return r->enc;
+  throw tlm::error(fmt::format("unknown encoding '{}'; use one of {}", s, tlm::writable_encodings_list()));
 }
 
 // llama.cpp's general.file_type for a model whose matrices are all `enc`.
 std::uint32_t file_type(tlm::encoding enc) {
-  switch (enc) {
-    case tlm::encoding::f32: return 0;
-    case tlm::encoding::f16: return 1;
-    case tlm::encoding::q4_0: return 2;
-    case tlm::encoding::q4_1: return 3;
-    case tlm::encoding::q8_0: return 7;
-    case tlm::encoding::bf16: return 32;
-    default: return 0;
-  }
+  const auto* r = tlm::find_encoding(enc);
+  return r != nullptr && r->llama_file_type >= 0 ? static_cast<std::uint32_t>(r->llama_file_type) : 0;
 }
 
 // A seed per tensor name, so a tensor's values do not depend on the order of the walk.

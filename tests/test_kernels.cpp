@@ -30,8 +30,9 @@ namespace k = tlm::kernels;
 
 constexpr double rel_tol = 1e-5;
 
-const encoding all_encodings[] = {encoding::f32,  encoding::f16,  encoding::bf16, encoding::q8_0, encoding::q4_0,
-                                  encoding::q4_1, encoding::q4_k, encoding::q5_k, encoding::q6_k};
+const encoding all_encodings[] = {encoding::f32,  encoding::f16,  encoding::bf16, encoding::q8_0,
+                                  encoding::q4_0, encoding::q4_1, encoding::q5_0, encoding::q5_1,
+                                  encoding::q4_k, encoding::q5_k, encoding::q6_k};
 
 using tlm_test::level_guard;
 using tlm_test::random_floats;
@@ -71,12 +72,14 @@ std::vector<std::byte> random_rows(encoding enc, std::size_t rows, std::size_t c
         break;
       }
       case encoding::q8_0:
-      case encoding::q4_0: put_half(p, scale(rng) * (byte(rng) & 1 ? 1.0f : -1.0f)); break;
+      case encoding::q4_0:
+      case encoding::q5_0: put_half(p, scale(rng) * (byte(rng) & 1 ? 1.0f : -1.0f)); break;
       case encoding::q4_1:
+      case encoding::q5_1:
       case encoding::q4_k:
       case encoding::q5_k:
         put_half(p, scale(rng));
-        put_half(p + 2, enc == encoding::q4_1 ? -8.0f * scale(rng) : scale(rng));
+        put_half(p + 2, enc == encoding::q4_1 || enc == encoding::q5_1 ? -8.0f * scale(rng) : scale(rng));
         break;
       case encoding::q6_k: put_half(p + 208, scale(rng) * 0.1f); break;
       default: FAIL("random_rows: no generator for " << tlm::name(enc));
@@ -366,8 +369,9 @@ TEST_CASE("SIMD decoders are bit for bit dequantize_row") {
     return;
   }
   std::mt19937 rng(4242);
-  const std::size_t cols = 1536 + 32;
   auto check = [&](encoding enc, auto decode) {
+    // A body and a tail of blocks for every block size (32, or 256 for the K-quants).
+    const std::size_t cols = tlm::traits(enc).block_values == 256 ? 1536 + 256 : 1536 + 32;
     const auto w = random_rows(enc, 3, cols, rng);
     const std::size_t rb = tlm::row_bytes(enc, cols);
     for (std::size_t r = 0; r < 3; ++r) {
@@ -385,6 +389,11 @@ TEST_CASE("SIMD decoders are bit for bit dequantize_row") {
   check(encoding::q8_0, a2::decode_row<encoding::q8_0>);
   check(encoding::q4_0, a2::decode_row<encoding::q4_0>);
   check(encoding::q4_1, a2::decode_row<encoding::q4_1>);
+  check(encoding::q5_0, a2::decode_row<encoding::q5_0>);
+  check(encoding::q5_1, a2::decode_row<encoding::q5_1>);
+  check(encoding::q4_k, a2::decode_row_k<encoding::q4_k>);
+  check(encoding::q5_k, a2::decode_row_k<encoding::q5_k>);
+  check(encoding::q6_k, a2::decode_row_k<encoding::q6_k>);
 #else
   CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx2), tlm::error);
 #endif
@@ -503,7 +512,8 @@ namespace {
 
 constexpr double fast_rel_tol = 1e-6;
 
-const encoding fast_encodings[] = {encoding::q8_0, encoding::q4_0, encoding::q4_1};
+const encoding fast_encodings[] = {encoding::q8_0, encoding::q4_0, encoding::q4_1, encoding::q5_0,
+                                   encoding::q5_1, encoding::q4_k, encoding::q5_k, encoding::q6_k};
 
 struct fast_bounds {
   std::vector<double> vs_reference;  // [rows] property 2
@@ -520,9 +530,18 @@ fast_bounds bounds_for(encoding enc, const std::byte* w, const float* x, std::si
   for (std::size_t r = 0; r < rows; ++r) {
     tlm::dequantize_row(enc, w + r * rb, row.data(), cols);
     double ref = 0, ex = 0, awx = 0;
+    const bool k_quant = tlm::traits(enc).block_values == 256;
     for (std::size_t b = 0; b < cols / 32; ++b) {
-      const std::byte* p = w + r * rb + b * bb;
-      const double m = enc == encoding::q4_1 ? tlm::fp16_to_f32(tlm::load_u16(p + 2)) : 0.0;
+      const std::byte* p = w + r * rb + (k_quant ? b / 8 : b) * bb;
+      // The value a code of 0 stands for: the min of Q4_1 / Q5_1, minus dmin*m of a
+      // Q4_K / Q5_K sub-block, 0 for the others (whose codes are centred).
+      double m = 0;
+      if (enc == encoding::q4_1 || enc == encoding::q5_1) m = tlm::fp16_to_f32(tlm::load_u16(p + 2));
+      if (enc == encoding::q4_k || enc == encoding::q5_k) {
+        std::uint8_t sc, mn;
+        tlm::detail::k_scale_min(reinterpret_cast<const std::uint8_t*>(p) + 4, static_cast<int>(b % 8), sc, mn);
+        m = -static_cast<double>(tlm::fp16_to_f32(tlm::load_u16(p + 2))) * mn;
+      }
       const double d = q.ds[2 * b], sq = q.ds[2 * b + 1];
       double codes = 0, absw = 0;
       for (std::size_t j = 0; j < 32; ++j) {
@@ -644,7 +663,8 @@ TEST_CASE("fast: matmul at every level against the scalar integer reference, and
   for (auto level : testable_levels()) {
     k::force_kernel_level(level);
     for (encoding enc : fast_encodings) {
-      for (std::size_t cols : {32, 96, 576, 1536}) {
+      const bool k_quant = tlm::traits(enc).block_values == 256;
+      for (std::size_t cols : k_quant ? std::vector<std::size_t>{256, 768, 1536} : std::vector<std::size_t>{32, 96, 576, 1536}) {
         for (std::size_t rows : {1, 5, 13, 67}) {
           for (std::size_t batch : batches) {
             if (batch > 9 && cols > 600) continue;
@@ -695,7 +715,7 @@ TEST_CASE("fast: on the float32 prefill path a fast matmul is the exact one bit 
     CHECK_FALSE(k::integer_prefill());
     for (encoding enc : fast_encodings) {
       for (std::size_t batch : {std::size_t{2}, std::size_t{7}, std::size_t{64}}) {
-        const std::size_t rows = 37, cols = 576;
+        const std::size_t rows = 37, cols = tlm::traits(enc).block_values == 256 ? 768 : 576;
         const auto w = random_rows(enc, rows, cols, rng);
         const auto x = random_floats(batch * cols, rng);
         std::vector<float> fast(batch * rows), exact(batch * rows);
@@ -775,8 +795,11 @@ TEST_CASE("default precision: exact unless TLM_PRECISION says fast") {
   CHECK(k::has_fast_kernel(encoding::q4_1));
   CHECK(k::has_fast_kernel(encoding::q8_0));
   CHECK(k::has_fast_kernel(encoding::q4_0));
+  for (encoding e : {encoding::q5_0, encoding::q5_1, encoding::q4_k, encoding::q5_k, encoding::q6_k})
+    CHECK(k::has_fast_kernel(e));
   CHECK_FALSE(k::has_fast_kernel(encoding::f32));
-  CHECK_FALSE(k::has_fast_kernel(encoding::q4_k));
+  CHECK_FALSE(k::has_fast_kernel(encoding::f16));
+  CHECK_FALSE(k::has_fast_kernel(encoding::bf16));
 }
 
 TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the table prefers others") {
@@ -817,30 +840,33 @@ TEST_CASE("matvec_group: each product bit for bit its own matvec, at every level
   tlm::thread_pool p2(2), p3(3);
   // Mixed encodings (x prepared per encoding: Q4_0 and Q4_1 need different sums), row
   // counts that are not multiples of the 16-row groups, and an empty product.
-  const encoding encs[] = {encoding::q4_1, encoding::q4_0, encoding::q8_0, encoding::f16};
-  const std::size_t rows[] = {67, 0, 200, 13};
-  const std::size_t cols = 576;
+  // 768 columns: whole blocks for the K-quants too.
+  constexpr std::size_t n = 7;
+  const encoding encs[n] = {encoding::q4_1, encoding::q4_0, encoding::q8_0, encoding::f16,
+                            encoding::q5_0, encoding::q4_k, encoding::q6_k};
+  const std::size_t rows[n] = {67, 0, 200, 13, 45, 33, 18};
+  const std::size_t cols = 768;
   std::vector<std::vector<std::byte>> w;
-  for (std::size_t i = 0; i < 4; ++i) w.push_back(random_rows(encs[i], rows[i], cols, rng));
+  for (std::size_t i = 0; i < n; ++i) w.push_back(random_rows(encs[i], rows[i], cols, rng));
   const auto x = random_floats(cols, rng);
   std::size_t checked = 0;
   for (auto level : testable_levels()) {
     k::force_kernel_level(level);
     for (auto prec : {k::precision::exact, k::precision::fast}) {
-      std::vector<std::vector<float>> want(4);
-      for (std::size_t i = 0; i < 4; ++i) {
+      std::vector<std::vector<float>> want(n);
+      for (std::size_t i = 0; i < n; ++i) {
         want[i].resize(rows[i]);
         k::matvec(encs[i], w[i].data(), x.data(), want[i].data(), rows[i], cols, nullptr, prec);
       }
       for (tlm::thread_pool* pool : {static_cast<tlm::thread_pool*>(nullptr), &p2, &p3}) {
-        std::vector<std::vector<float>> got(4);
-        std::array<k::shared_input_product, 4> group{};
-        for (std::size_t i = 0; i < 4; ++i) {
+        std::vector<std::vector<float>> got(n);
+        std::array<k::shared_input_product, n> group{};
+        for (std::size_t i = 0; i < n; ++i) {
           got[i].assign(rows[i], -1.0f);
           group[i] = {encs[i], w[i].data(), got[i].data(), rows[i]};
         }
         k::matvec_group(group, x.data(), cols, pool, prec);
-        for (std::size_t i = 0; i < 4; ++i) {
+        for (std::size_t i = 0; i < n; ++i) {
           INFO(tlm::kernel_level_name(level) << (prec == k::precision::fast ? " fast " : " exact ") << tlm::name(encs[i])
                                              << " threads " << (pool ? pool->size() : 1));
           // An empty vector's data() may be null, which memcmp must not see.
@@ -850,7 +876,7 @@ TEST_CASE("matvec_group: each product bit for bit its own matvec, at every level
       }
     }
   }
-  CHECK(checked >= 24);
+  CHECK(checked >= 42);
   // A bad member is refused before anything runs, naming the call.
   std::vector<float> y(3);
   const std::array<k::shared_input_product, 1> bad{{{encoding::q4_1, w[0].data(), y.data(), 3}}};

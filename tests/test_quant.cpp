@@ -101,6 +101,39 @@ TEST_CASE("Q4_1 fixed block") {
   }
 }
 
+TEST_CASE("Q5_0 fixed block: the fifth bit of value j is bit j of the little-endian qh") {
+  tlm::block_q5_0 b{};
+  b.d = 0x3800;  // 0.5
+  // Codes 0..31 in value order: the low nibble of value j (j < 16) is qs[j] & 15 and of
+  // value j + 16 is qs[j] >> 4; code j has its fifth bit set exactly for j >= 16.
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>(j | (j << 4));
+  b.qh[2] = 0xff;
+  b.qh[3] = 0xff;
+  auto y = dequant(tlm::encoding::q5_0, bytes_of(b), 32);
+  for (int j = 0; j < 32; ++j) CHECK(y[j] == 0.5f * static_cast<float>(j - 16));
+  // One bit at a time: only value 9 (byte 1, bit 1) gains 16.
+  b = {};
+  b.d = 0x3c00;  // 1.0
+  b.qh[1] = 0x02;
+  y = dequant(tlm::encoding::q5_0, bytes_of(b), 32);
+  for (int j = 0; j < 32; ++j) CHECK(y[j] == (j == 9 ? 0.0f : -16.0f));
+}
+
+TEST_CASE("Q5_1 fixed block") {
+  tlm::block_q5_1 b{};
+  b.d = 0x3400;  // 0.25
+  b.m = 0xc000;  // -2.0
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<std::uint8_t>((15 - j) | (j << 4));
+  b.qh[0] = 0xaa;  // odd values 1..7 get their fifth bit
+  b.qh[3] = 0x80;  // and value 31
+  const auto y = dequant(tlm::encoding::q5_1, bytes_of(b), 32);
+  for (int j = 0; j < 32; ++j) {
+    int code = j < 16 ? 15 - j : j - 16;
+    if ((j < 8 && j % 2 == 1) || j == 31) code += 16;
+    CHECK(y[j] == 0.25f * static_cast<float>(code) - 2.0f);
+  }
+}
+
 TEST_CASE("Q8_0 fixed block") {
   tlm::block_q8_0 b{};
   b.d = 0x3400;  // 0.25
@@ -198,11 +231,12 @@ TEST_CASE("F16 and BF16 rows") {
   CHECK(std::bit_cast<std::uint32_t>(bt[1]) == 0x3f820000u);
 }
 
-TEST_CASE("Q8_0, Q4_0 and Q4_1 round trips stay within their error bounds") {
+TEST_CASE("Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 round trips stay within their error bounds") {
   const std::size_t n = 32 * 256;
   for (const unsigned seed : {1u, 2u, 3u}) {
     const auto x = normal_values(n, seed, seed == 3 ? 1e-3f : 1.0f);
-    for (const auto enc : {tlm::encoding::q8_0, tlm::encoding::q4_0, tlm::encoding::q4_1}) {
+    for (const auto enc : {tlm::encoding::q8_0, tlm::encoding::q4_0, tlm::encoding::q4_1, tlm::encoding::q5_0,
+                           tlm::encoding::q5_1}) {
       CAPTURE(tlm::name(enc));
       const auto y = dequant(enc, quant(enc, x), n);
       double err2 = 0, sig2 = 0;
@@ -220,6 +254,8 @@ TEST_CASE("Q8_0, Q4_0 and Q4_1 round trips stay within their error bounds") {
         if (enc == tlm::encoding::q8_0) bound = amax / 127 * 0.5f + amax * std::ldexp(1.0f, -10) + 128 * sub;
         if (enc == tlm::encoding::q4_0) bound = amax / 8 * 1.0f + amax * std::ldexp(1.0f, -9) + 8 * sub;  // the clipped +8 step costs a whole step
         if (enc == tlm::encoding::q4_1) bound = (hi - lo) / 15 * 0.5f + (std::fabs(hi) + std::fabs(lo)) * std::ldexp(1.0f, -9) + 16 * sub;
+        if (enc == tlm::encoding::q5_0) bound = amax / 16 * 1.0f + amax * std::ldexp(1.0f, -9) + 16 * sub;  // as Q4_0: the clipped +16 step
+        if (enc == tlm::encoding::q5_1) bound = (hi - lo) / 31 * 0.5f + (std::fabs(hi) + std::fabs(lo)) * std::ldexp(1.0f, -9) + 32 * sub;
         for (int j = 0; j < 32; ++j) {
           const std::size_t i = b * 32 + j;
           REQUIRE(std::fabs(y[i] - x[i]) <= bound);
@@ -229,7 +265,8 @@ TEST_CASE("Q8_0, Q4_0 and Q4_1 round trips stay within their error bounds") {
       }
       const double rel = std::sqrt(err2 / sig2);
       MESSAGE(tlm::name(enc), " relative rms error ", rel);
-      CHECK(rel < (enc == tlm::encoding::q8_0 ? 0.01 : 0.15));
+      const bool five = enc == tlm::encoding::q5_0 || enc == tlm::encoding::q5_1;
+      CHECK(rel < (enc == tlm::encoding::q8_0 ? 0.01 : five ? 0.075 : 0.15));
       CHECK(rel > 0.0);
     }
   }
@@ -271,9 +308,22 @@ TEST_CASE("quantizers follow ggml's reference choices") {
   CHECK(q.qs[2] == -3);
   // An all-zero block has scale 0 and decodes to zeros.
   const std::vector<float> zeros(32, 0.0f);
-  for (const auto enc : {tlm::encoding::q8_0, tlm::encoding::q4_0, tlm::encoding::q4_1}) {
+  for (const auto enc : {tlm::encoding::q8_0, tlm::encoding::q4_0, tlm::encoding::q4_1, tlm::encoding::q5_0,
+                         tlm::encoding::q5_1}) {
     CHECK(dequant(enc, quant(enc, zeros), 32) == zeros);
   }
+  // Q5_0: the value of largest magnitude maps to -16 (d = max / -16), so a block whose
+  // largest value is positive uses code 0 for it and clips the other end at 31.
+  std::vector<float> z(32, 0.0f);
+  z[4] = 8.0f;
+  z[5] = -4.0f;
+  bytes = quant(tlm::encoding::q5_0, z);
+  tlm::block_q5_0 b5;
+  std::memcpy(&b5, bytes.data(), sizeof b5);
+  CHECK(tlm::fp16_to_f32(b5.d) == -0.5f);
+  CHECK(tlm::detail::q5_code(b5.qs, b5.qh, 4) == 0);   // 8 / -0.5 = -16
+  CHECK(tlm::detail::q5_code(b5.qs, b5.qh, 5) == 24);  // -4 / -0.5 = 8, + 16
+  CHECK(tlm::detail::q5_code(b5.qs, b5.qh, 0) == 16);  // zero
 }
 
 TEST_CASE("rows that do not fit an encoding are rejected") {

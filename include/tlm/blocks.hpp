@@ -78,6 +78,20 @@ struct block_q4_1 {
   std::uint16_t m;
   std::uint8_t qs[16];
 };
+// 32 values: x[j] = (q[j] - 16) * d, q[j] = nibble | (bit j of qh) << 4; nibbles as in
+// q4_0 (low: values 0..15, high: 16..31), qh a little-endian 32-bit word.
+struct block_q5_0 {
+  std::uint16_t d;
+  std::uint8_t qh[4];
+  std::uint8_t qs[16];
+};
+// 32 values: x[j] = q[j] * d + m, q[j] as in q5_0.
+struct block_q5_1 {
+  std::uint16_t d;
+  std::uint16_t m;
+  std::uint8_t qh[4];
+  std::uint8_t qs[16];
+};
 // 32 values: x[j] = qs[j] * d.
 struct block_q8_0 {
   std::uint16_t d;
@@ -113,6 +127,8 @@ struct block_q6_k {
 
 static_assert(sizeof(block_q4_0) == 18 && alignof(block_q4_0) == 2);
 static_assert(sizeof(block_q4_1) == 20);
+static_assert(sizeof(block_q5_0) == 22);
+static_assert(sizeof(block_q5_1) == 24);
 static_assert(sizeof(block_q8_0) == 34);
 static_assert(sizeof(block_q8_1) == 36);
 static_assert(sizeof(block_q4_k) == 144);

@@ -599,8 +599,8 @@ class file {
       const auto type_id = read<std::uint32_t>(what_t + " ggml type");
       if (!known_encoding(type_id)) {
         fail(type_at, what_t + ": unknown or unsupported ggml type " + std::to_string(type_id) +
-                          " (supported: F32 0, F16 1, Q4_0 2, Q4_1 3, Q8_0 8, Q8_1 9, Q4_K 12, Q5_K 13, Q6_K 14, Q8_K 15, BF16 30)",
-             "requantize the model to a supported type (for example Q4_1, Q8_0 or Q4_K_M)");
+                          " (supported: " + known_encodings_list() + ")",
+             "requantize the model to a file of those types (llama-quantize: Q4_K_M, Q5_K_M, Q6_K, Q8_0, Q4_1 or F16)");
       }
       ti.enc = static_cast<encoding>(type_id);
       const auto tr = traits(ti.enc);

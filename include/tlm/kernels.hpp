@@ -14,8 +14,9 @@
 //
 // Precision (kernels/scalar.hpp): `exact` computes in float32 from float32
 // activations at every level; levels differ only in summation order. `fast`
-// quantizes the activations per 32-block to int8 for Q4_0 / Q4_1 / Q8_0 weights and
-// sums integer products; the integer sums are the same at every level, so levels
+// quantizes the activations per 32-block to int8 for quantized weights and sums
+// integer products (a K-quant's sub-blocks of 32 against the same 32-blocks of x,
+// finer than llama.cpp's Q8_K of 256); the integer sums are the same at every level, so levels
 // again differ only in the order the per-block float terms are added; a fast prefill
 // runs exact where the float32 GEMM is faster (integer_prefill()). Tolerances and
 // the fast-against-exact error bound are in tests/test_kernels.cpp.
@@ -24,6 +25,7 @@
 #include <tlm/error.hpp>
 #include <tlm/kernels/attention_avx512.hpp>
 #include <tlm/kernels/avx2.hpp>
+#include <tlm/kernels/avx2_kquant.hpp>
 #include <tlm/kernels/avx512.hpp>
 #include <tlm/kernels/scalar.hpp>
 #include <tlm/quant.hpp>
@@ -44,8 +46,8 @@ namespace tlm::kernels {
 namespace detail {
 
 // Encodings that have a matrix kernel, as table slots.
-inline constexpr encoding table_encodings[] = {encoding::f32,  encoding::f16,  encoding::bf16,
-                                               encoding::q8_0, encoding::q4_0, encoding::q4_1,
+inline constexpr encoding table_encodings[] = {encoding::f32,  encoding::f16,  encoding::bf16, encoding::q8_0,
+                                               encoding::q4_0, encoding::q4_1, encoding::q5_0, encoding::q5_1,
                                                encoding::q4_k, encoding::q5_k, encoding::q6_k};
 inline constexpr std::size_t table_size = std::size(table_encodings);
 
@@ -87,8 +89,9 @@ struct kernel_table {
   attention_kernels attention;  // kernels/attention_scalar.hpp
 };
 
-// Encodings with an integer (precision::fast) path.
-inline constexpr encoding fast_encodings[] = {encoding::q8_0, encoding::q4_0, encoding::q4_1};
+// Encodings with an integer (precision::fast) path: every quantized weight encoding.
+inline constexpr encoding fast_encodings[] = {encoding::q8_0, encoding::q4_0, encoding::q4_1, encoding::q5_0,
+                                              encoding::q5_1, encoding::q4_k, encoding::q5_k, encoding::q6_k};
 
 inline const kernel_table& scalar_table() {
   static const kernel_table t = [] {
@@ -100,9 +103,9 @@ inline const kernel_table& scalar_table() {
       k.matmul[i] = &matmul_rows_scalar;
     }
     k.quantize = &quantize_scalar;
-    for (std::size_t i : {slot_of<encoding::q8_0>, slot_of<encoding::q4_0>, slot_of<encoding::q4_1>}) {
-      k.matvec_q8[i] = &matvec_q8_scalar;
-      k.matmul_q8[i] = &matmul_q8_scalar;
+    for (encoding e : fast_encodings) {
+      k.matvec_q8[static_cast<std::size_t>(slot(e))] = &matvec_q8_scalar;
+      k.matmul_q8[static_cast<std::size_t>(slot(e))] = &matmul_q8_scalar;
     }
     k.dot = &dot_scalar;
     k.axpy = &axpy_scalar;
@@ -135,6 +138,16 @@ constexpr void set_avx2_fast(kernel_table& k) {
   k.matmul_q8[slot_of<E>] = &avx2::matmul_q8<E>;
 }
 
+// K-quants (avx2_kquant.hpp): SIMD decoders for exact matvec and the prefill GEMM,
+// integer sums for the fast mode.
+template <encoding E>
+constexpr void set_avx2_k(kernel_table& k) {
+  k.matvec[slot_of<E>] = &avx2::matvec_rows_k<E>;
+  k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row_k<E>>;
+  k.matvec_q8[slot_of<E>] = &avx2::matvec_q8_k<E>;
+  k.matmul_q8[slot_of<E>] = &avx2::matmul_q8_k<E>;
+}
+
 inline const kernel_table& avx2_table() {
   static const kernel_table t = [] {
     kernel_table k{};
@@ -144,12 +157,13 @@ inline const kernel_table& avx2_table() {
     set_avx2<encoding::bf16>(k);
     set_avx2_q4<encoding::q4_0>(k);
     set_avx2_q4<encoding::q4_1>(k);
+    set_avx2<encoding::q5_0>(k);
+    set_avx2<encoding::q5_1>(k);
     k.matvec[slot_of<encoding::q8_0>] = &avx2::matvec_rows_q8;
     k.matmul[slot_of<encoding::q8_0>] = &avx2::matmul_rows<&avx2::decode_row<encoding::q8_0>>;
-    for (std::size_t i : {slot_of<encoding::q4_k>, slot_of<encoding::q5_k>, slot_of<encoding::q6_k>}) {
-      k.matvec[i] = &avx2::matvec_rows_generic;
-      k.matmul[i] = &avx2::matmul_rows<&avx2::decode_row_generic>;
-    }
+    set_avx2_k<encoding::q4_k>(k);
+    set_avx2_k<encoding::q5_k>(k);
+    set_avx2_k<encoding::q6_k>(k);
     k.dot = &avx2::dot;
     k.axpy = &avx2::axpy;
     k.dot_i8 = &avx2::dot_i8;
@@ -159,6 +173,8 @@ inline const kernel_table& avx2_table() {
     set_avx2_fast<encoding::q8_0>(k);
     set_avx2_fast<encoding::q4_0>(k);
     set_avx2_fast<encoding::q4_1>(k);
+    set_avx2_fast<encoding::q5_0>(k);
+    set_avx2_fast<encoding::q5_1>(k);
     // On AMD (Zen 4 measured) the integer prefill is slower than the float32 GEMM it
     // would replace: one vpmaddubsw/vpdpbusd covers 32-64 products, but every 32-value
     // block still needs its two scales applied in float (convert, multiply,
@@ -211,8 +227,13 @@ inline const kernel_table& avx512_table() {
         k.prepare[i] = avx2_table().prepare[i];
       }
     }
-    for (std::size_t i : {slot_of<encoding::q4_k>, slot_of<encoding::q5_k>, slot_of<encoding::q6_k>})
-      k.matmul[i] = &avx512::matmul_rows<&avx2::decode_row_generic>;
+    // Q5_0, Q5_1 and the K-quants keep the AVX2 decode-speed and integer kernels (no
+    // AVX-512 versions yet); their prefill takes the AVX-512 GEMM over the AVX2 decoders.
+    k.matmul[slot_of<encoding::q5_0>] = &avx512::matmul_rows<&avx2::decode_row<encoding::q5_0>>;
+    k.matmul[slot_of<encoding::q5_1>] = &avx512::matmul_rows<&avx2::decode_row<encoding::q5_1>>;
+    k.matmul[slot_of<encoding::q4_k>] = &avx512::matmul_rows<&avx2::decode_row_k<encoding::q4_k>>;
+    k.matmul[slot_of<encoding::q5_k>] = &avx512::matmul_rows<&avx2::decode_row_k<encoding::q5_k>>;
+    k.matmul[slot_of<encoding::q6_k>] = &avx512::matmul_rows<&avx2::decode_row_k<encoding::q6_k>>;
     // The AVX-512 prefill kernel puts 16 batch rows in the lanes of one register, so a
     // prompt of 5 tokens leaves 11 of 16 lanes idle; the AVX2 kernel (a dot product
     // per batch row) wastes none. Splitting a batch between the two would decode each
@@ -270,9 +291,10 @@ inline std::size_t check_args(const char* what, encoding enc, const std::byte* w
                               std::size_t rows, std::size_t cols) {
   const int s = slot(enc);
   if (s < 0) {
+    std::string known;
+    for (encoding e : table_encodings) known += (known.empty() ? "" : ", ") + std::string(name(e));
     throw shape_error(std::string(what) + ": no matrix kernel for encoding " + std::string(name(enc)) + " (ggml type " +
-                      std::to_string(static_cast<std::uint32_t>(enc)) +
-                      "); convert the tensor to F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K");
+                      std::to_string(static_cast<std::uint32_t>(enc)) + "); convert the tensor to one of " + known);
   }
   const std::size_t bv = traits(enc).block_values;
   if (cols % bv != 0) {
@@ -392,7 +414,7 @@ inline kernel_level force_kernel_level(kernel_level l) {
 
 // y[r] = sum_c W[r,c] * x[c].   W [rows, cols] in `enc`, x [cols], y [rows].
 // y must not overlap x or W. Results do not depend on the pool or its size: each row is summed by one thread in
-// a fixed order. precision::fast: see kernels/scalar.hpp (Q4_0, Q4_1, Q8_0 only; others compute exactly).
+// a fixed order. precision::fast: see kernels/scalar.hpp (quantized weights; float weights compute exactly).
 inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows, std::size_t cols,
                    thread_pool* pool = nullptr, precision p = default_precision()) {
   const std::size_t s = detail::check_args("matvec", enc, w, x, y, rows, cols);

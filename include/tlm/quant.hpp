@@ -64,6 +64,23 @@ inline void k_scale_min(const std::uint8_t* q, int j, std::uint8_t& sc, std::uin
   }
 }
 
+// The 5-bit code of value j (0..31) of a Q5_0 / Q5_1 block.
+inline int q5_code(const std::uint8_t* qs, const std::uint8_t* qh, int j) {
+  const int lo = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;
+  const int hi = (qh[j / 8] >> (j % 8)) & 1;
+  return lo | (hi << 4);
+}
+
+// Packs 32 five-bit codes into a block's qs and qh (the inverse of q5_code).
+inline void q5_pack(const std::uint8_t* q, std::uint8_t* qs, std::uint8_t* qh) {
+  for (int j = 0; j < 16; ++j) qs[j] = static_cast<std::uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4));
+  for (int i = 0; i < 4; ++i) {
+    std::uint8_t h = 0;
+    for (int k = 0; k < 8; ++k) h = static_cast<std::uint8_t>(h | (((q[8 * i + k] >> 4) & 1) << k));
+    qh[i] = h;
+  }
+}
+
 // a + b rounded once to float32, computed in double: the double sum rounded to float
 // equals the float sum (53 >= 2*24 + 2), and the conversion keeps a compiler from
 // fusing a preceding float multiply into an FMA, which would change the result.
@@ -123,6 +140,23 @@ inline void dequantize_row(encoding enc, const std::byte* src, float* dst, std::
           y[j] = detail::add_rounded(d * static_cast<float>(blk.qs[j] & 15), m);
           y[j + 16] = detail::add_rounded(d * static_cast<float>(blk.qs[j] >> 4), m);
         }
+      }
+      return;
+    case encoding::q5_0:
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        const auto blk = detail::load_block<block_q5_0>(src, b);
+        const float d = fp16_to_f32(blk.d);
+        float* y = dst + b * 32;
+        for (int j = 0; j < 32; ++j) y[j] = d * static_cast<float>(detail::q5_code(blk.qs, blk.qh, j) - 16);
+      }
+      return;
+    case encoding::q5_1:
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        const auto blk = detail::load_block<block_q5_1>(src, b);
+        const float d = fp16_to_f32(blk.d);
+        const float m = fp16_to_f32(blk.m);
+        float* y = dst + b * 32;
+        for (int j = 0; j < 32; ++j) y[j] = detail::add_rounded(d * static_cast<float>(detail::q5_code(blk.qs, blk.qh, j)), m);
       }
       return;
     case encoding::q4_k:
@@ -280,9 +314,57 @@ inline void quantize_row(encoding enc, const float* src, std::byte* dst, std::si
         detail::store_block(dst, b, blk);
       }
       return;
+    case encoding::q5_0:
+      detail::check_finite(src, n, enc);
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        const float* x = src + b * 32;
+        // As Q4_0 with 32 levels: the value of largest magnitude maps to -16.
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+          if (std::fabs(x[j]) > amax) {
+            amax = std::fabs(x[j]);
+            max = x[j];
+          }
+        }
+        const float d = max / -16.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        block_q5_0 blk{};
+        blk.d = f32_to_fp16(d);
+        std::uint8_t q[32];
+        for (int j = 0; j < 32; ++j) {
+          const float v = static_cast<float>(static_cast<double>(x[j]) * static_cast<double>(id) + 16.5);
+          q[j] = static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, 31.0f));
+        }
+        detail::q5_pack(q, blk.qs, blk.qh);
+        detail::store_block(dst, b, blk);
+      }
+      return;
+    case encoding::q5_1:
+      detail::check_finite(src, n, enc);
+      for (std::size_t b = 0; b < n / 32; ++b) {
+        const float* x = src + b * 32;
+        float mn = x[0], mx = x[0];
+        for (int j = 1; j < 32; ++j) {
+          mn = std::min(mn, x[j]);
+          mx = std::max(mx, x[j]);
+        }
+        const float d = (mx - mn) / 31.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        block_q5_1 blk{};
+        blk.d = f32_to_fp16(d);
+        blk.m = f32_to_fp16(mn);
+        std::uint8_t q[32];
+        for (int j = 0; j < 32; ++j) {
+          const float v = detail::add_rounded((x[j] - mn) * id, 0.5f);
+          q[j] = static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, 31.0f));
+        }
+        detail::q5_pack(q, blk.qs, blk.qh);
+        detail::store_block(dst, b, blk);
+      }
+      return;
     default:
       throw shape_error("quantize_row: no quantizer for " + std::string(traits(enc).name) +
-                        "; write the tensor as F32, F16, BF16, Q8_0, Q4_0 or Q4_1");
+                        "; write the tensor as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1");
   }
 }
 

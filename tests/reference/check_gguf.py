@@ -5,7 +5,7 @@ Run by ctest as:  python check_gguf.py --build BUILD --model GGUF
 
 1. Real file: every tensor of the real model, dequantized by tlm (`inspect --dump`),
    equals gguf.quants.dequantize bit for bit.
-2. Synthetic files written by gguf.GGUFWriter with F16, BF16, Q8_0, Q4_0, Q4_1 tensors
+2. Synthetic files written by gguf.GGUFWriter with F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 tensors
    (from gguf.quants.quantize) and Q4_K, Q5_K, Q6_K tensors (random blocks with finite
    scales): tlm's dequantization equals gguf-py's bit for bit.
 3. Writer: tlm copies the gguf-py file (`inspect --requantize`, which reads every
@@ -196,7 +196,7 @@ def main():
         w.add_array("t.arr.str", ["a", "bc", "long string with spaces"])
         w.add_context_length(2048)
         cols = 512
-        for qtype in (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1):
+        for qtype in (Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1):
             data = np.concatenate([rng.normal(0, 0.02, size=(24, cols)), edge_rows(cols)]).astype(np.float32)
             if qtype == Q.F16:
                 w.add_tensor(f"syn.{qtype.name}", data.astype(np.float16))
@@ -221,7 +221,8 @@ def main():
 
         # 3. tlm's writer: copy gguf-py's file, re-encoding the F32 matrices
         total_q = 0
-        for qtype, name in ((Q.F16, "f16"), (Q.BF16, "bf16"), (Q.Q8_0, "q8_0"), (Q.Q4_0, "q4_0"), (Q.Q4_1, "q4_1")):
+        for qtype, name in ((Q.F16, "f16"), (Q.BF16, "bf16"), (Q.Q8_0, "q8_0"), (Q.Q4_0, "q4_0"), (Q.Q4_1, "q4_1"),
+                            (Q.Q5_0, "q5_0"), (Q.Q5_1, "q5_1")):
             out = Path(tmp) / f"tlm_{name}.gguf"
             run([inspect, str(syn), "--requantize", name, str(out)])
             fields, tensors, quantized = compare_files(f"tlm copy ({name})", syn, out, requantized=qtype)
@@ -229,7 +230,7 @@ def main():
             if quantized != 1:
                 fail(f"tlm copy ({name}): expected 1 re-encoded tensor, found {quantized}")
         print(f"3. tlm writer: {fields} metadata fields and {tensors} tensors identical in each copy; "
-              f"{total_q} tensors re-encoded by tlm (F16, BF16, Q8_0, Q4_0, Q4_1) byte-identical to gguf.quants.quantize")
+              f"{total_q} tensors re-encoded by tlm (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) byte-identical to gguf.quants.quantize")
 
         # 4. the real model through tlm's reader and writer
         out = Path(tmp) / "real_copy.gguf"

@@ -78,6 +78,31 @@ TLM_AVX2_INLINE inline void nibbles(const std::byte* qs, __m256 (&v)[4]) {
   }
 }
 
+// The 32 fifth bits of a Q5 block (the little-endian word at qh) as bytes 0 or 0x10,
+// in value order: byte j of the result takes byte j/8 of qh and tests bit j%8.
+TLM_AVX2_INLINE inline __m256i q5_high_bits(const std::byte* qh) {
+  std::uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
+                                             _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                                                0x0303030303030303));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// The 32 codes of a Q5 block in value order as bytes: Q5_1 unsigned 0..31, Q5_0
+// signed -16..15. qs: the 16 nibble bytes, qh: the 4 bytes of fifth bits.
+template <encoding E>
+TLM_AVX2_INLINE inline __m256i q5_codes(const std::byte* qs, const std::byte* qh) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
+  w = _mm256_or_si256(w, q5_high_bits(qh));
+  if constexpr (E == encoding::q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+  return w;
+}
+
 // Decodes one 32-value block at p into w (values 0..31 in order), bit for bit equal
 // to dequantize_row (see quant.hpp for why each step is exact or rounds once).
 template <encoding E>
@@ -100,6 +125,24 @@ TLM_AVX2_INLINE inline void decode32(const std::byte* p, __m256 (&w)[4]) {
     nibbles<0>(p + 4, w);
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(w[k], d, m);
+  } else if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
+    // Integer codes (nibble | fifth bit << 4, minus 16 for Q5_0), then one exact
+    // multiply (Q5_0) or one FMA rounding once (Q5_1), as dequantize_row.
+    constexpr bool has_min = E == encoding::q5_1;
+    const std::byte* qh = p + (has_min ? 4 : 2);
+    const __m256i codes = q5_codes<E>(qh + 4, qh);  // 32 bytes, values 0..31 in order
+    const __m256 d = half_scale(p);
+    const __m128i c0 = _mm256_castsi256_si128(codes), c1 = _mm256_extracti128_si256(codes, 1);
+    const __m256i wide[4] = {_mm256_cvtepi8_epi32(c0), _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c0, c0)),
+                             _mm256_cvtepi8_epi32(c1), _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c1, c1))};
+    if constexpr (has_min) {
+      const __m256 m = half_scale(p + 2);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[k]), d, m);
+    } else {
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(wide[k]), d);
+    }
   } else if constexpr (E == encoding::f16) {
     #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) w[k] = load8_f16(p + 16 * k);
@@ -354,24 +397,6 @@ TLM_AVX2_FN inline void matvec_rows_q8(encoding, const std::byte* w, std::size_t
   }
 }
 
-// Encodings without a SIMD decoder here (the K-quants): dequantize a chunk of the
-// row with dequantize_row into a stack buffer, then a SIMD dot.
-TLM_AVX2_FN inline void matvec_rows_generic(encoding enc, const std::byte* w, std::size_t rb, const float* x,
-                                            float* y, std::size_t r0, std::size_t r1, std::size_t cols) {
-  const auto t = traits(enc);
-  float buf[detail::chunk_values];  // [chunk_values]
-  for (std::size_t r = r0; r < r1; ++r) {
-    const std::byte* row = w + r * rb;
-    float s = 0;
-    for (std::size_t c = 0; c < cols; c += detail::chunk_values) {
-      const std::size_t n = std::min(detail::chunk_values, cols - c);
-      dequantize_row(enc, row + c / t.block_values * t.block_bytes, buf, n);
-      s += dot(buf, x + c, n);
-    }
-    y[r] = s;
-  }
-}
-
 // Decodes a whole row to float32 (SIMD where there is a decoder).
 template <encoding E>
 TLM_AVX2_FN inline void decode_row(encoding, const std::byte* row, float* out, std::size_t cols) {
@@ -394,9 +419,6 @@ TLM_AVX2_FN inline void decode_row(encoding, const std::byte* row, float* out, s
   }
 }
 
-inline void decode_row_generic(encoding enc, const std::byte* row, float* out, std::size_t cols) {
-  dequantize_row(enc, row, out, cols);
-}
 
 // An RT x BT tile of Y over columns [0, len): RT decoded weight rows (w + i*ldw) times
 // BT activation rows (x + j*ldx); RT*BT accumulators live in registers, so each weight
@@ -489,7 +511,7 @@ TLM_AVX2_FN inline void matmul_rows(encoding enc, const std::byte* w, std::size_
 //
 // Plain AVX2 has no VNNI: vpmaddubsw multiplies unsigned by signed bytes into pairs
 // of saturating int16 sums, vpmaddwd with ones widens them to int32. No pair can
-// saturate: |w| <= 128 (Q8_0, after the sign moves to q) or <= 15 (Q4), |q| <= 127,
+// saturate: |w| <= 128 (Q8_0, after the sign moves to q) or <= 31 (Q4, Q5), |q| <= 127,
 // so a pair is at most 2 * 128 * 127 = 32512 < 32767. The integer sums are exact.
 
 // Bit for bit detail::quantize_block_scalar (see avx512::quantize for why).
@@ -530,11 +552,14 @@ TLM_AVX2_FN inline void quantize(const float* x, std::size_t rows, std::size_t c
 }
 
 // The 32 codes of one block in value order: Q4_1 unsigned 0..15, Q4_0 signed -8..7,
-// Q8_0 signed.
+// Q5_1 unsigned 0..31, Q5_0 signed -16..15, Q8_0 signed.
 template <encoding E>
 TLM_AVX2_INLINE inline __m256i codes32(const std::byte* p) {
   if constexpr (E == encoding::q8_0) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+  } else if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
+    const std::byte* qh = p + (E == encoding::q5_1 ? 4 : 2);
+    return q5_codes<E>(qh + 4, qh);
   } else {
     constexpr std::size_t head = E == encoding::q4_1 ? 4 : 2;
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + head));
@@ -548,7 +573,7 @@ TLM_AVX2_INLINE inline __m256i codes32(const std::byte* p) {
 // 32 products summed into 8 int32 lanes; for signed weights the sign moves to q.
 template <encoding E>
 TLM_AVX2_INLINE inline __m256i dot32(__m256i w, __m256i q) {
-  if constexpr (E != encoding::q4_1) {
+  if constexpr (E != encoding::q4_1 && E != encoding::q5_1) {
     q = _mm256_sign_epi8(q, w);
     w = _mm256_abs_epi8(w);
   }
@@ -577,7 +602,7 @@ TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks
       const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + static_cast<std::size_t>(j) * qstride + 32 * b));
       const __m256i s = dot32<E>(w, qv);
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * dj[0]), acc[j]);
-      if constexpr (E == encoding::q4_1) mins[j] += _cvtsh_ss(load_u16(p + 2)) * dj[1];
+      if constexpr (E == encoding::q4_1 || E == encoding::q5_1) mins[j] += _cvtsh_ss(load_u16(p + 2)) * dj[1];
     }
   }
 #pragma GCC unroll 4

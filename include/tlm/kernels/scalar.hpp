@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace tlm::kernels {
@@ -17,10 +18,10 @@ namespace tlm::kernels {
 // How a matrix product treats its activations.
 //   exact: float32 activations, float32 sums of the dequantized weights (the
 //          fidelity the model's logits are checked at: 2e-6 against float64).
-//   fast:  for Q4_0 / Q4_1 / Q8_0 weights, each 32-value block of the activations is
-//          quantized to int8 with its own scale (as llama.cpp's Q8_0 / Q8_1), and the
-//          block dot products are exact integer sums (VNNI where the CPU has it).
-//          Other encodings have no integer path and compute as `exact`.
+//   fast:  for quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K),
+//          each 32-value block of the activations is quantized to int8 with its own
+//          scale (as llama.cpp's Q8_0 / Q8_1), and the block dot products are exact
+//          integer sums (VNNI where the CPU has it). Float weights compute as `exact`.
 enum class precision { exact, fast };
 
 // Activation rows quantized per block of 32 for the fast kernels: value j of block b
@@ -171,15 +172,21 @@ inline void quantize_scalar(const float* x, std::size_t rows, std::size_t cols, 
 }
 
 // The integer dot of one weight block with one quantized activation block, and the
-// block's float term: (d_w * d_x) * isum (+ m * s for Q4_1). Every SIMD level forms
-// the same per-block terms (the integer sum is exact, the two products round alike)
-// and differs from this only in the order the terms are added.
+// block's float term: (d_w * d_x) * isum (+ m * s for Q4_1 / Q5_1). Every SIMD level
+// forms the same per-block terms (the integer sum is exact, the two products round
+// alike) and differs from this only in the order the terms are added.
 inline float block_term_scalar(encoding enc, const std::byte* p, const std::int8_t* q, const float* ds) {
   const auto* u = reinterpret_cast<const std::uint8_t*>(p);
   std::int32_t isum = 0;
   float m_term = 0;
   if (enc == encoding::q8_0) {
     for (std::size_t j = 0; j < 32; ++j) isum += static_cast<std::int8_t>(u[2 + j]) * q[j];
+  } else if (enc == encoding::q5_0 || enc == encoding::q5_1) {
+    const bool has_min = enc == encoding::q5_1;
+    const std::uint8_t* qh = u + (has_min ? 4 : 2);
+    const int off = has_min ? 0 : 16;
+    for (int j = 0; j < 32; ++j) isum += (tlm::detail::q5_code(qh + 4, qh, j) - off) * q[j];
+    if (has_min) m_term = fp16_to_f32(load_u16(p + 2)) * ds[1];
   } else {
     const std::size_t head = enc == encoding::q4_1 ? 4 : 2;
     const int off = enc == encoding::q4_1 ? 0 : 8;
@@ -193,10 +200,64 @@ inline float block_term_scalar(encoding enc, const std::byte* p, const std::int8
   return scale * static_cast<float>(isum) + m_term;
 }
 
+// K-quants against the same per-32 activation blocks (finer than llama.cpp's Q8_K,
+// whose one scale covers 256 values): the 256 values of a super-block are 8 activation
+// blocks. Per block of 32, the term is
+//   Q4_K / Q5_K: (d sc) d_x isum - (dmin m) s_x        (sub-block scale sc, min m)
+//   Q6_K:        (d d_x) (sc_a isum_a + sc_b isum_b)   (two 16-value sub-blocks)
+// with d sc and dmin m exact in float32 (a half times a 6-bit integer) and the integer
+// sums exact; SIMD levels form the same terms and differ only in the order of the adds.
+inline void k_block_term_parts(encoding enc, const std::byte* p, int s, const std::int8_t* q, std::int32_t& isum,
+                               float& dscale, float& mscale) {
+  const auto* u = reinterpret_cast<const std::uint8_t*>(p);
+  isum = 0;
+  if (enc == encoding::q6_k) {
+    block_q6_k blk;
+    std::memcpy(&blk, p, sizeof blk);
+    const int h = s / 4, t = s % 4;
+    std::int32_t part[2] = {0, 0};
+    for (int l = 0; l < 32; ++l) {
+      const int lo = (blk.ql[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 15;
+      const int hi = (blk.qh[32 * h + l] >> (2 * t)) & 3;
+      part[l / 16] += ((lo | (hi << 4)) - 32) * q[l];
+    }
+    isum = blk.scales[2 * s] * part[0] + blk.scales[2 * s + 1] * part[1];
+    dscale = fp16_to_f32(blk.d);
+    mscale = 0;
+    return;
+  }
+  std::uint8_t sc, m;
+  tlm::detail::k_scale_min(u + 4, s, sc, m);
+  const bool five = enc == encoding::q5_k;
+  const std::uint8_t* qs = u + (five ? 48 : 16);
+  for (int l = 0; l < 32; ++l) {
+    int c = (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 15;
+    if (five) c |= ((u[16 + l] >> s) & 1) << 4;
+    isum += c * q[l];
+  }
+  dscale = fp16_to_f32(load_u16(p)) * static_cast<float>(sc);
+  mscale = fp16_to_f32(load_u16(p + 2)) * static_cast<float>(m);
+}
+
+inline float k_block_term_scalar(encoding enc, const std::byte* p, int s, const std::int8_t* q, const float* ds) {
+  std::int32_t isum;
+  float dscale, mscale;
+  k_block_term_parts(enc, p, s, q, isum, dscale, mscale);
+  return (dscale * ds[0]) * static_cast<float>(isum) - mscale * ds[1];
+}
+
+constexpr bool is_k_quant(encoding enc) {
+  return enc == encoding::q4_k || enc == encoding::q5_k || enc == encoding::q6_k;
+}
+
 inline float row_dot_q8_scalar(encoding enc, const std::byte* row, const std::int8_t* q, const float* ds,
                                std::size_t blocks) {
   const std::size_t bb = traits(enc).block_bytes;
   float s = 0;
+  if (is_k_quant(enc)) {
+    for (std::size_t b = 0; b < blocks; ++b) s += k_block_term_scalar(enc, row + b / 8 * bb, static_cast<int>(b % 8), q + 32 * b, ds + 2 * b);
+    return s;
+  }
   for (std::size_t b = 0; b < blocks; ++b) s += block_term_scalar(enc, row + b * bb, q + 32 * b, ds + 2 * b);
   return s;
 }

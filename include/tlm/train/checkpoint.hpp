@@ -106,14 +106,11 @@ inline void write_file_atomic(const std::filesystem::path& path, std::string_vie
 
 // llama.cpp's general.file_type for a model whose matrices are `enc` (norms stay f32).
 inline std::uint32_t llama_file_type(encoding enc) {
-  switch (enc) {
-    case encoding::f32: return 0;
-    case encoding::f16: return 1;
-    case encoding::q4_1: return 3;
-    case encoding::q8_0: return 7;
-    case encoding::bf16: return 32;
-    default: throw error("export: no llama.cpp file type for encoding " + std::string(traits(enc).name) + "; use f32, f16, bf16, q8_0 or q4_1");
+  const auto* r = find_encoding(enc);
+  if (r == nullptr || r->llama_file_type < 0 || !r->writable) {
+    throw error("export: cannot write a model as " + std::string(name(enc)) + "; use one of " + writable_encodings_list());
   }
+  return static_cast<std::uint32_t>(r->llama_file_type);
 }
 
 }  // namespace detail

@@ -1,0 +1,219 @@
+#pragma once
+// AVX2 kernels for the K-quants (Q4_K, Q5_K, Q6_K): 256 values per super-block, in
+// sub-blocks of 32 (Q4_K, Q5_K: a 6-bit scale and min each) or 16 (Q6_K: an 8-bit
+// signed scale each). Layouts: blocks.hpp; the scalar decoder they are tested
+// against: quant.hpp's dequantize_row; the integer reference: kernels/scalar.hpp.
+//
+// Exact mode decodes each sub-block to float32 bit for bit as dequantize_row does
+// (d*sc and dmin*m are exact products of a half and a 6-bit integer, so one FMA with
+// the code rounds once, as the reference's add does) and sums float32 products.
+// Fast mode takes the activations quantized per block of 32 (kernels/scalar.hpp), one
+// block per sub-block of 32, and sums integer products (maddubs, as avx2.hpp).
+#include <tlm/kernels/avx2.hpp>
+
+#ifdef TLM_HAVE_AVX2_KERNELS
+
+#include <tlm/blocks.hpp>
+#include <tlm/encoding.hpp>
+#include <tlm/kernels/scalar.hpp>
+#include <tlm/quant.hpp>
+
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#define TLM_AVX2_FN [[gnu::target("avx2,fma,f16c")]]
+#define TLM_AVX2_INLINE [[gnu::target("avx2,fma,f16c"), gnu::always_inline]]
+
+namespace tlm::kernels::avx2 {
+
+template <encoding E>
+inline constexpr std::size_t k_block_bytes = traits(E).block_bytes;
+
+// The 32 codes of sub-block s (values 32s..32s+31, in order) as bytes: Q4_K 0..15,
+// Q5_K 0..31, Q6_K -32..31.
+template <encoding E>
+TLM_AVX2_INLINE inline __m256i k_codes32(const std::byte* p, int s) {
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  if constexpr (E == encoding::q6_k) {
+    // Value 128h + 32t + l: low bits from ql[64h + 32(t%2) + l] (nibble t/2), high bits
+    // from qh[32h + l] (bits 2t, 2t+1); byte shifts are 16-bit shifts and a mask.
+    const int h = s / 4, t = s % 4;
+    const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32 * (t % 2)));
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
+    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t / 2))), low4);
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+  } else {
+    constexpr std::size_t qs_at = E == encoding::q5_k ? 48 : 16;
+    const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + qs_at + 32 * (s / 2)));
+    __m256i c = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(4 * (s % 2))), low4);
+    if constexpr (E == encoding::q5_k) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+      const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(s)), _mm256_set1_epi8(1));
+      c = _mm256_or_si256(c, _mm256_slli_epi16(bit, 4));
+    }
+    return c;
+  }
+}
+
+// Sub-block s of a Q4_K / Q5_K super-block: d*sc and dmin*m (both exact).
+TLM_AVX2_INLINE inline void k_scales(const std::byte* p, int s, float& dsc, float& dmn) {
+  std::uint8_t sc, m;
+  tlm::detail::k_scale_min(reinterpret_cast<const std::uint8_t*>(p) + 4, s, sc, m);
+  dsc = _cvtsh_ss(load_u16(p)) * static_cast<float>(sc);
+  dmn = _cvtsh_ss(load_u16(p + 2)) * static_cast<float>(m);
+}
+
+// Bytes 8k..8k+7 of 32 signed codes widened to int32.
+TLM_AVX2_INLINE inline void widen32(__m256i c, __m256i (&out)[4]) {
+  const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
+  out[0] = _mm256_cvtepi8_epi32(c0);
+  out[1] = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c0, c0));
+  out[2] = _mm256_cvtepi8_epi32(c1);
+  out[3] = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c1, c1));
+}
+
+// Sub-block s (values 32s..32s+31) decoded to float32, bit for bit dequantize_row.
+template <encoding E>
+TLM_AVX2_INLINE inline void decode_k32(const std::byte* p, int s, __m256 (&w)[4]) {
+  __m256i wide[4];
+  widen32(k_codes32<E>(p, s), wide);
+  if constexpr (E == encoding::q6_k) {
+    const auto* scales = reinterpret_cast<const std::int8_t*>(p + 192);
+    const float d = _cvtsh_ss(load_u16(p + 208));
+    const __m256 da = _mm256_set1_ps(d * static_cast<float>(scales[2 * s]));
+    const __m256 db = _mm256_set1_ps(d * static_cast<float>(scales[2 * s + 1]));
+    w[0] = _mm256_mul_ps(da, _mm256_cvtepi32_ps(wide[0]));
+    w[1] = _mm256_mul_ps(da, _mm256_cvtepi32_ps(wide[1]));
+    w[2] = _mm256_mul_ps(db, _mm256_cvtepi32_ps(wide[2]));
+    w[3] = _mm256_mul_ps(db, _mm256_cvtepi32_ps(wide[3]));
+  } else {
+    float dsc, dmn;
+    k_scales(p, s, dsc, dmn);
+    const __m256 vd = _mm256_set1_ps(dsc), vm = _mm256_set1_ps(-dmn);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[k]), vd, vm);
+  }
+}
+
+template <encoding E>
+TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::size_t cols) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (std::size_t sb = 0; sb < cols / 256; ++sb) {
+    const std::byte* p = row + sb * k_block_bytes<E>;
+    for (int s = 0; s < 8; ++s) {
+      __m256 w[4];
+      decode_k32<E>(p, s, w);
+      const float* xb = x + 256 * sb + 32 * static_cast<std::size_t>(s);
+      a0 = _mm256_fmadd_ps(w[0], load8(xb), a0);
+      a1 = _mm256_fmadd_ps(w[1], load8(xb + 8), a1);
+      a2 = _mm256_fmadd_ps(w[2], load8(xb + 16), a2);
+      a3 = _mm256_fmadd_ps(w[3], load8(xb + 24), a3);
+    }
+  }
+  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+}
+
+template <encoding E>
+TLM_AVX2_FN inline void matvec_rows_k(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
+                                      std::size_t r0, std::size_t r1, std::size_t cols) {
+  for (std::size_t r = r0; r < r1; ++r) y[r] = row_dot_k<E>(w + r * rb, x, cols);
+}
+
+// A whole row to float32, for the prefill GEMM (matmul_rows).
+template <encoding E>
+TLM_AVX2_FN inline void decode_row_k(encoding, const std::byte* row, float* out, std::size_t cols) {
+  for (std::size_t sb = 0; sb < cols / 256; ++sb) {
+    const std::byte* p = row + sb * k_block_bytes<E>;
+    for (int s = 0; s < 8; ++s) {
+      __m256 w[4];
+      decode_k32<E>(p, s, w);
+      float* o = out + 256 * sb + 32 * static_cast<std::size_t>(s);
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) _mm256_storeu_ps(o + 8 * k, w[k]);
+    }
+  }
+}
+
+// ---- Fast mode --------------------------------------------------------------------
+//
+// One weight row against NB quantized activation rows; each sub-block's codes are
+// unpacked once for all of them. Q4_K / Q5_K: unsigned codes times q, the block term
+// (d sc d_x) isum - (dmin m) s_x. Q6_K: signed codes (the sign moves to q, as for
+// Q8_0), and the two 16-value halves of a block of 32 are lanes 0-3 and 4-7 of the
+// widened sums, so one vector [sc_a x4, sc_b x4] applies both scales.
+// No int16 pair saturates: |code| <= 32, |q| <= 127.
+template <encoding E, int NB>
+TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, std::size_t blocks, const std::int8_t* q,
+                                       std::size_t qstride, const float* ds, std::size_t dstride, float* out) {
+  __m256 acc[NB];
+  float mins[NB];
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) {
+    acc[j] = _mm256_setzero_ps();
+    mins[j] = 0;
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* p = row + b / 8 * k_block_bytes<E>;
+    const int s = static_cast<int>(b % 8);
+    __m256i w = k_codes32<E>(p, s);
+    __m256 scale;
+    float dmn = 0;
+    if constexpr (E == encoding::q6_k) {
+      const auto* scales = reinterpret_cast<const std::int8_t*>(p + 192);
+      const float sa = static_cast<float>(scales[2 * s]), sb = static_cast<float>(scales[2 * s + 1]);
+      scale = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p + 208))), _mm256_setr_ps(sa, sa, sa, sa, sb, sb, sb, sb));
+    } else {
+      float dsc;
+      k_scales(p, s, dsc, dmn);
+      scale = _mm256_set1_ps(dsc);
+    }
+    const __m256i wabs = E == encoding::q6_k ? _mm256_abs_epi8(w) : w;
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const float* dj = ds + static_cast<std::size_t>(j) * dstride + 2 * b;
+      __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + static_cast<std::size_t>(j) * qstride + 32 * b));
+      if constexpr (E == encoding::q6_k) qv = _mm256_sign_epi8(qv, w);
+      const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, qv), ones);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(dj[0])), acc[j]);
+      if constexpr (E != encoding::q6_k) mins[j] += dmn * dj[1];
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) out[j] = hsum(acc[j]) - mins[j];
+}
+
+template <encoding E>
+TLM_AVX2_FN inline void matvec_q8_k(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                    std::size_t r0, std::size_t r1, std::size_t) {
+  for (std::size_t r = r0; r < r1; ++r) row_dots_k<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+}
+
+template <encoding E>
+TLM_AVX2_FN inline void matmul_q8_k(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                    std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
+  const std::size_t nb = x.blocks, qs = nb * 32, dss = nb * 2;
+  float out[4];
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::byte* row = w + r * rb;
+    std::size_t b = 0;
+    for (; b + 4 <= x.rows; b += 4) {
+      row_dots_k<E, 4>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
+      for (std::size_t j = 0; j < 4; ++j) y[(b + j) * rows + r] = out[j];
+    }
+    for (; b < x.rows; ++b) {
+      row_dots_k<E, 1>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
+      y[b * rows + r] = out[0];
+    }
+  }
+}
+
+}  // namespace tlm::kernels::avx2
+
+#undef TLM_AVX2_FN
+#undef TLM_AVX2_INLINE
+
+#endif

@@ -143,6 +143,7 @@ constexpr void set_avx2_fast(kernel_table& k) {
 template <encoding E>
 constexpr void set_avx2_k(kernel_table& k) {
   k.matvec[slot_of<E>] = &avx2::matvec_rows_k<E>;
+  k.prepare[slot_of<E>] = E == encoding::q6_k ? nullptr : &avx2::prepare_k_x;
   k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row_k<E>>;
   k.matvec_q8[slot_of<E>] = &avx2::matvec_q8_k<E>;
   k.matmul_q8[slot_of<E>] = &avx2::matmul_q8_k<E>;

@@ -20,8 +20,11 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #define TLM_AVX2_FN [[gnu::target("avx2,fma,f16c")]]
 #define TLM_AVX2_INLINE [[gnu::target("avx2,fma,f16c"), gnu::always_inline]]
@@ -98,24 +101,131 @@ TLM_AVX2_INLINE inline void decode_k32(const std::byte* p, int s, __m256 (&w)[4]
   }
 }
 
-template <encoding E>
-TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::size_t cols) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  for (std::size_t sb = 0; sb < cols / 256; ++sb) {
-    const std::byte* p = row + sb * k_block_bytes<E>;
-    for (int s = 0; s < 8; ++s) {
-      __m256 w[4];
-      decode_k32<E>(p, s, w);
-      const float* xb = x + 256 * sb + 32 * static_cast<std::size_t>(s);
-      a0 = _mm256_fmadd_ps(w[0], load8(xb), a0);
-      a1 = _mm256_fmadd_ps(w[1], load8(xb + 8), a1);
-      a2 = _mm256_fmadd_ps(w[2], load8(xb + 16), a2);
-      a3 = _mm256_fmadd_ps(w[3], load8(xb + 24), a3);
-    }
-  }
-  return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+// ---- Exact matvec (decode) -----------------------------------------------------------
+//
+// As avx2.hpp's Q4 matvec, the scales are factored out of each sub-block's sum instead
+// of decoding every weight: sum_l (dsc c_l - dmn) x_l = dsc (c . x) - dmn sum(x), with
+// sum(x) of every block of 32 computed once per matvec (prepare_k_x), and the mins of a
+// super-block applied by one 8-lane multiply-add. Q6_K's codes are centred (c - 32), so
+// it has no min; its two 16-value halves take their own scale. The same sum in another
+// order than dequantize_row's (within the tolerance of tests/test_kernels.cpp).
+
+// The 8 sub-block scales d*sc and mins dmin*m of a Q4_K / Q5_K super-block (exact: a
+// half times a 6-bit integer). The 6-bit fields unpacked four at a time from the three
+// little-endian words of `scales` (layout: detail::k_scale_min).
+TLM_AVX2_INLINE inline void k_scales8(const std::byte* p, __m256& dsc, __m256& dmn) {
+  std::uint32_t a, b, c;
+  std::memcpy(&a, p + 4, 4);
+  std::memcpy(&b, p + 8, 4);
+  std::memcpy(&c, p + 12, 4);
+  const std::uint32_t sc_lo = a & 0x3f3f3f3fu, m_lo = b & 0x3f3f3f3fu;
+  const std::uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+  const std::uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+  const __m128i sc = _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), 0, 0);
+  const __m128i m = _mm_setr_epi32(static_cast<int>(m_lo), static_cast<int>(m_hi), 0, 0);
+  dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), _mm256_set1_ps(_cvtsh_ss(load_u16(p))));
+  dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)), _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))));
 }
 
+// The 16 scales d*sc of a Q6_K super-block (exact: a half times an 8-bit integer).
+TLM_AVX2_INLINE inline void q6_scales16(const std::byte* p, float (&out)[16]) {
+  const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+  const __m256 d = _mm256_set1_ps(_cvtsh_ss(load_u16(p + 208)));
+  _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)), d));
+  _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))), d));
+}
+
+// The codes of sub-blocks 2i and 2i+1 of a Q4_K / Q5_K super-block (values in order).
+template <encoding E>
+TLM_AVX2_INLINE inline void k_code_pair(const std::byte* p, int i, __m256i qh, __m256i& lo, __m256i& hi) {
+  constexpr std::size_t qs_at = E == encoding::q5_k ? 48 : 16;
+  const __m256i low4 = _mm256_set1_epi8(0x0f);
+  const __m256i qs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + qs_at + 32 * i));
+  lo = _mm256_and_si256(qs, low4);
+  hi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), low4);
+  if constexpr (E == encoding::q5_k) {
+    const __m256i one = _mm256_set1_epi8(1);
+    const __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * i)), one);
+    const __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * i + 1)), one);
+    lo = _mm256_or_si256(lo, _mm256_slli_epi16(b0, 4));
+    hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
+  }
+  (void)qh;
+}
+
+// sum_l c_l x_l over 32 codes in 8 lanes, the four groups of 8 kept apart (Q6_K's two
+// halves are groups 0-1 and 2-3).
+TLM_AVX2_INLINE inline void codes_times_x(__m256i c, const float* x, __m256 (&t)[4]) {
+  __m256i wide[4];
+  widen32(c, wide);
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) t[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(wide[k]), load8(x + 8 * k));
+}
+
+// x [cols], then the sum of each block of 32 [cols / 32], for Q4_K / Q5_K's mins.
+inline void prepare_k_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
+  const std::size_t blocks = cols / 32;
+  prepared.resize(cols + blocks);  // [cols] x, then [blocks] sums
+  std::copy(x, x + cols, prepared.begin());
+  for (std::size_t b = 0; b < blocks; ++b) {
+    float t = 0;
+    for (std::size_t i = 0; i < 32; ++i) t += x[32 * b + i];
+    prepared[cols + b] = t;
+  }
+}
+
+template <encoding E>
+TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::size_t cols) {
+  __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+  const float* xsum = x + cols;  // [cols / 32] (prepare_k_x; unused for Q6_K)
+  for (std::size_t sb = 0; sb < cols / 256; ++sb) {
+    const std::byte* p = row + sb * k_block_bytes<E>;
+    const float* xs = x + 256 * sb;
+    if constexpr (E == encoding::q6_k) {
+      float scales[16];
+      q6_scales16(p, scales);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) {
+          const __m256i ql = t % 2 ? ql1 : ql0;
+          const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (t / 2)), _mm256_set1_epi8(0x0f));
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), _mm256_set1_epi8(3));
+          const __m256i c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+          const int s = 4 * h + t;
+          __m256 v[4];
+          codes_times_x(c, xs + 32 * s, v);
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * s]), _mm256_add_ps(v[0], v[1]), acc);
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * s + 1]), _mm256_add_ps(v[2], v[3]), acc);
+        }
+      }
+    } else {
+      __m256 dsc, dmn;
+      k_scales8(p, dsc, dmn);
+      mins = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xsum + 8 * sb), mins);
+      float scales[8];
+      _mm256_storeu_ps(scales, dsc);
+      const __m256i qh = E == encoding::q5_k ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))
+                                             : _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        __m256i lo, hi;
+        k_code_pair<E>(p, i, qh, lo, hi);
+        __m256 v[4], u[4];
+        codes_times_x(lo, xs + 64 * i, v);
+        codes_times_x(hi, xs + 64 * i + 32, u);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * i]), _mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * i + 1]), _mm256_add_ps(_mm256_add_ps(u[0], u[1]), _mm256_add_ps(u[2], u[3])), acc);
+      }
+    }
+  }
+  return hsum(acc) - hsum(mins);
+}
+
+// x: prepare_k_x's output for Q4_K / Q5_K, x itself for Q6_K.
 template <encoding E>
 TLM_AVX2_FN inline void matvec_rows_k(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                       std::size_t r0, std::size_t r1, std::size_t cols) {
@@ -145,6 +255,22 @@ TLM_AVX2_FN inline void decode_row_k(encoding, const std::byte* row, float* out,
 // Q8_0), and the two 16-value halves of a block of 32 are lanes 0-3 and 4-7 of the
 // widened sums, so one vector [sc_a x4, sc_b x4] applies both scales.
 // No int16 pair saturates: |code| <= 32, |q| <= 127.
+// Sub-block codes c against activation block b of each of the NB rows:
+// acc[j] += (isum lanes) * scale * d_x.
+template <encoding E, int NB>
+TLM_AVX2_INLINE inline void k_add(__m256 (&acc)[NB], __m256i c, std::size_t b, __m256 scale, const std::int8_t* q,
+                                  std::size_t qstride, const float* ds, std::size_t dstride) {
+  const __m256i cabs = E == encoding::q6_k ? _mm256_abs_epi8(c) : c;
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) {
+    const float dx = ds[static_cast<std::size_t>(j) * dstride + 2 * b];
+    __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + static_cast<std::size_t>(j) * qstride + 32 * b));
+    if constexpr (E == encoding::q6_k) qv = _mm256_sign_epi8(qv, c);
+    const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(cabs, qv), _mm256_set1_epi16(1));
+    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), acc[j]);
+  }
+}
+
 template <encoding E, int NB>
 TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, std::size_t blocks, const std::int8_t* q,
                                        std::size_t qstride, const float* ds, std::size_t dstride, float* out) {
@@ -155,31 +281,50 @@ TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, std::size_t blocks,
     acc[j] = _mm256_setzero_ps();
     mins[j] = 0;
   }
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (std::size_t b = 0; b < blocks; ++b) {
-    const std::byte* p = row + b / 8 * k_block_bytes<E>;
-    const int s = static_cast<int>(b % 8);
-    __m256i w = k_codes32<E>(p, s);
-    __m256 scale;
-    float dmn = 0;
+  for (std::size_t sb = 0; sb < blocks / 8; ++sb) {
+    const std::byte* p = row + sb * k_block_bytes<E>;
+    const std::size_t b0 = 8 * sb;
     if constexpr (E == encoding::q6_k) {
-      const auto* scales = reinterpret_cast<const std::int8_t*>(p + 192);
-      const float sa = static_cast<float>(scales[2 * s]), sb = static_cast<float>(scales[2 * s + 1]);
-      scale = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(load_u16(p + 208))), _mm256_setr_ps(sa, sa, sa, sa, sb, sb, sb, sb));
-    } else {
-      float dsc;
-      k_scales(p, s, dsc, dmn);
-      scale = _mm256_set1_ps(dsc);
-    }
-    const __m256i wabs = E == encoding::q6_k ? _mm256_abs_epi8(w) : w;
+      float scales[16];
+      q6_scales16(p, scales);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) {
-      const float* dj = ds + static_cast<std::size_t>(j) * dstride + 2 * b;
-      __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + static_cast<std::size_t>(j) * qstride + 32 * b));
-      if constexpr (E == encoding::q6_k) qv = _mm256_sign_epi8(qv, w);
-      const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, qv), ones);
-      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(dj[0])), acc[j]);
-      if constexpr (E != encoding::q6_k) mins[j] += dmn * dj[1];
+        for (int t = 0; t < 4; ++t) {
+          const __m256i ql = t % 2 ? ql1 : ql0;
+          const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (t / 2)), _mm256_set1_epi8(0x0f));
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), _mm256_set1_epi8(3));
+          const __m256i c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+          const int s = 4 * h + t;
+          // Lanes 0-3 hold the sums of values 0-15 (scale 2s), lanes 4-7 of 16-31.
+          const __m256 scale = _mm256_set_m128(_mm_set1_ps(scales[2 * s + 1]), _mm_set1_ps(scales[2 * s]));
+          k_add<E, NB>(acc, c, b0 + static_cast<std::size_t>(s), scale, q, qstride, ds, dstride);
+        }
+      }
+    } else {
+      __m256 dsc, dmn;
+      k_scales8(p, dsc, dmn);
+      float scales[8], mn[8];
+      _mm256_storeu_ps(scales, dsc);
+      _mm256_storeu_ps(mn, dmn);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        const float* dj = ds + static_cast<std::size_t>(j) * dstride + 2 * b0;
+        for (int s = 0; s < 8; ++s) mins[j] += mn[s] * dj[2 * s + 1];
+      }
+      const __m256i qh = E == encoding::q5_k ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))
+                                             : _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        __m256i lo, hi;
+        k_code_pair<E>(p, i, qh, lo, hi);
+        k_add<E, NB>(acc, lo, b0 + 2 * static_cast<std::size_t>(i), _mm256_set1_ps(scales[2 * i]), q, qstride, ds, dstride);
+        k_add<E, NB>(acc, hi, b0 + 2 * static_cast<std::size_t>(i) + 1, _mm256_set1_ps(scales[2 * i + 1]), q, qstride, ds,
+                     dstride);
+      }
     }
   }
 #pragma GCC unroll 4

@@ -153,13 +153,13 @@ TLM_AVX2_INLINE inline void k_code_pair(const std::byte* p, int i, __m256i qh, _
   (void)qh;
 }
 
-// sum_l c_l x_l over 32 codes in 8 lanes, the four groups of 8 kept apart (Q6_K's two
-// halves are groups 0-1 and 2-3).
-TLM_AVX2_INLINE inline void codes_times_x(__m256i c, const float* x, __m256 (&t)[4]) {
+// sum_l c_l x_l over the 32 codes of a sub-block, in 8 lanes: the first half (values
+// 0-15) in `a`, the second (16-31) in `b` (Q6_K scales the halves apart).
+TLM_AVX2_INLINE inline void codes_times_x(__m256i c, const float* x, __m256& a, __m256& b) {
   __m256i wide[4];
   widen32(c, wide);
-#pragma GCC unroll 4
-  for (int k = 0; k < 4; ++k) t[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(wide[k]), load8(x + 8 * k));
+  a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[1]), load8(x + 8), _mm256_mul_ps(_mm256_cvtepi32_ps(wide[0]), load8(x)));
+  b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[3]), load8(x + 24), _mm256_mul_ps(_mm256_cvtepi32_ps(wide[2]), load8(x + 16)));
 }
 
 // x [cols], then the sum of each block of 32 [cols / 32], for Q4_K / Q5_K's mins.
@@ -196,10 +196,10 @@ TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::si
           const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), _mm256_set1_epi8(3));
           const __m256i c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
           const int s = 4 * h + t;
-          __m256 v[4];
-          codes_times_x(c, xs + 32 * s, v);
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * s]), _mm256_add_ps(v[0], v[1]), acc);
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * s + 1]), _mm256_add_ps(v[2], v[3]), acc);
+          __m256 ta, tb;
+          codes_times_x(c, xs + 32 * s, ta, tb);
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * s]), ta, acc);
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * s + 1]), tb, acc);
         }
       }
     } else {
@@ -214,11 +214,11 @@ TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::si
       for (int i = 0; i < 4; ++i) {
         __m256i lo, hi;
         k_code_pair<E>(p, i, qh, lo, hi);
-        __m256 v[4], u[4];
-        codes_times_x(lo, xs + 64 * i, v);
-        codes_times_x(hi, xs + 64 * i + 32, u);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * i]), _mm256_add_ps(_mm256_add_ps(v[0], v[1]), _mm256_add_ps(v[2], v[3])), acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * i + 1]), _mm256_add_ps(_mm256_add_ps(u[0], u[1]), _mm256_add_ps(u[2], u[3])), acc);
+        __m256 va, vb, ua, ub;
+        codes_times_x(lo, xs + 64 * i, va, vb);
+        codes_times_x(hi, xs + 64 * i + 32, ua, ub);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * i]), _mm256_add_ps(va, vb), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * i + 1]), _mm256_add_ps(ua, ub), acc);
       }
     }
   }

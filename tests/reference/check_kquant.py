@@ -18,10 +18,13 @@ Checks, per file:
      max|ours - ref| / max|ref| <= 3.5e-6 at every position over the full vocabulary,
      and the same argmax;
   3. fast mode (int8 activations): the same logits within 0.125 of the largest
-     logit (the bound the Q4_1 file is held to in tests/test_model_logits.cpp), the
-     figures printed;
-  4. greedy: 32 tokens on 3 prompts identical to llama.cpp's on the same file, and
-     to the float64 reference's.
+     logit (the bound the Q4_1 file is held to in tests/test_model_logits.cpp) and the
+     argmax equal on at least 90% of the positions;
+  4. greedy: 32 tokens on 3 prompts identical to the float64 reference's; llama.cpp on
+     the same file is run beside it. Where its greedy tokens part from the reference's
+     (its int8 activations flip near-ties), its logits at that step, teacher-forced on the
+     shared prefix, must be within 0.125 of the largest logit of the reference's (the
+     bound of that arithmetic), so a flip is its rounding, not a different model.
 
 Then rows of 2048 and 8192 (every matrix a K-quant, no fallback): the 1.7B shape cut
 to its first 2 blocks (synth_model --layers 2, Q8_0, the real tokenizer section),
@@ -53,11 +56,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import ref_forward as rf  # noqa: E402
 from make_forward_fixtures import read_fixture  # noqa: E402
-from llamacpp_ref import llama_greedy  # noqa: E402
+from llamacpp_ref import llama_greedy, llama_logits  # noqa: E402
 
 FIXTURES = HERE.parent / "fixtures" / "forward"
 REL_TOL = 3.5e-6
 FAST_TOL = 0.125
+FAST_ARGMAX = 0.9  # share of positions whose fast-mode argmax is the reference's
 N_PROMPTS = 3
 N_GREEDY = 32
 TIMEOUT_S = 600
@@ -191,30 +195,51 @@ def main(argv=None) -> int:
                     failures.append(f"{ftype} prompt {p}: exact argmax differs at positions {bad.tolist()}")
                 if rel_fast.max() > FAST_TOL:
                     failures.append(f"{ftype} prompt {p}: fast logits {rel_fast.max():.3e} of the largest, above {FAST_TOL}")
+        if positions and fast_argmax < FAST_ARGMAX * positions:
+            failures.append(f"{ftype}: fast argmax equal on {fast_argmax} of {positions} positions, "
+                            f"below {FAST_ARGMAX:.0%}")
         print(f"   logits over {positions} positions x full vocabulary: exact worst {worst_exact:.2e} "
               f"(tolerance {REL_TOL:g}); fast worst {worst_fast:.3f} (bound {FAST_TOL}), "
               f"fast argmax {fast_argmax}/{positions}  [{time.time() - t0:.1f} s]")
 
         llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=os.cpu_count() or 1,
                               verbose=False)
+        agree = 0
         for p, toks in enumerate(greedy_prompts):
             ours = tlm_greedy(exe, path, toks, N_GREEDY)
             theirs = llama_greedy(llm, toks, N_GREEDY)
             exact_ref, margins, _ = ref.greedy(toks, N_GREEDY)
             n = len(ours)
-            # The generator stops early at an end-of-generation token; compare what it produced.
-            same_llama = ours == theirs[:n]
-            same_ref = ours == list(exact_ref[:n])
-            k = next((i for i in range(n) if ours[i] != theirs[i]), None)
-            note = "" if same_llama else f" (first difference with llama.cpp at {k}, reference margin {margins[k]:.4f})"
-            print(f"   greedy prompt {p}: {n} tokens; llama.cpp {'same' if same_llama else 'DIFFERENT'}, "
-                  f"float64 {'same' if same_ref else 'DIFFERENT'}{note}")
             if n == 0:
                 failures.append(f"{ftype} greedy prompt {p}: no tokens generated")
-            if not same_llama:
-                failures.append(f"{ftype} greedy prompt {p}: tlm {ours} vs llama.cpp {theirs[:n]}")
-            if not same_ref:
+                continue
+            # The generator stops early at an end-of-generation token; compare what it produced.
+            if ours != list(exact_ref[:n]):
                 failures.append(f"{ftype} greedy prompt {p}: tlm {ours} vs float64 {list(exact_ref[:n])}")
+            k = next((i for i in range(n) if ours[i] != theirs[i]), None)
+            if k is None:
+                agree += 1
+                print(f"   greedy prompt {p}: {n} tokens, equal to float64's and llama.cpp's")
+                continue
+            # llama.cpp parts from the reference here. Its int8 activations move every logit
+            # (README: up to 9e-2 of the largest); where they move it by more than the
+            # reference's margin, the argmax flips. Judged: the flip is within llama.cpp's
+            # arithmetic error at that very position, and that error within its bound.
+            prefix = toks + ours[:k]
+            want = ref.prompt_logits(prefix)[-1]
+            got = llama_logits(llm, prefix)[-1]
+            err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+            # llama.cpp is not consistent with itself there either: its batched evaluation of
+            # the same prefix may pick another token than its token-by-token decode did.
+            same_batched = "the reference's" if int(np.argmax(got)) == ours[k] else (
+                "its decode's" if int(np.argmax(got)) == theirs[k] else "a third")
+            print(f"   greedy prompt {p}: {n} tokens, equal to float64's; llama.cpp parts at step {k} "
+                  f"(reference margin {margins[k]:.4f}, llama.cpp's logit error there {err:.3f} of the largest; "
+                  f"its batched prefill of the prefix picks {same_batched} token)")
+            if err > FAST_TOL:
+                failures.append(f"{ftype} greedy prompt {p}: llama.cpp's logit error {err:.3f} at step {k} is above {FAST_TOL}: "
+                                f"not the int8-activation difference, look at the file")
+        print(f"   greedy: {len(greedy_prompts)} prompts equal to float64; {agree} of them also to llama.cpp for the whole run")
         del llm, ref
 
     for ftype in [t.strip() for t in args.synth_types.split(",") if t.strip()]:

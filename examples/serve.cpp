@@ -373,6 +373,15 @@ class server {
                                             const httplib::ContentReader& reader) { handle(req, res, reader, true); });
     svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
                                        const httplib::ContentReader& reader) { handle(req, res, reader, false); });
+    // Any other request with a body is answered 404 (by the error handler) without reading
+    // it: httplib would otherwise read a chunked body of any size into memory first.
+    const auto unknown = [](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
+      res.status = 404;
+    };
+    svr.Post(R"(/.*)", unknown);
+    svr.Put(R"(/.*)", unknown);
+    svr.Patch(R"(/.*)", unknown);
+    svr.Delete(R"(/.*)", unknown);
   }
 
  private:

@@ -2,7 +2,8 @@
 a cost out of proportion before): a response_format schema nested 20,000 levels deep and
 an unsupported key nested 120,000 levels (a stack overflow), a schema too deep or too big
 for tlm (refused before it is compiled, in milliseconds), chunked and length-less bodies
-over --max-body (413 at the limit, not read whole), a Content-Length over it (413). A JSON
+over --max-body (413 at the limit, not read whole), a Content-Length over it (413), a
+chunked body to a path with no endpoint (404, not read). A JSON
 body sent with curl's default form Content-Type is read as JSON; multipart is refused."""
 import json
 import select
@@ -107,6 +108,11 @@ with server(args.build, args.model, "--slots", "1", "--threads", "1", "--max-tok
     line, sent, answer = streamed_body(port, head, chunked=False)
     assert line.endswith("413 Payload Too Large") and sent < 1 << 20, (line, sent)
     print(f"length-less body: {line!r} after {sent} bytes sent")
+    # A path with no endpoint: 404 without reading the body (httplib read it whole).
+    for method in [b"POST", b"PUT", b"DELETE"]:
+        head = method + b" /v1/nothing HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        line, sent, answer = streamed_body(port, head, chunked=True)
+        assert line.endswith("404 Not Found") and b'"code":"not_found"' in answer and sent < 1 << 20, (method, line, sent)
     status, r = request(port, "POST", "/v1/completions", json.dumps(GOOD).encode() + b" " * 200000)
     assert status == 413 and r["error"]["code"] == "request_too_large", (status, r)
     status, r = request(port, "POST", "/v1/completions", GOOD)

@@ -683,8 +683,8 @@ class server {
   }
 
   static api_error cut_short(const tlm::generation_result& r) {
-    return api_error(503, fmt::format("the server is shutting down: the reply was cut short after {} tokens; send the "
-                                      "request again once it is back", r.ids.size()),
+    return api_error(503, fmt::format("the server is shutting down: the reply was cut short after {} token{}; send the "
+                                      "request again once it is back", r.ids.size(), r.ids.size() == 1 ? "" : "s"),
                      {}, "server_shutting_down", "server_error");
   }
 

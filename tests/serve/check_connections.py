@@ -2,7 +2,7 @@
 2 s do not starve /health or a completion; a connection that sends nothing is closed
 after --read-timeout; on SIGTERM a stream being generated ends with an error event
 (no finish_reason, no [DONE]), a non-streamed one gets 503, a queued one 503, and the
-server exits 0. Also: the Bearer scheme in any case, CORS (--cors) and OPTIONS,
+server exits 0; --max-connections. Also: the Bearer scheme in any case, CORS (--cors) and OPTIONS,
 unguessable request ids, the "model" field not checked, --host ::1 printed as a URL."""
 import http.client
 import json
@@ -104,10 +104,33 @@ with server(args.build, args.model, "--threads", "1", "--slots", "1") as port:
     assert r.status == 204 and r.getheader("Access-Control-Allow-Origin") is None, (r.status, r.getheaders())
     conn.close()
 
-with server_process(args.build, args.model, "--threads", "1", "--slots", "1", host="::1") as (port, _):
-    status, health = request(port, "GET", "/health", host="::1")
-    assert status == 200 and health["status"] == "ok", health
+with server_process(args.build, args.model, "--threads", "1", "--slots", "1", "--cors", "*", host="::1") as (port, _):
+    conn = http.client.HTTPConnection("::1", port, timeout=30)
+    conn.request("GET", "/health", headers={"Origin": "https://any.example"})
+    r = conn.getresponse()
+    health = json.loads(r.read())
+    assert r.status == 200 and health["status"] == "ok" and r.getheader("Access-Control-Allow-Origin") == "*", health
+    conn.close()
     print(f"--host ::1 printed as http://[::1]:{port}")
+
+# --max-connections 2: two silent connections hold both threads, so /health waits until
+# one of them closes.
+with server(args.build, args.model, "--threads", "1", "--slots", "1", "--max-connections", "2") as port:
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    for s in held:
+        s.sendall(b"GET /health HTTP/1.1\r\n")
+    time.sleep(0.3)
+    answers = {}
+    waiting = threading.Thread(target=lambda: answers.update(health=request(port, "GET", "/health", timeout=20)))
+    waiting.start()
+    time.sleep(1)
+    assert "health" not in answers, answers
+    t0 = time.monotonic()
+    held[0].close()
+    waiting.join()
+    assert answers["health"][0] == 200 and time.monotonic() - t0 < 3, answers
+    held[1].close()
+    print("--max-connections 2: a third connection waited for one to close")
 
 
 def open_stream(port, body):
@@ -142,6 +165,8 @@ try:
     queued = threading.Thread(target=ask, args=("queued", COMPLETION))
     queued.start()
     wait_until(lambda: request(port, "GET", "/health")[1]["queued"] == 1, 10, "a request queued")
+    while got.count(b"data: ") < 3:  # the stream is under way: a cut, not a refusal
+        got += s.recv(65536)
     t0 = time.monotonic()
     proc.terminate()
     while True:
@@ -163,7 +188,8 @@ try:
     for name in ["running", "queued"]:
         status, r = answers[name]
         assert status == 503 and r["error"]["code"] == "server_shutting_down", (name, status, r)
-    print(f"SIGTERM: the stream ended with {last['error']['message']!r}; running and queued requests 503; "
+    print(f"SIGTERM: the stream ended, after {len(events) - 2} text events, with {last['error']['message']!r}; "
+          f"running and queued requests 503; "
           f"exit 0 after {stopped:.2f} s")
 finally:
     if proc.poll() is None:

@@ -2,6 +2,7 @@
 //
 //   serve [--model PATH] [--config NAME] [--host ADDR] [--port N] [--slots N] [--threads T]
 //         [--queue N] [--ctx N] [--max-tokens N] [--max-body BYTES] [--api-key KEY] [--name ID]
+//         [--cors ORIGIN] [--max-connections N] [--read-timeout S]
 //
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true as
 // server-sent events), GET /v1/models, GET /health. Requests run on a fixed number of
@@ -21,13 +22,19 @@
 #include <nlohmann/json.hpp>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/random.h>
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cctype>
+#include <cerrno>
 #include <condition_variable>
+#include <deque>
+#include <functional>
 #include <csignal>
 #include <cstdint>
 #include <ctime>
@@ -65,7 +72,14 @@ constexpr std::string_view usage_format = R"(usage: serve [options]
   --max-body BYTES   the largest request body (default 1048576); larger ones get 413
   --api-key KEY      require "Authorization: Bearer KEY" on every endpoint but /health (else 401);
                      also read from $TLM_API_KEY
-  --name ID          the model id reported by /v1/models and in responses (default: the file's stem)
+  --name ID          the model id reported by /v1/models and in responses (default: the file's stem);
+                     a request's "model" field is not checked against it
+  --cors ORIGIN      answer browsers from ORIGIN (repeatable; * for any) with CORS headers
+                     and preflight OPTIONS requests (default: no CORS headers)
+  --max-connections N  open connections served at once, one thread each (default 256); more
+                     wait until one closes
+  --read-timeout S   a connection that sends nothing for S seconds while its request is
+                     read is closed (default 10)
   -h, --help         this text
 Sampling defaults follow OpenAI's: temperature 1, top_p 1, no penalties, a random seed.
 Extensions accepted in a request: top_k, min_p, repeat_penalty.
@@ -80,7 +94,9 @@ struct usage_error : std::runtime_error {
 
 struct options {
   std::string model, config = "smollm2_135m", host = "127.0.0.1", api_key, name;
-  std::size_t port = 8080, slots = 2, threads = 0, queue = 32, ctx = 4096, max_tokens = 1024, max_body = 1 << 20;
+  std::vector<std::string> cors;
+  std::size_t port = 8080, slots = 2, threads = 0, queue = 32, ctx = 4096, max_tokens = 1024, max_body = 1 << 20,
+              max_connections = 256, read_timeout = 10;
 };
 
 std::uint64_t to_whole(std::string_view flag, const std::string& v, std::uint64_t lo, std::uint64_t hi) {
@@ -123,6 +139,11 @@ options parse(int argc, char** argv) {
       o.api_key = value();
       if (o.api_key.empty()) fail("--api-key needs a non-empty key; leave the option out to serve without one");
     } else if (a == "--name") o.name = value();
+    else if (a == "--cors") {
+      o.cors.push_back(value());
+      if (o.cors.back().empty()) fail("--cors needs an origin such as https://example.com, or * for any");
+    } else if (a == "--max-connections") o.max_connections = to_whole(a, value(), 1, 100000);
+    else if (a == "--read-timeout") o.read_timeout = to_whole(a, value(), 1, 3600);
     else fail(fmt::format("unknown option '{}'\n{}", a, usage()));
   }
   if (!tlm::shipped_configs::contains(o.config))
@@ -169,6 +190,38 @@ bool same_key(std::string_view given, std::string_view expected) {
   }
   return diff == 0;
 }
+
+// The key of "Authorization: Bearer KEY", or nothing. The scheme's name is
+// case-insensitive (RFC 9110, 11.1), and clients send "bearer" as well as "Bearer".
+std::optional<std::string_view> bearer_token(std::string_view auth) {
+  constexpr std::string_view scheme = "bearer";
+  if (auth.size() <= scheme.size() || auth[scheme.size()] != ' ') return std::nullopt;
+  for (std::size_t i = 0; i < scheme.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(auth[i])) != scheme[i]) return std::nullopt;
+  auth.remove_prefix(scheme.size());
+  while (!auth.empty() && auth.front() == ' ') auth.remove_prefix(1);
+  return auth;
+}
+
+// A request id nobody can guess from another (sequential ids tell how busy the server
+// is and name other users' requests): 128 bits from the kernel's generator.
+std::string random_id(std::string_view prefix) {
+  unsigned char bytes[16];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n > 0) got += static_cast<std::size_t>(n);
+    else if (errno != EINTR) throw std::runtime_error("getrandom failed; the kernel gives no random bytes");
+  }
+  std::string id(prefix);
+  id += '-';
+  for (const unsigned char b : bytes) id += fmt::format("{:02x}", b);
+  return id;
+}
+
+// Requests nest a few levels (messages, content parts, a schema of up to 8 levels);
+// deeper JSON is refused before it is parsed, so nothing later recurses over it.
+constexpr std::size_t max_body_depth = 64;
 
 // The fields of a request, checked one by one so that a wrong type names its field.
 struct request_reader {
@@ -232,23 +285,33 @@ class server {
       slots_.push_back(std::move(s));
     }
     tok_ = std::make_unique<tlm::tokenizer>(tlm::tokenizer::from_gguf(slots_[0]->m.file()));
-    const auto& f = slots_[0]->m.file();
-    template_ = f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template") : std::string();
+    for (auto& sl : slots_) sl->gen.emplace(sl->m, *tok_);
+    // Counts a conversation's positions before a slot is taken; it never runs the model
+    // (its cache of one position is never used).
+    counter_ = std::make_unique<tlm::chat_session<C>>(slots_[0]->m, *tok_, 1);
     created_ = static_cast<std::int64_t>(std::time(nullptr));
   }
 
-  // Ends the running generations at their next token.
-  void stop() { stopping_ = true; }
+  // Ends the running generations at their next token, and refuses the queued requests.
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    freed_.notify_all();
+  }
 
   void routes(httplib::Server& svr) {
+    // A body with a Content-Length over the limit is refused by httplib; chunked and
+    // length-less bodies are counted while they are read (read_body).
     svr.set_payload_max_length(o_.max_body);
     svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-      const std::string auth = req.get_header_value("Authorization");
-      const std::string_view prefix = "Bearer ";
-      const bool ok = auth.size() >= prefix.size() && std::string_view(auth).substr(0, prefix.size()) == prefix &&
-                      same_key(std::string_view(auth).substr(prefix.size()), o_.api_key);
-      if (ok) return httplib::Server::HandlerResponse::Unhandled;
+      // A browser's preflight carries no credentials, so OPTIONS needs no key.
+      if (o_.api_key.empty() || req.path == "/health" || req.method == "OPTIONS")
+        return httplib::Server::HandlerResponse::Unhandled;
+      const std::string auth = req.get_header_value("Authorization");  // outlives the view bearer_token returns
+      const auto key = bearer_token(auth);
+      if (key && same_key(*key, o_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
       send_error(res, api_error(401, "missing or wrong API key; send the header 'Authorization: Bearer KEY' with the key "
                                      "the server was started with (--api-key)",
                                 {}, "invalid_api_key"));
@@ -283,6 +346,12 @@ class server {
       }
       send_error(res, api_error(500, "internal error: " + what + "; please report it", {}, "internal_error", "server_error"));
     });
+    // CORS on every response, refusals included, so that a browser shows the error body.
+    svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) { add_cors(req, res); });
+    svr.Options(R"(/.*)", [](const httplib::Request&, httplib::Response& res) {
+      res.status = 204;
+      res.set_header("Allow", "GET, POST, OPTIONS");
+    });
     svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       std::lock_guard lock(mu_);
       res.set_content(dump({{"status", "ok"}, {"slots", slots_.size()}, {"busy", busy_}, {"queued", waiting_}}),
@@ -298,16 +367,49 @@ class server {
                                          "model", "model_not_found"));
       res.set_content(dump(model_entry()), "application/json");
     });
-    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
-    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
+    // The body is read by the handler (read_body), whatever its Content-Type: httplib
+    // would otherwise parse a form-encoded body itself, and refuse one over 8 KiB.
+    svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                            const httplib::ContentReader& reader) { handle(req, res, reader, true); });
+    svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
+                                       const httplib::ContentReader& reader) { handle(req, res, reader, false); });
+    // Any other request with a body is answered 404 (by the error handler) without reading
+    // it: httplib would otherwise read a chunked body of any size into memory first.
+    const auto unknown = [](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
+      res.status = 404;
+    };
+    svr.Post(R"(/.*)", unknown);
+    svr.Put(R"(/.*)", unknown);
+    svr.Patch(R"(/.*)", unknown);
+    svr.Delete(R"(/.*)", unknown);
   }
 
  private:
+  // A slot's model, generator and chat session live as long as the server: their KV
+  // caches are reused by every request, and grow only when one needs more. A cache of
+  // its own per request (46 MB for 1000 positions) was freed after it and kept by the
+  // allocator, so the server's memory grew with every request.
   struct slot {
     explicit slot(tlm::model<C> model) : m(std::move(model)) {}
     tlm::model<C> m;
+    std::optional<tlm::generator<C>> gen;
+    std::unique_ptr<tlm::chat_session<C>> chat;
     bool busy = false;
   };
+
+  void add_cors(const httplib::Request& req, httplib::Response& res) const {
+    if (o_.cors.empty()) return;
+    const std::string origin = req.get_header_value("Origin");
+    const bool any = std::find(o_.cors.begin(), o_.cors.end(), "*") != o_.cors.end();
+    if (!any && (origin.empty() || std::find(o_.cors.begin(), o_.cors.end(), origin) == o_.cors.end())) return;
+    res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+    if (!any) res.set_header("Vary", "Origin");
+    if (req.method == "OPTIONS") {
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      res.set_header("Access-Control-Max-Age", "600");
+    }
+  }
 
   // Holds a slot for one request; gives it back when the last copy goes (for a stream,
   // when httplib drops the content provider: after the last chunk, or on a disconnect).
@@ -338,14 +440,20 @@ class server {
         if (!s->busy) return s.get();
       return nullptr;
     };
+    const auto shutting_down = [] {
+      return api_error(503, "the server is shutting down and takes no more requests; send it again once it is back",
+                       {}, "server_shutting_down", "server_error");
+    };
+    if (stopping_) throw shutting_down();
     if (!free_slot()) {
       if (waiting_ >= o_.queue)
         throw api_error(503, fmt::format("all {} slots are busy and {} requests are waiting (--queue); retry later",
                                          slots_.size(), waiting_),
                         {}, "server_busy", "server_error");
       ++waiting_;
-      freed_.wait(lock, [&] { return free_slot() != nullptr; });
+      freed_.wait(lock, [&] { return stopping_ || free_slot() != nullptr; });
       --waiting_;
+      if (stopping_) throw shutting_down();
     }
     slot* s = free_slot();
     s->busy = true;
@@ -488,7 +596,8 @@ class server {
           throw api_error(400, "'response_format.json_schema' must be an object with a 'schema'", "response_format",
                           "invalid_value");
         try {
-          p.gen.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::from_text(dump((*js)["schema"])));
+          // Compiled from the parsed value: its depth and size are checked first, without recursion.
+          p.gen.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::from_json((*js)["schema"]));
         } catch (const tlm::error& e) {
           throw api_error(400, fmt::format("'response_format.json_schema.schema': {}", e.what()), "response_format",
                           "invalid_value");
@@ -508,10 +617,9 @@ class server {
     std::size_t n = 0;
     try {
       if (p.chat) {
-        // The chat session tokenizes the text between markers on its own; the markers are
-        // one token each, so this count is the session's up to a token or two per message.
-        n = tok_->encode(tlm::apply_chat_template(template_, p.messages, true), {.add_bos = false, .parse_special = true})
-                .size();
+        // The session's own count: a "<|im_end|>" typed in a message is text to it, not
+        // the one special token a rendered template would give.
+        n = counter_->positions_for(p.messages);
       } else {
         n = tok_->encode(p.prompt, {.add_bos = false, .parse_special = false}).size();
       }
@@ -535,23 +643,76 @@ class server {
     return n;
   }
 
-  // Runs one generation on a slot, calling on_text with each piece of text.
-  tlm::generation_result run(slot& s, const parsed_request& p, std::size_t estimated_prompt, tlm::token_callback on_text) {
+  // Runs one generation on a slot, calling on_text with each piece of text; `cut` tells
+  // whether a shutdown ended it. positions: the prompt's positions as prompt_tokens
+  // counted them (for a chat, the session's own count).
+  tlm::generation_result run(slot& s, const parsed_request& p, std::size_t positions, tlm::token_callback on_text,
+                             bool& cut) {
+    cut = false;
     // On shutdown every generation ends at its next token, so that stopping never waits
     // for a long reply.
-    on_text = [this, inner = std::move(on_text)](std::int32_t id, std::string_view text) {
-      if (stopping_.load(std::memory_order_relaxed)) return tlm::step::stop;
+    on_text = [this, &cut, inner = std::move(on_text)](std::int32_t id, std::string_view text) {
+      if (stopping_.load(std::memory_order_relaxed)) {
+        cut = true;
+        return tlm::step::stop;
+      }
       return inner ? inner(id, text) : tlm::step::go_on;
     };
     if (p.chat) {
-      // A few positions of slack over the estimate: the session's own count may differ by the markers.
-      const std::size_t capacity = std::min(o_.ctx + 8, estimated_prompt + p.gen.max_tokens + 8 + 2 * p.messages.size());
-      tlm::chat_session<C> session(s.m, *tok_, std::min(capacity, C::context));
-      for (const auto& m : p.messages) session.add(m.role, m.content);
-      return session.reply(p.gen, std::move(on_text));
+      const std::size_t needed = positions + p.gen.max_tokens;
+      if (!s.chat || s.chat->cache().capacity() < needed) {
+        // Rounded up, so that a slot's session is remade only a few times as requests grow.
+        const std::size_t capacity = std::min((needed + 255) / 256 * 256, std::max(o_.ctx, needed));
+        s.chat.reset();  // the old cache is freed before the new one is made
+        s.chat = std::make_unique<tlm::chat_session<C>>(s.m, *tok_, capacity);
+      } else {
+        s.chat->reset();
+      }
+      for (const auto& m : p.messages) s.chat->add(m.role, m.content);
+      return s.chat->reply(p.gen, std::move(on_text));
     }
-    tlm::generator<C> gen(s.m, *tok_);
-    return gen.generate(p.prompt, p.gen, std::move(on_text));
+    return s.gen->generate(p.prompt, p.gen, std::move(on_text));
+  }
+
+  // What a failed generation tells an HTTP client: tlm's own message for a conversation
+  // that does not fit advises a C++ caller (reset(), chat_options), which means nothing here.
+  static std::string client_message(const std::exception& e) {
+    if (dynamic_cast<const tlm::capacity_error*>(&e))
+      return "the conversation does not fit this server's positions per request (--ctx); shorten it or lower max_tokens";
+    return e.what();
+  }
+
+  static api_error cut_short(const tlm::generation_result& r) {
+    return api_error(503, fmt::format("the server is shutting down: the reply was cut short after {} token{}; send the "
+                                      "request again once it is back", r.ids.size(), r.ids.size() == 1 ? "" : "s"),
+                     {}, "server_shutting_down", "server_error");
+  }
+
+  // Reads the body whatever its Content-Type, counting while it arrives: a chunked or
+  // length-less body over --max-body is refused at the limit rather than read whole.
+  std::string read_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) const {
+    if (req.is_multipart_form_data())
+      throw api_error(415, "the body is multipart/form-data; send the request as JSON (Content-Type: application/json)", {},
+                      "unsupported_media_type");
+    std::string body;
+    bool too_large = false;
+    const bool read = reader([&](const char* data, std::size_t n) {
+      if (n > o_.max_body - body.size()) {
+        too_large = true;
+        return false;
+      }
+      body.append(data, n);
+      return true;
+    });
+    // httplib sets 413 itself for a Content-Length over the limit.
+    if (too_large || res.status == 413)
+      throw api_error(413, fmt::format("the request body is larger than this server's limit of {} bytes (--max-body); send "
+                                       "a shorter request", o_.max_body),
+                      {}, "request_too_large");
+    if (!read)
+      throw api_error(400, "the request body could not be read: the connection broke, or its chunked encoding is "
+                           "malformed; send it again", {}, "invalid_body");
+    return body;
   }
 
   static std::string finish_reason(tlm::stop_reason r) {
@@ -587,20 +748,27 @@ class server {
             {"choices", json::array({choice})}};
   }
 
-  void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+  void handle(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader, bool chat) {
     try {
+      const std::string raw = read_body(req, res, reader);
+      if (tlm::json_nesting_depth(raw, max_body_depth) > max_body_depth)
+        throw api_error(400, fmt::format("the request body nests arrays and objects more than {} deep; no request field "
+                                         "needs that, so flatten it", max_body_depth),
+                        {}, "invalid_json");
       json body;
       try {
-        body = json::parse(req.body);
+        body = json::parse(raw);
       } catch (const json::exception& e) {
         throw api_error(400, fmt::format("the request body is not valid JSON: {}", e.what()), {}, "invalid_json");
       }
       auto p = std::make_shared<parsed_request>(read(body, chat));
       const std::size_t n = prompt_tokens(*p);
-      const std::string id = fmt::format("{}-{:x}", chat ? "chatcmpl" : "cmpl", ++requests_);
+      const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
       auto held = acquire();
       if (!p->stream) {
-        const auto r = run(held->get(), *p, n, {});
+        bool cut = false;
+        const auto r = run(held->get(), *p, n, {}, cut);
+        if (cut) throw cut_short(r);
         json choice = {{"index", 0}, {"finish_reason", finish_reason(r.reason)}, {"logprobs", nullptr}};
         if (chat) choice["message"] = {{"role", "assistant"}, {"content", r.text}, {"refusal", nullptr}};
         else choice["text"] = r.text;
@@ -622,15 +790,23 @@ class server {
               const std::string event = "data: " + dump(j) + "\n\n";
               return sink.write(event.data(), event.size());
             };
-            bool connected = send(chunk(id, p->chat, "", nullptr, true));
+            bool connected = send(chunk(id, p->chat, "", nullptr, true)), cut = false;
             try {
               const auto r = run(held->get(), *p, n, tlm::make_token_callback([&](std::int32_t, std::string_view text) {
                                    // A client that went away stops its generation, which frees the slot.
                                    if (connected && !text.empty()) connected = send(chunk(id, p->chat, std::string(text), nullptr, false));
                                    return connected;
-                                 }));
+                                 }), cut);
               held.reset();
               if (!connected) return false;
+              if (cut) {
+                // Neither a finish_reason nor [DONE]: the reply is not complete, and the
+                // client is told why.
+                const api_error e = cut_short(r);
+                send(error_body(e.what(), e.type, e.param, e.code));
+                sink.done();
+                return true;
+              }
               connected = send(chunk(id, p->chat, "", finish_reason(r.reason), false));
               if (connected && p->include_usage) {
                 json u = chunk(id, p->chat, "", nullptr, false);
@@ -640,7 +816,7 @@ class server {
               }
             } catch (const std::exception& e) {
               // The status line is gone already: the error travels as an event.
-              if (connected) connected = send(error_body(e.what(), "server_error", "", "generation_failed"));
+              if (connected) connected = send(error_body(client_message(e), "server_error", "", "generation_failed"));
             }
             // The slot is free once the model is done, not when httplib drops the response
             // after the last write: a client that sends its next request on reading [DONE]
@@ -655,7 +831,7 @@ class server {
     } catch (const api_error& e) {
       send_error(res, e);
     } catch (const tlm::capacity_error& e) {
-      send_error(res, api_error(400, e.what(), {}, "context_length_exceeded"));
+      send_error(res, api_error(400, client_message(e), {}, "context_length_exceeded"));
     } catch (const tlm::error& e) {
       send_error(res, api_error(400, e.what(), {}, "invalid_value"));
     }
@@ -664,13 +840,68 @@ class server {
   options o_;
   std::vector<std::unique_ptr<slot>> slots_;
   std::unique_ptr<tlm::tokenizer> tok_;
-  std::string template_;
+  std::unique_ptr<tlm::chat_session<C>> counter_;
   std::int64_t created_ = 0;
   std::mutex mu_;
   std::condition_variable freed_;
   std::size_t busy_ = 0, waiting_ = 0;
-  std::atomic<std::uint64_t> requests_{0};
   std::atomic<bool> stopping_{false};
+};
+
+// httplib's task queue: a thread per open connection, up to a limit, made when needed and
+// kept for later connections. A fixed pool (slots + queue + 4 threads, as before) let 40
+// clients that each send a header line every few seconds hold every worker, and /health
+// and completions waited behind them; here such a client holds only its own thread.
+class connection_threads : public httplib::TaskQueue {
+ public:
+  explicit connection_threads(std::size_t limit) : limit_(limit) {}
+  connection_threads(const connection_threads&) = delete;
+  connection_threads& operator=(const connection_threads&) = delete;
+  ~connection_threads() override = default;
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(fn));
+      if (idle_ < jobs_.size() && threads_.size() < limit_) threads_.emplace_back([this] { work(); });
+    }
+    ready_.notify_one();
+  }
+
+  // Called once the accept loop has ended (no enqueue after it): the connections still
+  // open are served to their end, then the threads are joined.
+  void shutdown() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  void work() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      ++idle_;
+      ready_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+      --idle_;
+      if (jobs_.empty()) return;
+      auto fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      fn();  // serves one connection and closes its socket
+      lock.lock();
+    }
+  }
+
+  std::size_t limit_;
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  std::size_t idle_ = 0;
+  bool stopping_ = false;
 };
 
 template <tlm::LlamaConfig C>
@@ -686,12 +917,11 @@ int run(const options& o) {
 
   server<C> s(o);
   httplib::Server svr;
-  // Enough workers for every slot, every queued request and a few health checks; idle
-  // keep-alive connections give their worker back after a few seconds.
-  const std::size_t workers = o.slots + o.queue + 4;
-  svr.new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
+  svr.new_task_queue = [limit = o.max_connections] { return new connection_threads(limit); };
+  // An idle keep-alive connection is closed after 2 s, and one that sends nothing for
+  // --read-timeout while its request is read, or reads nothing of its answer for 30 s, is dropped.
   svr.set_keep_alive_timeout(2);
-  svr.set_read_timeout(30);
+  svr.set_read_timeout(static_cast<time_t>(o.read_timeout));
   svr.set_write_timeout(30);
   s.routes(svr);
   int port = static_cast<int>(o.port);
@@ -699,7 +929,9 @@ int run(const options& o) {
   else if (!svr.bind_to_port(o.host, port)) port = -1;
   if (port <= 0)
     fail(fmt::format("cannot listen on {}:{}; is the port taken? give another with --port, or 0 for a free one", o.host, o.port));
-  fmt::print("serve: listening on http://{}:{} ({}, {} slots x {} threads)\n", o.host, port, tlm::type_name<C>(), o.slots,
+  // An IPv6 address is written in brackets in a URL (RFC 3986), so the line can be pasted.
+  const std::string shown_host = o.host.find(':') == std::string::npos ? o.host : "[" + o.host + "]";
+  fmt::print("serve: listening on http://{}:{} ({}, {} slots x {} threads)\n", shown_host, port, tlm::type_name<C>(), o.slots,
              o.threads);
   std::fflush(stdout);
   std::thread watcher([&] {

@@ -211,6 +211,35 @@ TEST_CASE("chat: a reply cut by a stop string keeps only the visible text in the
   CHECK_THROWS_AS(chat.add("us\ner", "x"), tlm::error);
 }
 
+TEST_CASE("chat: positions_for counts what reply() needs, a typed <|im_end|> as text") {
+  auto& m = shared();
+  const auto& tok = shared_tokenizer();
+  std::string marked = "Repeat: ";
+  for (int i = 0; i < 10; ++i) marked += "<|im_end|>";
+  const std::vector<tlm::chat_message> without_system = {{"user", marked}};
+  const std::vector<tlm::chat_message> with_system = {{"system", "Be brief."}, {"user", marked}};
+  for (const auto* msgs : {&without_system, &with_system}) {
+    tlm::chat_session counter(m, tok, 1);
+    const std::size_t n = counter.positions_for(*msgs);
+    // A template rendering parsed for special tokens counts each typed marker as one
+    // token (the server's old count); as text, ten in a row take 6 tokens each: 50 more.
+    const std::string tmpl(m.file().get_string("tokenizer.chat_template"));
+    CHECK(tok.encode(tlm::apply_chat_template(tmpl, *msgs, true), {.add_bos = false, .parse_special = true}).size() + 50 == n);
+    tlm::chat_session exact(m, tok, n + 4);
+    for (const auto& msg : *msgs) exact.add(msg.role, msg.content);
+    const auto r = exact.reply({.max_tokens = 4});
+    CHECK(r.prompt_tokens == n);
+    tlm::chat_session short_one(m, tok, n - 1);
+    for (const auto& msg : *msgs) short_one.add(msg.role, msg.content);
+    CHECK_THROWS_AS(short_one.reply({.max_tokens = 4}), tlm::capacity_error);
+    // After a turn: the conversation so far, then the new message and the header.
+    const std::vector<tlm::chat_message> next = {{"user", "Again."}};
+    const std::size_t more = exact.positions_for(next);
+    exact.add("user", "Again.");
+    CHECK(more == exact.tokens().size() + 1 + tok.encode("assistant\n", {.add_bos = false}).size());
+  }
+}
+
 TEST_CASE("a cache clone copies the written positions and continues like the original") {
   auto& m = shared();
   tlm::kv_cache<C> a(16);

@@ -85,6 +85,28 @@ TEST_CASE("a schema fixes the properties, their order and their types") {
   CHECK(g.min_to_finish(s) == std::string(R"({"name":"","age":0,"height":0,"student":true,"color":"red","tags":[""]})").size());
 }
 
+TEST_CASE("a schema too deep or too big is refused before anything recurses over it or compiles it") {
+  using tlm::json_schema::from_text;
+  // 100,000 levels: compiled recursively (as before) this overflows the stack.
+  std::string deep;
+  for (int i = 0; i < 100000; ++i) deep += R"({"type":"array","items":)";
+  deep += R"({"type":"string"})" + std::string(100000, '}');
+  CHECK_THROWS_WITH_AS(from_text(deep), doctest::Contains("nested more than 32"), tlm::error);
+  // The parsed value is checked without recursion too (nlohmann parses iteratively).
+  CHECK_THROWS_WITH_AS(tlm::json_schema::from_json(nlohmann::ordered_json::parse(deep)), doctest::Contains("nested more than 32"),
+                       tlm::error);
+  std::string wide = R"({"type":"object","properties":{)", required;
+  for (int i = 0; i < 600; ++i) {
+    wide += (i ? ",\"p" : "\"p") + std::to_string(i) + R"(":{"type":"string"})";
+    required += (i ? ",\"p" : "\"p") + std::to_string(i) + "\"";
+  }
+  wide += "},\"required\":[" + required + "]}";
+  CHECK_THROWS_WITH_AS(from_text(wide), doctest::Contains("more than 1024 JSON values"), tlm::error);
+  // Brackets inside strings, escaped quotes included, are not nesting.
+  CHECK(tlm::json_nesting_depth(R"({"a":"[[\"{{","b":[{}]})") == 3);
+  CHECK(tlm::json_nesting_depth(std::string(1000, '['), 40) == 41);  // stops once past the limit
+}
+
 TEST_CASE("a schema outside the subset, or one that admits nothing, is an error") {
   using tlm::json_schema::from_text;
   CHECK_THROWS_WITH_AS(from_text(R"({"enum": []})"), doctest::Contains("admits nothing"), tlm::error);

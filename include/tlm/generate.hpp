@@ -549,6 +549,22 @@ class chat_session {
     return r;
   }
 
+  // The positions reply() would need before its first token, were `more` add()ed: the
+  // conversation so far, those messages (with the template's default system turn if
+  // add() would put it first) and the assistant's header, tokenized as add() and
+  // reply() do. So a caller can size a session, or refuse a conversation, before
+  // running anything: a "<|im_end|>" typed in a message counts as the text it stays.
+  std::size_t positions_for(std::span<const chat_message> more) const {
+    std::size_t n = ids_.size();
+    bool first = messages_.empty() && turns_.empty();
+    for (const auto& m : more) {
+      if (first && form_.has_default_system && m.role != "system") n += turn_ids("system", form_.default_system).size();
+      first = false;
+      n += turn_ids(m.role, m.content).size();
+    }
+    return n + 1 + text_ids("assistant\n").size();
+  }
+
   // Forgets the conversation (the cache is kept, empty).
   void reset() {
     messages_.clear();
@@ -625,17 +641,29 @@ class chat_session {
   }
   // Text between markers is tokenized on its own, as a whole-conversation encoding with
   // parse_special splits there too; and a "<|im_end|>" typed in a message stays text.
+  std::vector<std::int32_t> text_ids(std::string_view text) const {
+    if (text.empty()) return {};
+    return tok_->encode(text, {.add_bos = false, .parse_special = false});
+  }
   void append_text(std::string_view text) {
-    if (text.empty()) return;
-    const auto ids = tok_->encode(text, {.add_bos = false, .parse_special = false});
+    const auto ids = text_ids(text);
     ids_.insert(ids_.end(), ids.begin(), ids.end());
   }
   void append_special(std::int32_t id) { ids_.push_back(id); }
+  // One turn's tokens; positions_for() counts with the same function, so that its count
+  // is the one add() produces.
+  std::vector<std::int32_t> turn_ids(std::string_view role, std::string_view text) const {
+    std::vector<std::int32_t> ids{im_start_};
+    const auto body = text_ids(std::string(role) + "\n" + std::string(text));
+    ids.insert(ids.end(), body.begin(), body.end());
+    ids.push_back(im_end_);
+    const auto newline = text_ids("\n");
+    ids.insert(ids.end(), newline.begin(), newline.end());
+    return ids;
+  }
   void append_turn(std::string_view role, std::string_view text) {
-    append_special(im_start_);
-    append_text(std::string(role) + "\n" + std::string(text));
-    append_special(im_end_);
-    append_text("\n");
+    const auto ids = turn_ids(role, text);
+    ids_.insert(ids_.end(), ids.begin(), ids.end());
   }
 
   model<C>* m_;

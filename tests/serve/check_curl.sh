@@ -11,7 +11,8 @@ trap 'kill "$pid" 2>/dev/null || true; rm -rf "$out"' EXIT
 fail() { echo "check_curl: $*" >&2; exit 1; }
 
 "$serve" --help > "$out/help"
-for flag in --model --config --host --port --slots --threads --queue --ctx --max-tokens --max-body --api-key --name; do
+for flag in --model --config --host --port --slots --threads --queue --ctx --max-tokens --max-body --api-key --name \
+            --cors --max-connections --read-timeout; do
   grep -q -- "$flag" "$out/help" || fail "--help does not mention $flag"
 done
 "$serve" --port 99999 2> "$out/err" && fail "--port 99999 was accepted"

@@ -20,16 +20,24 @@ def arguments():
 def server(build, model, *flags):
     """Runs serve with --port 0 (the kernel picks a free port, so parallel tests never
     clash) and yields that port; the server is stopped with SIGTERM and must exit 0."""
+    with server_process(build, model, *flags) as (port, _):
+        yield port
+
+
+@contextlib.contextmanager
+def server_process(build, model, *flags, host="127.0.0.1"):
+    """server(), yielding (port, the subprocess.Popen) for tests that watch the process."""
     exe = os.path.join(build, "examples", "serve")
-    proc = subprocess.Popen([exe, "--model", model, "--port", "0", *flags], stdout=subprocess.PIPE,
+    shown = f"[{host}]" if ":" in host else host
+    proc = subprocess.Popen([exe, "--model", model, "--port", "0", "--host", host, *flags], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
-        if "listening on http://127.0.0.1:" not in line:
+        if f"listening on http://{shown}:" not in line:
             proc.kill()
             raise SystemExit(f"serve did not start: {line!r} {proc.stderr.read()}")
-        port = int(line.split("127.0.0.1:")[1].split()[0])
-        yield port
+        port = int(line.split(f"{shown}:")[1].split()[0])
+        yield port, proc
         assert proc.poll() is None, f"serve exited early with {proc.returncode}: {proc.stderr.read()}"
     finally:
         if proc.poll() is None:
@@ -43,9 +51,9 @@ def server(build, model, *flags):
                 raise AssertionError(f"serve exited with {code} after SIGTERM: {proc.stderr.read()}")
 
 
-def request(port, method, path, body=None, headers=None, timeout=120):
+def request(port, method, path, body=None, headers=None, timeout=120, host="127.0.0.1"):
     """Returns (status, parsed JSON or raw text)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
         conn.request(method, path, body=data, headers=headers or {})
@@ -113,3 +121,12 @@ def wait_until(predicate, seconds, what):
             return
         time.sleep(0.05)
     raise AssertionError(f"not within {seconds} s: {what}")
+
+
+def rss_mib(pid):
+    """The resident memory of a process, in MiB (Linux)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 namespace {
@@ -52,6 +54,22 @@ TEST_CASE("terminal width: TIOCGWINSZ, else COLUMNS, else 80") {
   CHECK(tlm::terminal_width(fds[1]) == 80);
   ::close(fds[0]);
   ::close(fds[1]);
+  // A pseudo-terminal set to 123 columns: its size wins over COLUMNS.
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  REQUIRE(master >= 0);
+  REQUIRE(::grantpt(master) == 0);
+  REQUIRE(::unlockpt(master) == 0);
+  const int tty = ::open(::ptsname(master), O_RDWR | O_NOCTTY);
+  REQUIRE(tty >= 0);
+  winsize ws{};
+  ws.ws_row = 24;
+  ws.ws_col = 123;
+  REQUIRE(::ioctl(tty, TIOCSWINSZ, &ws) == 0);
+  ::setenv("COLUMNS", "57", 1);
+  CHECK(tlm::terminal_width(tty) == 123);
+  ::unsetenv("COLUMNS");
+  ::close(tty);
+  ::close(master);
 }
 
 TEST_CASE("plot ticks: round values inside the range, at least four") {

@@ -3,7 +3,8 @@
 # --overwrite), a resume that changes a hyperparameter says which and from what to
 # what, leftovers of killed runs are removed at start, the newest --keep-checkpoints
 # pairs stay, the schedule's first step is at the peak and its last above --min-lr,
-# and the loss plot has round ticks on both axes.
+# the loss plot has round ticks on both axes, and a damaged or incomplete checkpoint is
+# named on resume.
 #   out_dir.sh TRAIN WORKDIR
 set -u
 . "$(dirname "$0")/common.sh"
@@ -63,4 +64,17 @@ left=$(cd "$v" && ls | grep -E '^checkpoint-|tmp-' | tr '\n' ' ')
 # The plot's axes carry round ticks, not only the extremes.
 [ "$(grep -c 'class="x-tick"' "$v/loss.svg")" -ge 3 ] && [ "$(grep -c 'class="y-tick"' "$v/loss.svg")" -ge 3 ] || fail "loss.svg lacks ticks"
 grep -q 'class="x-tick"[^>]*>10</text>' "$v/loss.svg" || fail "no tick at step 10 in loss.svg (steps 1 to 13)"
+# A byte changed in the middle of the weights file (inside some tensor's data): the
+# resume names the file and the tensor; a file of the pair gone: said so, without the
+# model-download advice.
+cp "$v/checkpoint-13.gguf" "$dir/saved.gguf"
+size=$(stat -c %s "$v/checkpoint-13.gguf")
+printf '\x5a' | dd of="$v/checkpoint-13.gguf" bs=1 seek=$((size / 2)) conv=notrunc status=none
+cmp -s "$v/checkpoint-13.gguf" "$dir/saved.gguf" && printf '\xa5' | dd of="$v/checkpoint-13.gguf" bs=1 seek=$((size / 2)) conv=notrunc status=none
+"$train" "${args[@]}" --steps 14 --out "$v" --resume > "$dir/flip.log" 2> "$dir/flip.err" && fail "a changed checkpoint was resumed from"
+grep -qE "^train: $v/checkpoint-13.gguf: tensor '[a-z0-9_.]+' fails its checksum" "$dir/flip.err" || fail "flip: $(cat "$dir/flip.err")"
+cp "$dir/saved.gguf" "$v/checkpoint-13.gguf" && rm "$v/checkpoint-13.optim.gguf"
+"$train" "${args[@]}" --steps 14 --out "$v" --resume > /dev/null 2> "$dir/gone.err" && fail "a resume without the optimizer file ran"
+grep -qF "train: $v/checkpoint-13.optim.gguf: missing, though $v/checkpoint names checkpoint-13" "$dir/gone.err" || fail "gone: $(cat "$dir/gone.err")"
+grep -q "fetch-model" "$dir/gone.err" && fail "a missing checkpoint file advises fetching the model"
 echo "out dir: refused without --resume/--overwrite, --overwrite replaces, resume warns of changes, leftovers pruned, ticks on the plot"

@@ -217,11 +217,15 @@ class writer {
     constexpr std::size_t buffer_bytes = std::size_t{1} << 20, chunk_bytes = std::size_t{64} << 20;
     std::vector<std::byte> buf;
     buf.reserve(buffer_bytes);
-    // Writeback is started after every chunk and awaited one chunk later, so the disk
-    // works while the next chunk is copied, at most two chunks are dirty, the final
-    // fsync has little left to do, and `cancelled` is asked every 64 MB of real disk
-    // progress (not of page-cache copies, which would leave a long fsync at the end).
-    off_t written = 0, started = 0;
+    // Writeback is started after every chunk and awaited four chunks (256 MB) later:
+    // the disk works while later chunks are copied, with a queue deep enough to keep it
+    // busy, and at most 256 MB are dirty, so the final fsync has little left to do and
+    // `cancelled` is asked at the pace of the disk, not of page-cache copies (which would
+    // leave a long fsync at the end that a second Ctrl-C could not interrupt). Measured
+    // on 1.6 GB: waiting one chunk behind took 4.5 s, never waiting 3.0-3.9 s, four
+    // chunks behind 2.5-2.8 s (the old buffered writer: 4.3-6.6 s).
+    off_t written = 0, started = 0, waited = 0;
+    const off_t lag = 4 * static_cast<off_t>(chunk_bytes);
     const auto put = [&](const std::byte* p, std::size_t n) {
       while (n > 0) {
         if (cancelled && cancelled()) throw error(tmp + ": write cancelled; " + target + " is unchanged");
@@ -235,8 +239,11 @@ class writer {
         written += w;
         if (written - started >= static_cast<off_t>(chunk_bytes)) {
           // Errors are not checked here: the fsync at the end reports them.
-          if (started > 0) ::sync_file_range(fd, 0, started, SYNC_FILE_RANGE_WAIT_BEFORE);
           ::sync_file_range(fd, started, written - started, SYNC_FILE_RANGE_WRITE);
+          if (written - waited > lag) {
+            ::sync_file_range(fd, waited, written - lag - waited, SYNC_FILE_RANGE_WAIT_BEFORE);
+            waited = written - lag;
+          }
           started = written;
         }
       }

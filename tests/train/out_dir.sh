@@ -45,9 +45,19 @@ grep -qF "train: warning: the checkpoint was made with --lr 0.0003, this run use
   fail "no --lr warning: $(cat "$dir/changed.err")"
 grep -qF "train: warning: the checkpoint was made with total steps (--steps/--epochs) 5, this run uses 8" "$dir/changed.err" ||
   fail "no --steps warning: $(cat "$dir/changed.err")"
-"$train" "${args[@]}" --steps 9 --lr 1e-3 --clip 0.5 --weight-decay 0.1 --out "$v" --resume > /dev/null 2> "$dir/changed2.err" || fail "second resume failed"
-grep -qF "made with --clip 1, this run uses 0.5" "$dir/changed2.err" && grep -qF "made with --weight-decay 0.01, this run uses 0.1" "$dir/changed2.err" ||
-  fail "no --clip/--weight-decay warning: $(cat "$dir/changed2.err")"
+"$train" "${args[@]}" --steps 9 --lr 1e-3 --clip 0.5 --weight-decay 0.1 --warmup 2 --min-lr 1e-5 --out "$v" --resume > /dev/null 2> "$dir/changed2.err" ||
+  fail "second resume failed"
+for change in "--clip 1, this run uses 0.5" "--weight-decay 0.01, this run uses 0.1" "--warmup 0, this run uses 2" "--min-lr 0, this run uses 1e-05"; do
+  grep -qF "made with $change" "$dir/changed2.err" || fail "no warning of '$change': $(cat "$dir/changed2.err")"
+done
+# What decides the data and the model's shape cannot change: refused, with the values.
+for change in "--seed 3:--seed 2, this run has 3" "--batch 4:--batch 2, this run has 4" "--seq 8:--seq 16, this run has 8"; do
+  "$train" "${args[@]}" ${change%%:*} --steps 10 --out "$v" --resume > /dev/null 2> "$dir/refused2.err" && fail "a resume with ${change%%:*} ran"
+  grep -qF "was made with ${change#*:}; use the same value to resume" "$dir/refused2.err" || fail "refusal of ${change%%:*}: $(cat "$dir/refused2.err")"
+done
+cp "$dir/text.txt" "$dir/other.txt"
+"$train" "${args[@]}" --data "$dir/other.txt" --steps 10 --out "$v" --resume > /dev/null 2> "$dir/refused3.err" && fail "a resume with another --data ran"
+grep -qF "was made with --data $dir/text.txt, this run has $dir/other.txt" "$dir/refused3.err" || fail "refusal of --data: $(cat "$dir/refused3.err")"
 
 # Leftovers of killed runs (a pair never committed, a half pair, temporary files) go at
 # start; with --keep-checkpoints 3 the newest three pairs stay.

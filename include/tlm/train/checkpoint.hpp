@@ -306,6 +306,14 @@ inline void verify_checksums(const gguf::file& f) {
 // A NaN or infinity loaded from a checkpoint (one written before checksums, or damaged
 // consistently) is the file's fault, not the learning rate's: say so before a step.
 inline void require_finite(const std::string& file, const std::string& name, std::span<const float> x) {
+  // First a branch-free pass (all-ones exponent = NaN or infinity) that the compiler
+  // vectorizes: 1.6 GB at 135M; the element is looked for only when there is one.
+  std::uint32_t any = 0;
+  for (const float f : x) {
+    const auto bits = std::bit_cast<std::uint32_t>(f);
+    any |= static_cast<std::uint32_t>((bits & 0x7F800000U) == 0x7F800000U);
+  }
+  if (!any) return;
   for (std::size_t i = 0; i < x.size(); ++i) {
     if (!std::isfinite(x[i])) {
       throw format_error(file + ": tensor '" + name + "' holds " + (std::isnan(x[i]) ? "a NaN" : "an infinity") + " at index " + std::to_string(i) +

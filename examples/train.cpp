@@ -11,6 +11,7 @@
 #include <tlm/train/adamw.hpp>
 #include <tlm/train/checkpoint.hpp>
 #include <tlm/train/data.hpp>
+#include <tlm/train/progress.hpp>
 #include <tlm/train/step.hpp>
 #include <tlm/train/weights.hpp>
 
@@ -18,11 +19,15 @@
 #include <mpi.h>
 #endif
 
+#include <fcntl.h>
+
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -61,18 +66,23 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
   --out DIR            output folder: checkpoints, model.gguf, loss.csv, loss.svg (default train-out)
   --out-type TYPE      encoding of the exported model.gguf: f32, f16, bf16, q8_0, q4_1 (default f32)
   --resume             continue from the newest checkpoint in --out
+  --overwrite          start a new run in an --out that holds one, deleting its checkpoints,
+                       model.gguf and loss log (without it such an --out is refused)
+  --keep-checkpoints K keep the newest K checkpoints in --out (default 2)
   --threads T          worker threads (default 1); a bit-exact resume needs the same count
   --seed S             seed for weights (from scratch) and the data order (default 1)
   --stop-after N       stop after N steps of this run as Ctrl-C would (for tests)
   --help               this text
 
-Ctrl-C finishes the current step, writes a checkpoint and exits 0.
+Ctrl-C finishes the current step, writes a checkpoint and exits 0; a second Ctrl-C
+abandons that write (the previous checkpoint stays intact) and exits 1.
 )";
 
 struct options {
   std::string model, config, data, out = "train-out", out_type = "f32";
-  bool chat = false, resume = false;
-  std::size_t steps = 0, epochs = 0, batch = 4, seq = 128, warmup = 0, eval_every = 10, save_every = 100, threads = 1, stop_after = 0;
+  bool chat = false, resume = false, overwrite = false;
+  std::size_t steps = 0, epochs = 0, batch = 4, seq = 128, warmup = 0, eval_every = 10, save_every = 100, threads = 1, stop_after = 0,
+              keep_checkpoints = 2;
   std::uint64_t seed = 1;
   double lr = 3e-4, min_lr = 0, clip = 1.0, weight_decay = 0.01, held_out = 0.1;
 };
@@ -112,10 +122,12 @@ options parse(int argc, char** argv) {
     }
     if (a == "--chat") { o.chat = true; continue; }
     if (a == "--resume") { o.resume = true; continue; }
+    if (a == "--overwrite") { o.overwrite = true; continue; }
     if (!a.starts_with("--")) fail(fmt::format("unexpected argument '{}'; options start with -- (see --help)", a));
     static const std::vector<std::string> valued = {"--model", "--config", "--data", "--steps", "--epochs", "--batch", "--seq", "--lr",
                                                     "--min-lr", "--warmup", "--clip", "--weight-decay", "--held-out", "--eval-every",
-                                                    "--save-every", "--out", "--out-type", "--threads", "--seed", "--stop-after"};
+                                                    "--save-every", "--out", "--out-type", "--threads", "--seed", "--stop-after",
+                                                    "--keep-checkpoints"};
     if (std::find(valued.begin(), valued.end(), a) == valued.end()) fail(fmt::format("unknown option '{}' (see --help)", a));
     if (i + 1 >= argc) fail(fmt::format("{} needs a value", a));
     const std::string v = argv[++i];
@@ -139,7 +151,9 @@ options parse(int argc, char** argv) {
     else if (a == "--threads") o.threads = whole(a, v, 1, 1024);
     else if (a == "--seed") o.seed = whole(a, v, 0, ~std::size_t{0} >> 1);
     else if (a == "--stop-after") o.stop_after = whole(a, v, 1, 1'000'000'000);
+    else if (a == "--keep-checkpoints") o.keep_checkpoints = whole(a, v, 1, 1'000'000);
   }
+  if (o.resume && o.overwrite) fail("--resume continues the run in --out and --overwrite deletes it; give one of them");
   if (o.model.empty() && o.config.empty()) fail("give --model FILE.gguf to fine-tune or --config NAME to train from scratch (see --help)");
   if (o.data.empty()) fail("--data FILE is required: the text or chat JSONL to train on");
   if ((o.steps == 0) == (o.epochs == 0)) fail("give exactly one of --steps N and --epochs E");
@@ -259,8 +273,10 @@ void all_reduce_gradients(group& grp, W& g, double weight) {
   if (used) flush();
 }
 
-std::atomic<bool> interrupted{false};
-extern "C" void on_sigint(int) { interrupted = true; }
+// Ctrl-C presses: the first finishes the step and saves; a second abandons a save in
+// progress (or about to start), since waiting for the disk is what it is pressed against.
+std::atomic<int> interrupts{0};
+extern "C" void on_sigint(int) { interrupts.fetch_add(1); }
 
 // ---- loss log, plot and terminal view
 
@@ -304,14 +320,29 @@ void write_log(const std::filesystem::path& dir, const std::vector<log_row>& row
   if (!(hi > lo)) { lo -= 1; hi += 1; }
   const auto X = [&](std::size_t s) { return m + (w - 2 * m) * static_cast<double>(s - s0) / static_cast<double>(s1 - s0); };
   const auto Y = [&](double l) { return h - m - (h - 2 * m) * (l - lo) / (hi - lo); };
+  // Ticks at round values on both axes, with faint grid lines, so a reader can tell
+  // where the loss was at a step without the extremes alone.
+  std::string ticks;
+  for (const double v : tlm::nice_ticks(lo, hi, 4))
+    ticks += fmt::format("<line x1=\"{m}\" y1=\"{y:.1f}\" x2=\"{r}\" y2=\"{y:.1f}\" stroke=\"#ddd\"/>"
+                         "<text class=\"y-tick\" x=\"{tx}\" y=\"{ty:.1f}\" text-anchor=\"end\">{v:.6g}</text>\n",
+                         fmt::arg("m", m), fmt::arg("r", w - m), fmt::arg("y", Y(v)), fmt::arg("tx", m - 4), fmt::arg("ty", Y(v) + 4), fmt::arg("v", v));
+  for (const double v : tlm::nice_ticks(static_cast<double>(s0), static_cast<double>(s1), 4)) {
+    if (v != std::floor(v)) continue;  // steps are whole
+    const double x = X(static_cast<std::size_t>(v));
+    ticks += fmt::format("<line x1=\"{x:.1f}\" y1=\"{b}\" x2=\"{x:.1f}\" y2=\"{b5}\" stroke=\"black\"/>"
+                         "<text class=\"x-tick\" x=\"{x:.1f}\" y=\"{ty}\" text-anchor=\"middle\">{v:.0f}</text>\n",
+                         fmt::arg("x", x), fmt::arg("b", h - m), fmt::arg("b5", h - m + 5), fmt::arg("ty", h - m + 18), fmt::arg("v", v));
+  }
   std::string svg = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
                                 "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
                                 "<line x1=\"{m}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/><line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{b}\" stroke=\"black\"/>\n"
-                                "<text x=\"{m}\" y=\"{ty}\">step {s0}</text><text x=\"{r}\" y=\"{ty}\" text-anchor=\"end\">step {s1}</text>\n"
-                                "<text x=\"5\" y=\"{m}\">{hi:.3f}</text><text x=\"5\" y=\"{b}\">{lo:.3f}</text>\n"
+                                "<text x=\"{cx}\" y=\"{ty}\" text-anchor=\"middle\">step</text>\n"
+                                "<text x=\"12\" y=\"{cy}\" transform=\"rotate(-90 12 {cy})\" text-anchor=\"middle\">loss</text>\n"
                                 "<text x=\"{r}\" y=\"20\" text-anchor=\"end\"><tspan fill=\"steelblue\">training loss</tspan> <tspan fill=\"darkorange\">held-out loss</tspan></text>\n",
-                                w, h, fmt::arg("m", m), fmt::arg("b", h - m), fmt::arg("r", w - m), fmt::arg("ty", h - m + 20), fmt::arg("s0", s0),
-                                fmt::arg("s1", s1), fmt::arg("hi", hi), fmt::arg("lo", lo));
+                                w, h, fmt::arg("m", m), fmt::arg("b", h - m), fmt::arg("r", w - m), fmt::arg("ty", h - m + 36), fmt::arg("cx", w / 2),
+                                fmt::arg("cy", h / 2));
+  svg += ticks;
   svg += "<polyline fill=\"none\" stroke=\"steelblue\" points=\"";
   for (const auto& r : rows) svg += fmt::format("{:.1f},{:.1f} ", X(r.step), Y(r.loss));
   svg += "\"/>\n";
@@ -321,19 +352,56 @@ void write_log(const std::filesystem::path& dir, const std::vector<log_row>& row
   tlm::detail::write_file_atomic(dir / "loss.svg", svg);
 }
 
-std::string sparkline(const std::vector<log_row>& rows, std::size_t width) {
-  static const char* bars[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
-  const std::size_t start = rows.size() > width ? rows.size() - width : 0;
-  double lo = INFINITY, hi = -INFINITY;
-  for (std::size_t i = start; i < rows.size(); ++i) lo = std::min(lo, rows[i].loss), hi = std::max(hi, rows[i].loss);
-  std::string s;
-  for (std::size_t i = start; i < rows.size(); ++i) s += bars[hi > lo ? static_cast<int>(7.0 * (rows[i].loss - lo) / (hi - lo) + 0.5) : 3];
-  return s;
-}
-
 std::string duration(double seconds) {
   const auto s = static_cast<long long>(seconds);
   return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
+}
+
+// ---- the output folder
+
+// Makes --out ready before anything slow happens: the folder exists and takes a file (an
+// unwritable --out used to surface at the first checkpoint, a hundred steps in), an
+// earlier run in it is neither resumed nor deleted by accident, and what killed runs
+// left there (temporary files, uncommitted or half checkpoint pairs) is removed.
+void prepare_out(const options& o) {
+  namespace fs = std::filesystem;
+  const fs::path out(o.out);
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec || !fs::is_directory(out))
+    fail(fmt::format("--out {}: cannot create the folder: {}; give a folder you can write to",
+                     o.out, ec ? ec.message() : std::string("a file of that name is in the way")));
+  const fs::path probe = out / fmt::format(".write-probe.tmp-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 || ::write(fd, "x", 1) != 1) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd), fs::remove(probe, ec);
+    fail(fmt::format("--out {}: cannot write a file in the folder: {}; give a folder you can write to", o.out, std::strerror(err)));
+  }
+  ::close(fd);
+  fs::remove(probe, ec);
+
+  if (!o.resume) {
+    std::vector<std::string> found;  // what a new run would destroy
+    const std::string committed = tlm::latest_checkpoint(out);
+    if (!committed.empty()) found.push_back(committed);
+    if (fs::exists(out / "model.gguf")) found.push_back("model.gguf");
+    if (!found.empty() && !o.overwrite) {
+      std::string list;
+      for (const auto& f : found) list += (list.empty() ? "" : ", ") + f;
+      fail(fmt::format("--out {} holds an earlier run ({}); continue it with --resume, replace it with --overwrite, "
+                       "or give another --out", o.out, list));
+    }
+    if (o.overwrite) {  // the pointer first: from then on nothing here is a committed checkpoint
+      for (const char* name : {"checkpoint", "model.gguf", "loss.csv", "loss.svg"}) fs::remove(out / name, ec);
+    }
+  }
+  const std::vector<std::string> removed = tlm::prune_checkpoints(out, o.keep_checkpoints);
+  if (!removed.empty()) {
+    std::string list;
+    for (const auto& f : removed) list += (list.empty() ? "" : ", ") + f;
+    fmt::print(stderr, "train: removed from {} what earlier runs left: {}\n", o.out, list);
+  }
 }
 
 // ---- the run
@@ -342,6 +410,8 @@ template <tlm::LlamaConfig C>
 int run(const options& o, const std::string& config_name, group& grp) {
   namespace fs = std::filesystem;
   using weights = tlm::trainable<C, float>;
+  if (grp.lead()) prepare_out(o);
+  grp.barrier();  // no rank reads --out before it is tidied
   std::unique_ptr<tlm::gguf::file> source;
   std::optional<tlm::tokenizer> tok;
   tlm::tokenize_fn tokenize = tlm::byte_tokens;
@@ -378,11 +448,6 @@ int run(const options& o, const std::string& config_name, group& grp) {
   tlm::train_state st{.step = 0, .seed = o.seed, .data_position = 0, .rng_state = 0, .batch = o.batch, .seq = o.seq, .threads = o.threads,
                       .options = ao, .config = config_name, .data = fs::absolute(o.data).string(), .chat = o.chat,
                       .kernels = std::string(tlm::kernels::kernel_level_name())};
-  if (grp.lead()) {
-    fs::create_directories(o.out);
-    for (const auto& e : fs::directory_iterator(o.out))  // temporary files of a killed run
-      if (e.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(e.path());
-  }
   std::vector<log_row> rows;
   double load_seconds = 0, save_seconds = 0;  // the last checkpoint load and write, for the log
   if (o.resume) {
@@ -398,6 +463,20 @@ int run(const options& o, const std::string& config_name, group& grp) {
     differs("--seed", std::to_string(saved.seed), std::to_string(o.seed));
     differs("--data", saved.data, st.data);
     differs("--chat", saved.chat ? "on" : "off", o.chat ? "on" : "off");
+    // Options the run may change on resume: it continues with the new value (extending
+    // --steps is the common case), and says so, because the run then differs from an
+    // uninterrupted one with either value.
+    const auto changed = [&](const char* what, double was, double now) {
+      if (was != now && grp.lead())
+        fmt::print(stderr, "train: warning: the checkpoint was made with {} {}, this run uses {}; continuing with {} from step {}\n",
+                   what, was, now, now, saved.step);
+    };
+    changed("--lr", saved.options.lr, ao.lr);
+    changed("--min-lr", saved.options.min_lr, ao.min_lr);
+    changed("--warmup", static_cast<double>(saved.options.warmup), static_cast<double>(ao.warmup));
+    changed("--clip", saved.options.clip, ao.clip);
+    changed("--weight-decay", saved.options.weight_decay, ao.weight_decay);
+    changed("total steps (--steps/--epochs)", static_cast<double>(saved.options.total_steps), static_cast<double>(ao.total_steps));
     if (saved.threads != o.threads && grp.lead())
       fmt::print(stderr, "train: note: the checkpoint was made with --threads {}, this run uses {}; losses will differ in the last bits\n", saved.threads, o.threads);
     if (!saved.kernels.empty() && saved.kernels != st.kernels && grp.lead())
@@ -447,7 +526,15 @@ int run(const options& o, const std::string& config_name, group& grp) {
     if (grp.lead()) {
       const auto t_save = std::chrono::steady_clock::now();
       write_log(o.out, rows);
-      tlm::save_checkpoint<C>(o.out, *p, opt, st, source.get());
+      const std::string previous = tlm::latest_checkpoint(o.out);
+      try {
+        tlm::save_checkpoint<C>(o.out, *p, opt, st, source.get(), o.keep_checkpoints, [] { return interrupts.load() >= 2; });
+      } catch (const tlm::error&) {
+        if (interrupts.load() < 2) throw;
+        fail(fmt::format("a second Ctrl-C abandoned the checkpoint of step {}; {}", st.step,
+                         previous.empty() ? "no checkpoint was written, so a new run starts from step 0"
+                                          : fmt::format("{} is intact: continue with --resume", (fs::path(o.out) / previous).string())));
+      }
       save_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_save).count();
     }
     grp.barrier();  // no rank runs ahead of a checkpoint it might be asked to resume from
@@ -455,6 +542,7 @@ int run(const options& o, const std::string& config_name, group& grp) {
 
   std::signal(SIGINT, on_sigint);
   const bool tty = ::isatty(1) && grp.lead();
+  std::vector<double> losses;  // this run's, for the live line's sparkline
   if (grp.lead())
     fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}, {} threads{}, kernels {}\n",
                config_name, o.model.empty() ? "from scratch" : o.model, n_train, data.held_out.size(), o.seq, data.tokens, total, st.step, o.batch,
@@ -490,13 +578,17 @@ int run(const options& o, const std::string& config_name, group& grp) {
     log_row r{st.step, loss, NAN, rep.lr, rep.grad_norm, static_cast<double>(o.batch * o.seq) / secs};
     if (grp.lead() && ((o.eval_every && st.step % o.eval_every == 0) || st.step == total)) r.held_out = last_held = held_out_loss();
     rows.push_back(r);
-    stop = grp.any(interrupted || (o.stop_after && this_run >= o.stop_after));  // every rank stops at the same step
+    stop = grp.any(interrupts.load() > 0 || (o.stop_after && this_run >= o.stop_after));  // every rank stops at the same step
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     const double eta = elapsed / static_cast<double>(this_run) * static_cast<double>(total - st.step);
     const std::string held = std::isnan(last_held) ? "-" : fmt::format("{:.4f}", last_held);
     if (tty) {
-      fmt::print("\r\033[2Kstep {}/{}  loss {:.4f}  held-out {}  lr {:.2e}  {:.0f} tok/s  ETA {}  {}", st.step, total, loss, held, rep.lr, r.tokens_per_s,
-                 duration(eta), sparkline(rows, 40));
+      losses.push_back(loss);
+      const tlm::live_line_parts parts{.fields = {fmt::format("step {}/{}", st.step, total), fmt::format("loss {:.4f}", loss),
+                                                  fmt::format("ETA {}", duration(eta)), fmt::format("held-out {}", held),
+                                                  fmt::format("lr {:.2e}", rep.lr), fmt::format("{:.0f} tok/s", r.tokens_per_s)},
+                                       .losses = losses};
+      fmt::print("\r\033[2K{}", tlm::live_line(parts, tlm::terminal_width(1)));  // read each time: the window may be resized
     } else if (grp.lead()) {
       fmt::print("step {} loss {:.6f} held_out {} lr {:.3e} grad_norm {:.4f} tokens_per_s {:.0f} eta {}\n", st.step, loss, held, rep.lr, rep.grad_norm,
                  r.tokens_per_s, duration(eta));

@@ -7,6 +7,9 @@
 
 #include <filesystem>
 #include <cstdint>
+#include <fstream>
+#include <span>
+#include <vector>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -149,6 +152,156 @@ TEST_CASE("checkpoint: resuming from a folder without one says so") {
   auto p = std::make_unique<W>();
   tlm::adamw<W> opt({.lr = 1});
   CHECK_THROWS_WITH(tlm::load_checkpoint<C>(dir, *p, opt), doctest::Contains("no checkpoint to resume from"));
+}
+
+namespace {
+
+tlm::train_state state_at(const trained& t, std::uint64_t step) {
+  return {.step = step, .seed = 1, .data_position = 0, .rng_state = 0, .batch = 1, .seq = 4, .threads = 1,
+          .options = t.opt.options(), .config = "tiny_train", .data = "", .chat = false, .kernels = ""};
+}
+
+// Flips one bit of the first data byte of tensor `name` in the GGUF file at `path`.
+void flip_byte_of(const std::filesystem::path& path, const std::string& name) {
+  std::uint64_t at = 0;
+  {
+    const tlm::gguf::file f(path);
+    const tlm::gguf::tensor_info* t = f.find_tensor(name);
+    REQUIRE(t != nullptr);
+    at = static_cast<std::uint64_t>(t->data.data() - f.bytes().data()) + 5;
+  }
+  std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  io.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  io.seekp(static_cast<std::streamoff>(at));
+  io.write(&c, 1);
+}
+
+}  // namespace
+
+TEST_CASE("checksum: any change of one byte, at any position, changes it") {
+  std::vector<std::byte> b(77);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>(i * 37 + 11);
+  const std::uint64_t base = tlm::detail::checksum(b);
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    for (const unsigned bit : {0x01u, 0x80u}) {
+      b[i] ^= static_cast<std::byte>(bit);
+      CHECK(tlm::detail::checksum(b) != base);
+      b[i] ^= static_cast<std::byte>(bit);
+    }
+  }
+  CHECK(tlm::detail::checksum(b) == base);
+  CHECK(tlm::detail::checksum(std::span(b).first(76)) != base);  // the length counts
+}
+
+TEST_CASE("checkpoint: a byte changed in a tensor of either file is an error naming the tensor") {
+  for (const bool sidecar : {false, true}) {
+    const auto dir = fresh_dir(sidecar ? "flip_optim" : "flip_model");
+    trained t;
+    tlm::save_checkpoint<C>(dir, *t.p, t.opt, state_at(t, 2), nullptr);
+    const std::string name = sidecar ? "v.blk.1.ffn_down.weight" : "blk.1.ffn_down.weight";
+    flip_byte_of(dir / (sidecar ? "checkpoint-2.optim.gguf" : "checkpoint-2.gguf"), name);
+    auto p = std::make_unique<W>();
+    tlm::adamw<W> opt({.lr = 1});
+    CHECK_THROWS_WITH(tlm::load_checkpoint<C>(dir, *p, opt), doctest::Contains(("tensor '" + name + "' fails its checksum").c_str()));
+  }
+}
+
+TEST_CASE("checkpoint: a NaN in a loaded checkpoint blames the checkpoint, not the learning rate") {
+  const auto dir = fresh_dir("nan");
+  trained t;
+  t.p->layers[0].attn_norm.data()[3] = NAN;  // consistent with its checksum: only the value check finds it
+  tlm::save_checkpoint<C>(dir, *t.p, t.opt, state_at(t, 2), nullptr);
+  auto p = std::make_unique<W>();
+  tlm::adamw<W> opt({.lr = 1});
+  std::string what;
+  try {
+    tlm::load_checkpoint<C>(dir, *p, opt);
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  CHECK(what.find("checkpoint-2.gguf: tensor 'blk.0.attn_norm.weight' holds a NaN at index 3; the checkpoint is damaged") != std::string::npos);
+  CHECK(what.find("learning rate") == std::string::npos);
+}
+
+TEST_CASE("checkpoint: a file of the named pair missing is said plainly, without the model-download advice") {
+  for (const std::string gone : {"checkpoint-2.gguf", "checkpoint-2.optim.gguf"}) {
+    const auto dir = fresh_dir("missing");
+    trained t;
+    tlm::save_checkpoint<C>(dir, *t.p, t.opt, state_at(t, 2), nullptr);
+    std::filesystem::remove(dir / gone);
+    auto p = std::make_unique<W>();
+    tlm::adamw<W> opt({.lr = 1});
+    std::string what;
+    try {
+      tlm::load_checkpoint<C>(dir, *p, opt);
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    CHECK(what.find(gone + ": missing, though") != std::string::npos);
+    CHECK(what.find("fetch-model") == std::string::npos);
+  }
+}
+
+TEST_CASE("checkpoint: the newest `keep` pairs stay, older ones go") {
+  const auto dir = fresh_dir("keep");
+  trained t;
+  for (std::uint64_t step = 1; step <= 4; ++step) tlm::save_checkpoint<C>(dir, *t.p, t.opt, state_at(t, step), nullptr, 2);
+  CHECK(tlm::latest_checkpoint(dir) == "checkpoint-4");
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    CHECK(std::filesystem::exists(dir / ("checkpoint-" + std::to_string(step) + ".gguf")) == (step >= 3));
+    CHECK(std::filesystem::exists(dir / ("checkpoint-" + std::to_string(step) + ".optim.gguf")) == (step >= 3));
+  }
+}
+
+TEST_CASE("prune: temporary files, uncommitted pairs and half pairs are removed; the committed pair stays") {
+  const auto dir = fresh_dir("prune");
+  trained t;
+  for (std::uint64_t step = 1; step <= 3; ++step) tlm::save_checkpoint<C>(dir, *t.p, t.opt, state_at(t, step), nullptr, 3);
+  // What kills leave: a half pair (its other file lost), a pair written after the last
+  // commit, temporary files, and a file that is not the trainer's.
+  std::filesystem::remove(dir / "checkpoint-1.optim.gguf");
+  std::filesystem::copy_file(dir / "checkpoint-3.gguf", dir / "checkpoint-4.gguf");
+  std::filesystem::copy_file(dir / "checkpoint-3.optim.gguf", dir / "checkpoint-4.optim.gguf");
+  std::filesystem::copy_file(dir / "checkpoint-3.gguf", dir / "checkpoint-5.gguf.tmp-123");
+  tlm::detail::write_file_atomic(dir / "notes.txt", "mine\n");
+  const auto removed = tlm::prune_checkpoints(dir, 2);
+  CHECK(removed.size() == 4);
+  CHECK(!std::filesystem::exists(dir / "checkpoint-1.gguf"));
+  CHECK(!std::filesystem::exists(dir / "checkpoint-4.gguf"));
+  CHECK(!std::filesystem::exists(dir / "checkpoint-4.optim.gguf"));
+  CHECK(!std::filesystem::exists(dir / "checkpoint-5.gguf.tmp-123"));
+  CHECK(std::filesystem::exists(dir / "checkpoint-2.gguf"));
+  CHECK(std::filesystem::exists(dir / "checkpoint-3.optim.gguf"));
+  CHECK(std::filesystem::exists(dir / "notes.txt"));
+  CHECK(tlm::latest_checkpoint(dir) == "checkpoint-3");
+  // Without a pointer nothing is committed: every checkpoint file is an orphan.
+  std::filesystem::remove(dir / "checkpoint");
+  CHECK(tlm::prune_checkpoints(dir, 2).size() == 4);
+  CHECK(std::filesystem::exists(dir / "notes.txt"));
+}
+
+TEST_CASE("checkpoint: a cancelled write leaves the previous checkpoint committed and intact, and no new files") {
+  const auto dir = fresh_dir("cancel");
+  trained t;
+  int asks = 0;  // how often a whole save asks; the last time is just before the commit
+  tlm::save_checkpoint<C>(dir, *t.p, t.opt, state_at(t, 2), nullptr, 1, [&] { return ++asks < 0; });
+  REQUIRE(asks >= 3);
+  for (const int cancel_at : {1, asks / 2, asks}) {  // in the sidecar, later, just before the commit
+    int asked = 0;
+    CHECK_THROWS_WITH(tlm::save_checkpoint<C>(dir, *t.p, t.opt, state_at(t, 3), nullptr, 1, [&] { return ++asked >= cancel_at; }),
+                      doctest::Contains("cancel"));
+    CHECK(tlm::latest_checkpoint(dir) == "checkpoint-2");
+    std::size_t files = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.path().filename() != "checkpoint";
+    CHECK(files == 2);
+  }
+  auto p = std::make_unique<W>();
+  tlm::adamw<W> opt({.lr = 1});
+  CHECK(tlm::load_checkpoint<C>(dir, *p, opt).step == 2);
+  CHECK(same(*p, *t.p));
 }
 
 TEST_CASE("export: every --out-type writes a model file that binds, close to the f32 weights") {

@@ -9,16 +9,27 @@
 
 using tlm_test::random_params;
 
-TEST_CASE("learning rate: linear warm-up, then cosine down to min_lr") {
+TEST_CASE("learning rate: linear warm-up, then cosine towards min_lr, the last step above it") {
   tlm::adamw_options o{.lr = 1.0, .warmup = 4, .total_steps = 14, .min_lr = 0.1};
   CHECK(tlm::learning_rate(o, 1) == doctest::Approx(0.25));
   CHECK(tlm::learning_rate(o, 4) == doctest::Approx(1.0));
-  CHECK(tlm::learning_rate(o, 9) == doctest::Approx(0.1 + 0.45 * (1 + std::cos(M_PI * 0.5))));
-  CHECK(tlm::learning_rate(o, 14) == doctest::Approx(0.1));
+  CHECK(tlm::learning_rate(o, 5) == doctest::Approx(1.0));  // the first step after warm-up: progress 0
+  CHECK(tlm::learning_rate(o, 10) == doctest::Approx(0.1 + 0.45 * (1 + std::cos(M_PI * 0.5))));
+  CHECK(tlm::learning_rate(o, 14) == doctest::Approx(0.1 + 0.45 * (1 + std::cos(M_PI * 0.9))));
+  CHECK(tlm::learning_rate(o, 14) > 0.1);
+  CHECK(tlm::learning_rate(o, 15) == doctest::Approx(0.1));
   CHECK(tlm::learning_rate(o, 100) == doctest::Approx(0.1));
   tlm::adamw_options constant{.lr = 0.5};
   CHECK(tlm::learning_rate(constant, 1) == 0.5);
   CHECK(tlm::learning_rate(constant, 1000) == 0.5);
+}
+
+TEST_CASE("learning rate: with no warm-up, step 1 of 3 is at the peak and step 3 above min_lr (0)") {
+  // The trainer's defaults over a 3-step run: 3e-4, then progress 1/3 and 2/3.
+  const tlm::adamw_options o{.lr = 3e-4, .warmup = 0, .total_steps = 3, .min_lr = 0};
+  CHECK(tlm::learning_rate(o, 1) == doctest::Approx(3e-4).epsilon(1e-12));
+  CHECK(tlm::learning_rate(o, 2) == doctest::Approx(2.25e-4).epsilon(1e-12));
+  CHECK(tlm::learning_rate(o, 3) == doctest::Approx(7.5e-5).epsilon(1e-12));
 }
 
 TEST_CASE("one AdamW step equals the formula, element by element, with decay on matrices only") {

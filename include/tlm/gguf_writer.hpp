@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -153,7 +154,19 @@ class writer {
       throw shape_error("gguf::writer: tensor '" + std::string(name) + "' needs " + std::to_string(bytes) + " bytes of " +
                         std::string(traits(enc).name) + " data, got " + std::to_string(raw.size()) + "; check its dims and encoding");
     }
-    tensors_.push_back({std::string(name), std::move(dims), enc, bytes, std::vector<std::byte>(raw.begin(), raw.end()), {}});
+    tensors_.push_back({std::string(name), std::move(dims), enc, bytes, std::vector<std::byte>(raw.begin(), raw.end()), {}, {}});
+  }
+
+  // Like add_tensor, without a copy: the bytes are read when the file is written, so
+  // they must stay alive and unchanged until then (a checkpoint's optimizer moments,
+  // 1 GB at 135M, would otherwise sit in memory twice and be copied once more).
+  void add_tensor_view(std::string_view name, std::vector<std::uint64_t> dims, encoding enc, std::span<const std::byte> raw) {
+    const std::uint64_t bytes = check_tensor(name, dims, enc);
+    if (raw.size() != bytes) {
+      throw shape_error("gguf::writer: tensor '" + std::string(name) + "' needs " + std::to_string(bytes) + " bytes of " +
+                        std::string(traits(enc).name) + " data, got " + std::to_string(raw.size()) + "; check its dims and encoding");
+    }
+    tensors_.push_back({std::string(name), std::move(dims), enc, bytes, {}, {}, raw});
   }
 
   // float32 values in row-major order ([rows, dims[0]]), encoded as `enc` now.
@@ -168,14 +181,14 @@ class writer {
     const std::size_t cols = static_cast<std::size_t>(dims[0]);
     const std::size_t rb = row_bytes(enc, cols);
     for (std::size_t r = 0; r < values.size() / cols; ++r) quantize_row(enc, values.data() + r * cols, data.data() + r * rb, cols);
-    tensors_.push_back({std::string(name), std::move(dims), enc, bytes, std::move(data), {}});
+    tensors_.push_back({std::string(name), std::move(dims), enc, bytes, std::move(data), {}, {}});
   }
 
   // The callback fills the tensor's encoded bytes when the file is written.
   using fill_fn = std::function<void(std::span<std::byte>)>;
   void add_tensor_generated(std::string_view name, std::vector<std::uint64_t> dims, encoding enc, fill_fn fill) {
     const std::uint64_t bytes = check_tensor(name, dims, enc);
-    tensors_.push_back({std::string(name), std::move(dims), enc, bytes, {}, std::move(fill)});
+    tensors_.push_back({std::string(name), std::move(dims), enc, bytes, {}, std::move(fill), {}});
   }
 
   std::size_t tensor_count() const { return tensors_.size(); }
@@ -190,36 +203,65 @@ class writer {
     return out;
   }
 
-  // Writes atomically (temporary file, fsync, rename).
-  void write(const std::filesystem::path& path) const {
+  // Writes atomically (temporary file, fsync, rename). Small pieces (the header, the
+  // padding) are gathered in a buffer; a tensor's bytes go to write(2) straight from
+  // memory in chunks of 64 MB, so the time is the disk's, proportional to the bytes,
+  // with one fsync per file. `cancelled`, when given, is asked before every chunk: when
+  // it says true the temporary file is removed and `path` is left as it was (a second
+  // Ctrl-C during a 1.6 GB checkpoint need not wait for the disk).
+  void write(const std::filesystem::path& path, const std::function<bool()>& cancelled = {}) const {
     const std::string target = path.string();
     const std::string tmp = target + ".tmp-" + std::to_string(::getpid());
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) throw error(tmp + ": cannot create: " + std::strerror(errno) + "; check that the directory exists and is writable");
+    constexpr std::size_t buffer_bytes = std::size_t{1} << 20, chunk_bytes = std::size_t{64} << 20;
     std::vector<std::byte> buf;
-    buf.reserve(1 << 20);
-    auto flush = [&] {
-      std::size_t done = 0;
-      while (done < buf.size()) {
-        const ssize_t w = ::write(fd, buf.data() + done, buf.size() - done);
+    buf.reserve(buffer_bytes);
+    // Writeback is started after every chunk and awaited four chunks (256 MB) later:
+    // the disk works while later chunks are copied, with a queue deep enough to keep it
+    // busy, and at most 256 MB are dirty, so the final fsync has little left to do and
+    // `cancelled` is asked at the pace of the disk, not of page-cache copies (which would
+    // leave a long fsync at the end that a second Ctrl-C could not interrupt). Measured
+    // on 1.6 GB: waiting one chunk behind took 4.5 s, never waiting 3.0-3.9 s, four
+    // chunks behind 2.5-2.8 s (the old buffered writer: 4.3-6.6 s).
+    off_t written = 0, started = 0, waited = 0;
+    const off_t lag = 4 * static_cast<off_t>(chunk_bytes);
+    const auto put = [&](const std::byte* p, std::size_t n) {
+      while (n > 0) {
+        if (cancelled && cancelled()) throw error(tmp + ": write cancelled; " + target + " is unchanged");
+        const ssize_t w = ::write(fd, p, std::min(n, chunk_bytes));
         if (w < 0) {
-          if (errno == EINTR) continue;
+          if (errno == EINTR) continue;  // a signal (Ctrl-C) arrived: ask `cancelled` again
           throw error(tmp + ": write failed: " + std::strerror(errno) + "; check free disk space");
         }
-        done += static_cast<std::size_t>(w);
+        p += w;
+        n -= static_cast<std::size_t>(w);
+        written += w;
+        if (written - started >= static_cast<off_t>(chunk_bytes)) {
+          // Errors are not checked here: the fsync at the end reports them.
+          ::sync_file_range(fd, started, written - started, SYNC_FILE_RANGE_WRITE);
+          if (written - waited > lag) {
+            ::sync_file_range(fd, waited, written - lag - waited, SYNC_FILE_RANGE_WAIT_BEFORE);
+            waited = written - lag;
+          }
+          started = written;
+        }
       }
+    };
+    const auto flush = [&] {
+      put(buf.data(), buf.size());
       buf.clear();
     };
     try {
       emit([&](const void* p, std::size_t n) {
         const auto* b = static_cast<const std::byte*>(p);
-        while (n > 0) {
-          const std::size_t take = std::min(n, buf.capacity() - buf.size());
-          buf.insert(buf.end(), b, b + take);
-          b += take;
-          n -= take;
-          if (buf.size() == buf.capacity()) flush();
+        if (n >= buffer_bytes) {  // large: no copy through the buffer
+          flush();
+          put(b, n);
+          return;
         }
+        if (buf.size() + n > buffer_bytes) flush();
+        buf.insert(buf.end(), b, b + n);
       });
       flush();
       if (::fsync(fd) != 0) throw error(tmp + ": fsync failed: " + std::strerror(errno));
@@ -252,8 +294,9 @@ class writer {
     std::vector<std::uint64_t> dims;
     encoding enc;
     std::uint64_t bytes;
-    std::vector<std::byte> data;  // empty when `fill` produces the bytes
+    std::vector<std::byte> data;  // owned bytes; empty when `fill` or `view` gives them
     fill_fn fill;
+    std::span<const std::byte> view;  // bytes owned by the caller (add_tensor_view)
   };
 
   void put_meta(std::string_view key, std::vector<std::byte> bytes) {
@@ -331,13 +374,23 @@ class writer {
     sink(h.bytes.data(), h.bytes.size());
     std::uint64_t pos = 0;
     const std::vector<std::byte> zeros(alignment_, std::byte{0});
+    std::unique_ptr<std::byte[]> scratch;
+    std::uint64_t scratch_bytes = 0;
     for (std::size_t i = 0; i < tensors_.size(); ++i) {
       const auto& t = tensors_[i];
       sink(zeros.data(), static_cast<std::size_t>(offsets[i] - pos));
       if (t.fill) {
-        std::vector<std::byte> data(static_cast<std::size_t>(t.bytes));
-        t.fill(std::span<std::byte>(data));
+        // One scratch buffer for all generated tensors, grown to the largest and not
+        // zeroed: a fresh zero-filled vector per tensor cost a memset of every byte.
+        if (scratch_bytes < t.bytes) {
+          scratch.reset(new std::byte[static_cast<std::size_t>(t.bytes)]);
+          scratch_bytes = t.bytes;
+        }
+        const std::span<std::byte> data(scratch.get(), static_cast<std::size_t>(t.bytes));
+        t.fill(data);
         sink(data.data(), data.size());
+      } else if (!t.view.empty()) {
+        sink(t.view.data(), t.view.size());
       } else {
         sink(t.data.data(), t.data.size());
       }

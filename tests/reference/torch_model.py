@@ -239,10 +239,14 @@ class TrainHparams:
 
 
 def lr_at(t: int, hp: TrainHparams) -> float:
-    """Learning rate of step t = 1..steps: linear warm-up, then cosine down to min_lr."""
+    """Learning rate of step t = 1..steps: linear warm-up, then cosine towards min_lr.
+
+    As tlm::learning_rate: the first step after warm-up is at the peak (progress 0) and
+    the last step still above min_lr (progress (steps - warmup - 1) / (steps - warmup)).
+    """
     if t <= hp.warmup:
         return hp.lr * t / hp.warmup
-    frac = (t - hp.warmup) / (hp.steps - hp.warmup)
+    frac = (t - hp.warmup - 1) / (hp.steps - hp.warmup)
     return hp.min_lr + 0.5 * (hp.lr - hp.min_lr) * (1.0 + math.cos(math.pi * frac))
 
 

@@ -43,13 +43,17 @@ struct adamw_options {
   double min_lr = 0.0;
 };
 
-// The learning rate of step t (1-based): lr·t/warmup during warm-up, then a cosine
-// from lr down to min_lr at total_steps (and min_lr after it).
+// The learning rate of step t (1-based): lr·t/warmup during warm-up, then a cosine from
+// lr towards min_lr over the remaining steps. Step t after warm-up uses progress
+// (t − warmup − 1) / (total_steps − warmup): the first step after warm-up (step 1 with
+// no warm-up) runs at the peak, and the last step, total_steps, still runs above min_lr
+// (the cosine would reach min_lr one step later, which is never taken); a step at
+// min_lr or at a fraction of the peak wastes the step. Beyond total_steps: min_lr.
 inline double learning_rate(const adamw_options& o, std::size_t t) {
   if (o.warmup > 0 && t <= o.warmup) return o.lr * static_cast<double>(t) / static_cast<double>(o.warmup);
   if (o.total_steps == 0 || o.total_steps <= o.warmup) return o.lr;
-  if (t >= o.total_steps) return o.min_lr;
-  const double progress = static_cast<double>(t - o.warmup) / static_cast<double>(o.total_steps - o.warmup);
+  if (t > o.total_steps) return o.min_lr;
+  const double progress = static_cast<double>(t - o.warmup - 1) / static_cast<double>(o.total_steps - o.warmup);
   return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 

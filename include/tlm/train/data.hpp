@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -65,7 +66,15 @@ namespace detail {
   throw text_error(file + (line ? ":" + std::to_string(line) : std::string()) + ": " + problem);
 }
 
+// A folder opens as a stream and fails only at the first read, with the C++ library's
+// words and no name ("basic_filebuf::underflow error reading the file"): refused first.
+inline void require_not_folder(const std::string& file) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(file, ec)) throw error(file + ": is a folder, not a data file; give --data a text file (or a chat JSONL file with --chat)");
+}
+
 inline std::string read_all(const std::string& file) {
+  require_not_folder(file);
   std::ifstream in(file, std::ios::binary);
   if (!in) throw error(file + ": cannot open the data file; check the --data path");
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -116,6 +125,7 @@ inline dataset load_text(const std::string& file, const tokenize_fn& tokenize, s
 // Chat JSONL rendered with `chat_template` (ChatML); loss on assistant tokens only.
 inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, std::string_view chat_template, std::int32_t pad,
                          std::size_t seq, double held_out_fraction) {
+  detail::require_not_folder(file);
   std::ifstream in(file, std::ios::binary);
   if (!in) throw error(file + ": cannot open the data file; check the --data path");
   dataset d;

@@ -91,6 +91,82 @@ TEST_CASE("a stop string spanning a token boundary ends generation and is never 
   CHECK(r2.text == full.text);
 }
 
+namespace {
+
+// What one run of a stop_filter released.
+struct filtered {
+  std::string released;
+  int stopped_at = -1;
+  std::vector<std::string> per_piece;  // what each push released
+  std::string pushes() const {
+    std::string joined;
+    for (std::size_t i = 0; i < per_piece.size(); ++i) joined += (i ? "|" : "") + per_piece[i];
+    return joined;
+  }
+};
+
+// Feeds `pieces` to a stop_filter one at a time, as decode feeds it each token's text.
+// Returns everything released (flush included) and the index of the piece that
+// completed a stop string (-1: none); nothing is pushed after a stop, as in decode.
+filtered run_stop_filter(const std::vector<std::string>& stops, const std::vector<std::string>& pieces) {
+  tlm::detail::stop_filter filter(stops);
+  filtered f;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    auto [text, stopped] = filter.push(pieces[i]);
+    f.released += text;
+    f.per_piece.push_back(text);
+    if (stopped) {
+      f.stopped_at = static_cast<int>(i);
+      return f;
+    }
+  }
+  f.released += filter.flush();
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("stop filter: a stop string spread over three or more pieces is held back whole and stops") {
+  // "ris." arrives as "r", "i", "s.": the hold-back must cover every piece since the
+  // possible start of the stop string, not only the newest one.
+  const auto paris = run_stop_filter({"ris."}, {"Pa", "r", "i", "s.", " more"});
+  CHECK(paris.released == "Pa");
+  CHECK(paris.stopped_at == 3);
+  // What each push released, joined by '|': "r" and "ri" might begin "ris.", so nothing.
+  CHECK(paris.pushes() == "Pa|||");
+  // One byte per piece, the stop string four pieces long.
+  const auto bytes = run_stop_filter({"abcd"}, {"x", "a", "b", "c", "d", "y"});
+  CHECK(bytes.released == "x");
+  CHECK(bytes.stopped_at == 4);
+  // A false start: "ab" + "ab" + "c" + "d" stops at "abcd" and releases the first "ab".
+  const auto restart = run_stop_filter({"abcd"}, {"ab", "ab", "c", "d"});
+  CHECK(restart.released == "ab");
+  CHECK(restart.stopped_at == 3);
+  // A held tail that never completes comes out unchanged at the end.
+  const auto partial = run_stop_filter({"ris."}, {"Pa", "r", "i", "s"});
+  CHECK(partial.stopped_at == -1);
+  CHECK(partial.released == "Paris");
+  // With two stop strings, the one that completes first wins, across pieces.
+  const auto two = run_stop_filter({"xyz!", "ris."}, {"Pa", "r", "i", "s.", "xyz!"});
+  CHECK(two.released == "Pa");
+  CHECK(two.stopped_at == 3);
+}
+
+TEST_CASE("stop filter: \"\\n\\n\" arriving as two \"\\n\" tokens stops and is never released") {
+  // "\n\n" as two "\n" tokens, the second one also carrying text after it.
+  const auto blank = run_stop_filter({"\n\n"}, {"Hello", "\n", "\n", "World"});
+  CHECK(blank.released == "Hello");
+  CHECK(blank.stopped_at == 2);
+  const auto blank_tail = run_stop_filter({"\n\n"}, {"Hi", "\n", "\nthere"});
+  CHECK(blank_tail.released == "Hi");
+  CHECK(blank_tail.stopped_at == 2);
+  // A single "\n" that is not followed by another is released once it cannot begin one.
+  const auto single = run_stop_filter({"\n\n"}, {"a", "\n", "b", "\n"});
+  CHECK(single.stopped_at == -1);
+  CHECK(single.pushes() == "a||\nb|");
+  CHECK(single.released == "a\nb\n");  // the last "\n" comes out of flush
+}
+
 TEST_CASE("end-of-sequence, the callback and the token limit stop generation") {
   auto& m = shared();
   const auto& tok = shared_tokenizer();

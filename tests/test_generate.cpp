@@ -305,6 +305,67 @@ TEST_CASE("a cache clone copies the written positions and continues like the ori
   CHECK(std::equal(first.begin(), first.end(), lb.begin(), lb.end()));
 }
 
+TEST_CASE("beam search: the length penalty's exponent sets the score and the rank of a finished beam") {
+  auto& m = shared();
+  const auto& tok = shared_tokenizer();
+  // A question the instruct model answers in a sentence and then ends its turn: some
+  // beams finish (end-of-sequence) before the token limit while others run on to it.
+  const auto ids = tok.encode("<|im_start|>user\nWhat is the capital of France? One word.<|im_end|>\n<|im_start|>assistant\n",
+                              {.add_bos = false, .parse_special = true});
+  const double penalties[] = {0.5, 2.0};
+  std::vector<std::vector<tlm::beam>> runs;
+  for (const double lp : penalties) {
+    runs.push_back(tlm::generate_beam(m, tok, ids, {.width = 4, .max_tokens = 16, .length_penalty = static_cast<float>(lp)}));
+    for (const auto& b : runs.back())
+      MESSAGE("lp " << lp << ": score " << b.score << ", log-prob " << b.log_prob << ", " << b.ids.size() << " tokens, "
+              << std::string(b.finished ? "finished" : "live") << ": '" << b.text << "'");
+  }
+  const auto formula = [](const tlm::beam& b, double lp) {
+    return b.log_prob / std::pow(static_cast<double>(b.ids.size()), lp);
+  };
+  // The search keeps the same beams whatever the penalty (it ranks extensions by
+  // log-prob); only their scores and their order change.
+  const auto by_ids = [](std::vector<tlm::beam> v) {
+    std::sort(v.begin(), v.end(), [](const tlm::beam& a, const tlm::beam& b) { return a.ids < b.ids; });
+    return v;
+  };
+  REQUIRE(runs[0].size() == 4);
+  REQUIRE(runs[1].size() == 4);
+  const auto a = by_ids(runs[0]), b = by_ids(runs[1]);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].ids == b[i].ids);
+    CHECK(a[i].log_prob == b[i].log_prob);
+  }
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const double lp = penalties[r];
+    for (std::size_t i = 0; i < runs[r].size(); ++i) {
+      const auto& x = runs[r][i];
+      INFO("lp " << lp << ", beam " << i);
+      CHECK(x.score == doctest::Approx(formula(x, lp)).epsilon(1e-12));
+      // Best first, by the score of this penalty.
+      for (std::size_t j = i + 1; j < runs[r].size(); ++j) CHECK(formula(x, lp) >= formula(runs[r][j], lp));
+    }
+  }
+  // The case that makes the exponent matter: a finished beam shorter and more likely than
+  // a live one ranks above it at 0.5 and below it at 2 (log-probs of about -8.5 at 12
+  // tokens and -10.9 at 16: 8.5 / 12^0.5 < 10.9 / 16^0.5, but 8.5 / 144 > 10.9 / 256).
+  const auto rank = [](const std::vector<tlm::beam>& run, const tlm::beam& x) {
+    return std::find_if(run.begin(), run.end(), [&](const tlm::beam& y) { return y.ids == x.ids; }) - run.begin();
+  };
+  bool flipped = false;
+  for (const auto& f : a) {
+    for (const auto& l : a) {
+      if (!f.finished || l.finished || f.ids.size() >= l.ids.size() || f.log_prob <= l.log_prob) continue;
+      if (formula(f, 0.5) > formula(l, 0.5) && formula(f, 2.0) < formula(l, 2.0)) {
+        flipped = true;
+        CHECK(rank(runs[0], f) < rank(runs[0], l));
+        CHECK(rank(runs[1], f) > rank(runs[1], l));
+      }
+    }
+  }
+  REQUIRE_MESSAGE(flipped, "no finished beam whose rank against a longer live one depends on the penalty");
+}
+
 TEST_CASE("beam search: width 1 is greedy, and every beam's score is its log-probs recomputed") {
   auto& m = shared();
   const auto& tok = shared_tokenizer();

@@ -1,7 +1,8 @@
 // K-quant blocks (Q4_K, Q5_K, Q6_K) filled with random bytes: tlm::dequantize_row
 // against an element-by-element decoder written here from llama.cpp's layout
-// (ggml-quants.c, dequantize_row_q*_K), bit for bit; then matvec and matmul at every
-// kernel level this CPU runs against the dot products of dequantize_row's values.
+// (ggml-quants.c, dequantize_row_q*_K), bit for bit; then matvec and matmul, exact and
+// fast, at every kernel level this CPU runs against the dot products of dequantize_row's
+// values.
 // Random bytes reach every nibble, high bit and 6-bit scale of a block, which fixed
 // blocks with a few set values do not: a decoder that swaps the order of Q6_K's
 // nibbles or bit pairs differs from the layout in most values here.
@@ -172,11 +173,17 @@ TEST_CASE("K-quant blocks of random bytes: matvec and matmul at every kernel lev
         const std::size_t rb = tlm::row_bytes(enc, cols);
         std::vector<float> dense(rows * cols);
         for (std::size_t r = 0; r < rows; ++r) tlm::dequantize_row(enc, w.data() + r * rb, dense.data() + r * cols, cols);
+        for (const auto p : {tlm::kernels::precision::exact, tlm::kernels::precision::fast})
         for (const std::size_t batch : {std::size_t{1}, std::size_t{2}, std::size_t{5}, std::size_t{17}, std::size_t{40}}) {
+          // Exact: a float sum in another order. Fast (integer kernels, where an encoding
+          // has them; otherwise exact): x rounded to int8 per block of 32 as well, about
+          // 1e-4 of sum |w x| on random rows. One misdecoded value in a block of 256
+          // random ones moves a product by a few percent of it.
+          const double tolerance = p == tlm::kernels::precision::exact ? 1e-5 : 2e-3;
           std::vector<float> x(batch * cols), y(batch * rows, -777.0f);
           for (auto& v : x) v = unit(rng);
-          if (batch == 1) tlm::kernels::matvec(enc, w.data(), x.data(), y.data(), rows, cols);
-          else tlm::kernels::matmul(enc, w.data(), x.data(), y.data(), rows, cols, batch);
+          if (batch == 1) tlm::kernels::matvec(enc, w.data(), x.data(), y.data(), rows, cols, nullptr, p);
+          else tlm::kernels::matmul(enc, w.data(), x.data(), y.data(), rows, cols, batch, nullptr, p);
           int bad = 0;
           for (std::size_t b = 0; b < batch; ++b) {
             for (std::size_t r = 0; r < rows; ++r) {
@@ -186,17 +193,17 @@ TEST_CASE("K-quant blocks of random bytes: matvec and matmul at every kernel lev
                 want += t;
                 size += std::fabs(t);
               }
-              // A float sum of `cols` terms in any order: far below what one
-              // misdecoded value of a random block changes.
               const double got = y[b * rows + r];
-              if (!(std::fabs(got - want) <= 1e-5 * size) && bad++ == 0) {
-                INFO(tlm::kernel_level_name(level) << " " << tlm::name(enc) << " cols " << cols << " batch " << batch
-                                                   << ": row " << r << " of batch row " << b);
+              if (!(std::fabs(got - want) <= tolerance * size) && bad++ == 0) {
+                INFO(tlm::kernel_level_name(level) << " " << tlm::name(enc) << std::string(p == tlm::kernels::precision::fast ? " fast" : " exact")
+                                                   << " cols " << cols << " batch " << batch << ": row " << r
+                                                   << " of batch row " << b);
                 CHECK(got == doctest::Approx(want));
               }
             }
           }
-          INFO(tlm::kernel_level_name(level) << " " << tlm::name(enc) << " cols " << cols << " batch " << batch);
+          INFO(tlm::kernel_level_name(level) << " " << tlm::name(enc) << std::string(p == tlm::kernels::precision::fast ? " fast" : " exact")
+                                             << " cols " << cols << " batch " << batch);
           CHECK(bad == 0);
         }
       }

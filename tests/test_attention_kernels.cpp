@@ -1,7 +1,8 @@
 // The attention kernels (kernels/attention_scalar.hpp) at every level this CPU runs,
 // against their double references across block sizes 0..140, head sizes, strides and
 // misalignments; and the SIMD levels' exp against its scalar form (bit for bit) and
-// against the correctly rounded exp (ulps).
+// against the correctly rounded exp (ulps); and every level against stored outputs of the
+// double references, so a level is held to fixed numbers on whichever machine runs it.
 #include <doctest/doctest.h>
 
 #include <tlm/kernels/attention.hpp>
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernel_levels.hpp"
@@ -57,6 +59,89 @@ std::vector<std::int8_t> random_codes(std::size_t n, std::mt19937& rng) {
 }
 
 constexpr std::size_t head_sizes[] = {64, 128, 16, 8, 24, 48, 80, 5, 33};
+
+namespace fixture {
+
+// Inputs from an integer hash, exact in float and the same on every platform (unlike
+// std::uniform_real_distribution, whose output the standard leaves open).
+float input(std::uint32_t seed, std::uint32_t i, float range) {
+  std::uint32_t h = (seed * 0x9E3779B1u) ^ (i * 0x85EBCA77u);
+  h ^= h >> 15;
+  h *= 0x2C1B3C6Du;
+  h ^= h >> 12;
+  return static_cast<float>(static_cast<int>(h % 2049u) - 1024) * (range / 1024.0f);
+}
+std::int8_t code(std::uint32_t seed, std::uint32_t i) {
+  return static_cast<std::int8_t>(static_cast<int>(input(seed, i, 1024.0f)) % 128);
+}
+float positive(std::uint32_t seed, std::uint32_t i) { return (input(seed, i, 1024.0f) + 1025.0f) / 65536.0f; }
+
+// 37 keys: two whole blocks of 16 and a tail of 5, so a block's offset into the key or
+// value scales shows; E 64 (the model's head size) takes every SIMD level's own path.
+constexpr std::size_t n = 37, E = 64, stride = 72;
+constexpr float scale = 0.125f, c = 0.375f;
+
+// Printed with %a from the double references of tlm/kernels/attention.hpp on the inputs
+// above (each rounded once to float). They are stored rather than computed so that a
+// level is held to fixed numbers wherever it runs; the test checks that the references
+// still give them bit for bit.
+constexpr float want_scores[] = {
+    -0x1.ab974p-1f, -0x1.4fac18p+1f, -0x1.436fcp+1f, -0x1.b1339p+0f,
+    -0x1.1c8cfcp+2f, 0x1.8d303p+1f, 0x1.c1d33p+0f, -0x1.4f078p+0f,
+    -0x1.283d18p+1f, -0x1.5fc67p+0f, -0x1.042fp+0f, 0x1.fdf24p+0f,
+    -0x1.66ffcp-1f, -0x1.98ea98p+1f, 0x1.b22dep+0f, -0x1.898p-4f,
+    0x1.fff61p+0f, 0x1.5d798p+1f, -0x1.9c152cp+2f, 0x1.8c108p-3f,
+    -0x1.4d70ep+1f, -0x1.3e9a8p-3f, 0x1.dbd44p+0f, 0x1.fe11ep+0f,
+    -0x1.d242dp+1f, -0x1.b1da6p+0f, -0x1.4733e8p+1f, -0x1.4ea2p-1f,
+    0x1.63c7d8p+1f, -0x1.d31528p+1f, -0x1.ff7ep-4f, 0x1.e2a2fp+0f,
+    -0x1.64fd8p-3f, -0x1.ca227p+0f, 0x1.e9f9cp-2f, -0x1.4296p-3f,
+    0x1.423d9p+1f};
+constexpr float want_scores_q8[] = {
+    -0x1.a6d366p-2f, 0x1.118f36p-4f, -0x1.995f76p+0f, -0x1.72e956p-1f,
+    0x1.9d84aap-4f, -0x1.d98dep-2f, 0x1.4c33c6p+0f, 0x1.010548p+1f,
+    -0x1.24d7fcp-1f, -0x1.6b66a4p+0f, 0x1.a7adc6p-2f, -0x1.bd4dbcp-6f,
+    0x1.0f80cep+2f, 0x1.0f1098p-7f, -0x1.9e494p-2f, -0x1.7a9dd4p-5f,
+    -0x1.e72d5cp-5f, 0x1.961b58p-1f, 0x1.02d242p+0f, 0x1.17f518p-1f,
+    0x1.cf8548p+1f, 0x1.a27d4cp+1f, 0x1.68514ep+1f, -0x1.0ee6e4p+1f,
+    0x1.f08098p-2f, -0x1.d5e6ecp+0f, 0x1.bbb97p-1f, 0x1.018d94p-4f,
+    0x1.443018p-4f, -0x1.81843cp+0f, 0x1.a3480cp-3f, -0x1.a2f0d4p-3f,
+    -0x1.6549fp+2f, 0x1.4f37aep+1f, -0x1.7fded2p+0f, 0x1.563342p+1f,
+    -0x1.8b7522p+0f};
+constexpr float want_accumulate[] = {
+    -0x1.faba2p+0f, 0x1.6d1cp-4f, -0x1.2f0a48p+1f, 0x1.7e1e98p+2f,
+    -0x1.503c48p+1f, -0x1.d2d48p+0f, -0x1.0ea88cp+2f, -0x1.664308p+1f,
+    -0x1.54564p+1f, -0x1.5396cp-2f, -0x1.878e2p-1f, -0x1.65aef4p+2f,
+    -0x1.2ca7ap-1f, 0x1.c0f848p+1f, 0x1.e9d64p+0f, -0x1.a558cp-1f,
+    -0x1.27b138p+1f, -0x1.78d2a8p+1f, 0x1.40bd44p+2f, 0x1.9f21e4p+2f,
+    -0x1.9232e8p+1f, -0x1.cfbec8p+1f, -0x1.b989ep+0f, 0x1.1e3a98p+2f,
+    -0x1.5c115p+2f, 0x1.1d1848p+3f, -0x1.1ce094p+2f, 0x1.2f5aep-1f,
+    -0x1.22277cp+2f, -0x1.f136ep-1f, -0x1.11f13p+1f, 0x1.274b54p+2f,
+    -0x1.10ac7p+1f, -0x1.11ef84p+2f, -0x1.75ae98p+1f, 0x1.57342p+1f,
+    0x1.0fbb26p+3f, 0x1.74ad98p+2f, -0x1.28318p+1f, -0x1.051aa8p+1f,
+    -0x1.a5e76p+1f, 0x1.e4a08p+1f, 0x1.dfacfp+1f, 0x1.023638p+1f,
+    0x1.32b58p+2f, 0x1.87217p+2f, 0x1.e311p-2f, -0x1.828dfp+1f,
+    -0x1.a2a228p+2f, 0x1.99264p-1f, -0x1.b280ep+0f, 0x1.97cf0cp+2f,
+    0x1.5d658p-2f, -0x1.86242p+0f, 0x1.3b778p+0f, 0x1.7cba6p+0f,
+    -0x1.0ee7p+1f, -0x1.4cafe4p+3f, -0x1.2fbf4p+0f, -0x1.8811cp+0f,
+    -0x1.765bap+0f, -0x1.12dccp-2f, -0x1.6d991p+1f, -0x1.629184p+2f};
+constexpr float want_accumulate_q8[] = {
+    0x1.7efd7ep+1f, 0x1.e56adcp+1f, 0x1.24ffb2p-2f, -0x1.1d365cp+0f,
+    0x1.143b72p+0f, 0x1.473892p+2f, -0x1.935ceep+1f, -0x1.51ca8cp+2f,
+    0x1.5e258ap+3f, -0x1.21812cp+0f, 0x1.58bf5ep+2f, 0x1.9dcd78p+2f,
+    -0x1.849374p+2f, -0x1.abb67p+2f, -0x1.e52706p-1f, -0x1.91ecap-3f,
+    0x1.534fc4p+3f, 0x1.be6caap+0f, 0x1.b09d7ep+1f, 0x1.53f812p+2f,
+    -0x1.2b24cp+1f, -0x1.595cdcp+3f, -0x1.f46c58p-3f, -0x1.124dfap+3f,
+    0x1.33b10ep+2f, 0x1.f9c0c4p+1f, -0x1.db0d9ep+2f, 0x1.2fc9bap+2f,
+    -0x1.9e8378p-1f, -0x1.4ca7e8p+1f, 0x1.fcfa9ap+2f, 0x1.0cc8dp+1f,
+    0x1.04a1dcp+2f, 0x1.59db28p+3f, -0x1.8b1f92p+2f, 0x1.580926p+0f,
+    0x1.41b57ap+2f, -0x1.7edbdep+2f, -0x1.4d2cccp+1f, 0x1.bf3a32p+0f,
+    -0x1.54315ap+2f, 0x1.78011cp-1f, 0x1.da5c0ep+1f, -0x1.7af2cap+1f,
+    -0x1.ab62e8p-4f, 0x1.4ac41cp+2f, -0x1.46071ap+3f, -0x1.26ec6p+2f,
+    -0x1.a4b3ep-1f, 0x1.2787b4p+3f, -0x1.f5a15p+0f, 0x1.cd7e86p+0f,
+    0x1.373098p+2f, -0x1.08c542p+3f, -0x1.092264p+1f, 0x1.0e40c4p+1f,
+    0x1.7cd0f6p+1f, 0x1.684ac8p+2f, 0x1.0bf81p+1f, 0x1.047fd2p+1f,
+    -0x1.4766c8p+2f, 0x1.897fd4p+2f, 0x1.792654p+0f, -0x1.81d982p+1f};
+}  // namespace fixture
 
 }  // namespace
 
@@ -234,4 +319,75 @@ TEST_CASE("accumulate and accumulate_q8 at every level against the double refere
       }
     }
   }
+}
+
+TEST_CASE("every kernel level against stored outputs of the double references (fixture), levels named") {
+  namespace f = fixture;
+  level_guard guard;
+  std::vector<float> q(f::E), keys(f::n * f::stride), ks(f::n), p(f::n), values(f::n * f::stride), out0(f::E), vs(f::n);
+  std::vector<std::int8_t> kc(f::n * f::E), vc(f::n * f::E);
+  for (std::uint32_t e = 0; e < f::E; ++e) q[e] = f::input(1, e, 2.0f), out0[e] = f::input(6, e, 1.0f);
+  for (std::uint32_t i = 0; i < f::n * f::stride; ++i) keys[i] = f::input(2, i, 4.0f), values[i] = f::input(5, i, 2.0f);
+  for (std::uint32_t i = 0; i < f::n * f::E; ++i) kc[i] = f::code(3, i), vc[i] = f::code(7, i);
+  for (std::uint32_t j = 0; j < f::n; ++j) ks[j] = f::positive(4, j), p[j] = f::positive(8, j) * 32.0f, vs[j] = f::positive(9, j);
+
+  // The references still give the stored numbers, so the fixture and the code agree.
+  std::vector<float> s(f::n), a(out0);
+  k::attention_scores_reference(q.data(), keys.data(), f::stride, f::n, f::E, f::scale, s.data());
+  for (std::size_t j = 0; j < f::n; ++j) CHECK(s[j] == f::want_scores[j]);
+  k::attention_scores_q8_reference(q.data(), kc.data(), ks.data(), f::n, f::E, f::scale, s.data());
+  for (std::size_t j = 0; j < f::n; ++j) CHECK(s[j] == f::want_scores_q8[j]);
+  k::attention_accumulate_reference(f::c, p.data(), values.data(), f::stride, f::n, f::E, a.data());
+  for (std::size_t e = 0; e < f::E; ++e) CHECK(a[e] == f::want_accumulate[e]);
+  a = out0;
+  k::attention_accumulate_q8_reference(f::c, p.data(), vc.data(), vs.data(), f::n, f::E, a.data());
+  for (std::size_t e = 0; e < f::E; ++e) CHECK(a[e] == f::want_accumulate_q8[e]);
+
+  // Bounds as in the cases above: a float summation order's error against the size of
+  // the terms summed.
+  std::string ran;
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    ran += std::string(ran.empty() ? "" : ", ") + std::string(tlm::kernel_level_name(level));
+    INFO("level " << tlm::kernel_level_name(level));
+    k::attention().scores(q.data(), keys.data(), f::stride, f::n, f::E, f::scale, s.data());
+    for (std::size_t j = 0; j < f::n; ++j) {
+      double mag = 0;
+      for (std::size_t e = 0; e < f::E; ++e) mag += std::fabs(q[e] * keys[j * f::stride + e]) * f::scale;
+      CAPTURE(j);
+      CHECK(std::fabs(s[j] - f::want_scores[j]) <= 2e-6 * mag);
+    }
+    k::attention().scores_q8(q.data(), kc.data(), ks.data(), f::n, f::E, f::scale, s.data());
+    for (std::size_t j = 0; j < f::n; ++j) {
+      double mag = 0;
+      for (std::size_t e = 0; e < f::E; ++e) mag += std::fabs(q[e] * kc[j * f::E + e]) * ks[j] * f::scale;
+      CAPTURE(j);
+      CHECK(std::fabs(s[j] - f::want_scores_q8[j]) <= 2e-6 * mag);
+    }
+    a = out0;
+    k::attention().accumulate(f::c, p.data(), values.data(), f::stride, f::n, f::E, a.data());
+    for (std::size_t e = 0; e < f::E; ++e) {
+      double mag = std::fabs(f::c * out0[e]);
+      for (std::size_t j = 0; j < f::n; ++j) mag += std::fabs(p[j] * values[j * f::stride + e]);
+      CAPTURE(e);
+      CHECK(std::fabs(a[e] - f::want_accumulate[e]) <= 1e-5 * mag);
+    }
+    a = out0;
+    k::attention().accumulate_q8(f::c, p.data(), vc.data(), vs.data(), f::n, f::E, a.data());
+    for (std::size_t e = 0; e < f::E; ++e) {
+      double mag = std::fabs(f::c * out0[e]);
+      for (std::size_t j = 0; j < f::n; ++j) mag += std::fabs(p[j] * vs[j] * vc[j * f::E + e]);
+      CAPTURE(e);
+      CHECK(std::fabs(a[e] - f::want_accumulate_q8[e]) <= 1e-5 * mag);
+    }
+  }
+  // Which levels this machine held to the fixture: a level it cannot run is not tested
+  // here, and the log says so rather than passing in silence.
+  std::string skipped;
+  for (auto level : {tlm::kernel_level::scalar, tlm::kernel_level::avx2, tlm::kernel_level::avx512})
+    if (!tlm::kernel_level_supported(level))
+      skipped += std::string(skipped.empty() ? "" : ", ") + std::string(tlm::kernel_level_name(level));
+  MESSAGE("attention kernel levels run against the fixture: " << ran
+          << "; not run (this CPU lacks them): " << (skipped.empty() ? std::string("none") : skipped));
+  CHECK(!ran.empty());
 }

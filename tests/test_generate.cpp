@@ -91,6 +91,82 @@ TEST_CASE("a stop string spanning a token boundary ends generation and is never 
   CHECK(r2.text == full.text);
 }
 
+namespace {
+
+// What one run of a stop_filter released.
+struct filtered {
+  std::string released;
+  int stopped_at = -1;
+  std::vector<std::string> per_piece;  // what each push released
+  std::string pushes() const {
+    std::string joined;
+    for (std::size_t i = 0; i < per_piece.size(); ++i) joined += (i ? "|" : "") + per_piece[i];
+    return joined;
+  }
+};
+
+// Feeds `pieces` to a stop_filter one at a time, as decode feeds it each token's text.
+// Returns everything released (flush included) and the index of the piece that
+// completed a stop string (-1: none); nothing is pushed after a stop, as in decode.
+filtered run_stop_filter(const std::vector<std::string>& stops, const std::vector<std::string>& pieces) {
+  tlm::detail::stop_filter filter(stops);
+  filtered f;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    auto [text, stopped] = filter.push(pieces[i]);
+    f.released += text;
+    f.per_piece.push_back(text);
+    if (stopped) {
+      f.stopped_at = static_cast<int>(i);
+      return f;
+    }
+  }
+  f.released += filter.flush();
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("stop filter: a stop string spread over three or more pieces is held back whole and stops") {
+  // "ris." arrives as "r", "i", "s.": the hold-back must cover every piece since the
+  // possible start of the stop string, not only the newest one.
+  const auto paris = run_stop_filter({"ris."}, {"Pa", "r", "i", "s.", " more"});
+  CHECK(paris.released == "Pa");
+  CHECK(paris.stopped_at == 3);
+  // What each push released, joined by '|': "r" and "ri" might begin "ris.", so nothing.
+  CHECK(paris.pushes() == "Pa|||");
+  // One byte per piece, the stop string four pieces long.
+  const auto bytes = run_stop_filter({"abcd"}, {"x", "a", "b", "c", "d", "y"});
+  CHECK(bytes.released == "x");
+  CHECK(bytes.stopped_at == 4);
+  // A false start: "ab" + "ab" + "c" + "d" stops at "abcd" and releases the first "ab".
+  const auto restart = run_stop_filter({"abcd"}, {"ab", "ab", "c", "d"});
+  CHECK(restart.released == "ab");
+  CHECK(restart.stopped_at == 3);
+  // A held tail that never completes comes out unchanged at the end.
+  const auto partial = run_stop_filter({"ris."}, {"Pa", "r", "i", "s"});
+  CHECK(partial.stopped_at == -1);
+  CHECK(partial.released == "Paris");
+  // With two stop strings, the one that completes first wins, across pieces.
+  const auto two = run_stop_filter({"xyz!", "ris."}, {"Pa", "r", "i", "s.", "xyz!"});
+  CHECK(two.released == "Pa");
+  CHECK(two.stopped_at == 3);
+}
+
+TEST_CASE("stop filter: \"\\n\\n\" arriving as two \"\\n\" tokens stops and is never released") {
+  // "\n\n" as two "\n" tokens, the second one also carrying text after it.
+  const auto blank = run_stop_filter({"\n\n"}, {"Hello", "\n", "\n", "World"});
+  CHECK(blank.released == "Hello");
+  CHECK(blank.stopped_at == 2);
+  const auto blank_tail = run_stop_filter({"\n\n"}, {"Hi", "\n", "\nthere"});
+  CHECK(blank_tail.released == "Hi");
+  CHECK(blank_tail.stopped_at == 2);
+  // A single "\n" that is not followed by another is released once it cannot begin one.
+  const auto single = run_stop_filter({"\n\n"}, {"a", "\n", "b", "\n"});
+  CHECK(single.stopped_at == -1);
+  CHECK(single.pushes() == "a||\nb|");
+  CHECK(single.released == "a\nb\n");  // the last "\n" comes out of flush
+}
+
 TEST_CASE("end-of-sequence, the callback and the token limit stop generation") {
   auto& m = shared();
   const auto& tok = shared_tokenizer();
@@ -256,6 +332,67 @@ TEST_CASE("a cache clone copies the written positions and continues like the ori
   const std::vector<float> first(la.begin(), la.end());
   const auto lb = m.forward(7042, b);
   CHECK(std::equal(first.begin(), first.end(), lb.begin(), lb.end()));
+}
+
+TEST_CASE("beam search: the length penalty's exponent sets the score and the rank of a finished beam") {
+  auto& m = shared();
+  const auto& tok = shared_tokenizer();
+  // A question the instruct model answers in a sentence and then ends its turn: some
+  // beams finish (end-of-sequence) before the token limit while others run on to it.
+  const auto ids = tok.encode("<|im_start|>user\nWhat is the capital of France? One word.<|im_end|>\n<|im_start|>assistant\n",
+                              {.add_bos = false, .parse_special = true});
+  const double penalties[] = {0.5, 2.0};
+  std::vector<std::vector<tlm::beam>> runs;
+  for (const double lp : penalties) {
+    runs.push_back(tlm::generate_beam(m, tok, ids, {.width = 4, .max_tokens = 16, .length_penalty = static_cast<float>(lp)}));
+    for (const auto& b : runs.back())
+      MESSAGE("lp " << lp << ": score " << b.score << ", log-prob " << b.log_prob << ", " << b.ids.size() << " tokens, "
+              << std::string(b.finished ? "finished" : "live") << ": '" << b.text << "'");
+  }
+  const auto formula = [](const tlm::beam& b, double lp) {
+    return b.log_prob / std::pow(static_cast<double>(b.ids.size()), lp);
+  };
+  // The search keeps the same beams whatever the penalty (it ranks extensions by
+  // log-prob); only their scores and their order change.
+  const auto by_ids = [](std::vector<tlm::beam> v) {
+    std::sort(v.begin(), v.end(), [](const tlm::beam& a, const tlm::beam& b) { return a.ids < b.ids; });
+    return v;
+  };
+  REQUIRE(runs[0].size() == 4);
+  REQUIRE(runs[1].size() == 4);
+  const auto a = by_ids(runs[0]), b = by_ids(runs[1]);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].ids == b[i].ids);
+    CHECK(a[i].log_prob == b[i].log_prob);
+  }
+  for (std::size_t r = 0; r < runs.size(); ++r) {
+    const double lp = penalties[r];
+    for (std::size_t i = 0; i < runs[r].size(); ++i) {
+      const auto& x = runs[r][i];
+      INFO("lp " << lp << ", beam " << i);
+      CHECK(x.score == doctest::Approx(formula(x, lp)).epsilon(1e-12));
+      // Best first, by the score of this penalty.
+      for (std::size_t j = i + 1; j < runs[r].size(); ++j) CHECK(formula(x, lp) >= formula(runs[r][j], lp));
+    }
+  }
+  // The case that makes the exponent matter: a finished beam shorter and more likely than
+  // a live one ranks above it at 0.5 and below it at 2 (log-probs of about -8.5 at 12
+  // tokens and -10.9 at 16: 8.5 / 12^0.5 < 10.9 / 16^0.5, but 8.5 / 144 > 10.9 / 256).
+  const auto rank = [](const std::vector<tlm::beam>& run, const tlm::beam& x) {
+    return std::find_if(run.begin(), run.end(), [&](const tlm::beam& y) { return y.ids == x.ids; }) - run.begin();
+  };
+  bool flipped = false;
+  for (const auto& f : a) {
+    for (const auto& l : a) {
+      if (!f.finished || l.finished || f.ids.size() >= l.ids.size() || f.log_prob <= l.log_prob) continue;
+      if (formula(f, 0.5) > formula(l, 0.5) && formula(f, 2.0) < formula(l, 2.0)) {
+        flipped = true;
+        CHECK(rank(runs[0], f) < rank(runs[0], l));
+        CHECK(rank(runs[1], f) > rank(runs[1], l));
+      }
+    }
+  }
+  REQUIRE_MESSAGE(flipped, "no finished beam whose rank against a longer live one depends on the penalty");
 }
 
 TEST_CASE("beam search: width 1 is greedy, and every beam's score is its log-probs recomputed") {

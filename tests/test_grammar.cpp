@@ -74,6 +74,26 @@ TEST_CASE("the JSON recognizer admits compact JSON and nothing else") {
   CHECK(any.min_to_finish(s) == 3);  // 0]}
 }
 
+TEST_CASE("every control byte 0x00-0x1f is refused unescaped inside a JSON string, key or schema string") {
+  const tlm::json_grammar any;
+  const tlm::json_grammar person(tlm::json_schema::from_text(person_schema));
+  // The boundaries are admitted, so a refusal below is the byte's, not the string's.
+  CHECK(admits(any, "\"a b\""));  // 0x20, the first byte allowed
+  CHECK(admits(any, "\"a~b\""));  // 0x7e
+  CHECK(admits(any, "\"a\\u001fb\""));  // the escaped form of 0x1f is fine
+  CHECK(prefix(person, "{\"name\":\"a b"));
+  for (int b = 0; b < 0x20; ++b) {
+    const std::string raw(1, static_cast<char>(b));  // std::string, so 0x00 is a byte, not an end
+    INFO("byte ", b, " (decimal)");
+    CHECK(!prefix(any, "\"a" + raw));
+    CHECK(!admits(any, "\"a" + raw + "b\""));
+    CHECK(!admits(any, "[\"" + raw + "\"]"));
+    CHECK(!prefix(any, "{\"k" + raw));  // an object key is a string too
+    CHECK(!prefix(person, "{\"name\":\"a" + raw));
+    CHECK(!prefix(person, "{\"name\":\"a\",\"age\":1,\"height\":1,\"student\":true,\"color\":\"red\",\"tags\":[\"" + raw));
+  }
+}
+
 TEST_CASE("a schema fixes the properties, their order and their types") {
   const tlm::json_grammar g(tlm::json_schema::from_text(person_schema));
   CHECK(admits(g, R"({"name":"Ann","age":31,"height":1.7,"student":false,"color":"red","tags":["x"]})"));

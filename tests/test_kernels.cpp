@@ -788,6 +788,64 @@ TEST_CASE("adamw_update at every level against its reference, across sizes and m
   }
 }
 
+TEST_CASE("adamw_update at every level: ε outside the root where √v is as small as ε, against double") {
+  // With v near ε² the denominator √v / √(1 − β2ᵗ) + ε is half ε, so ε inside the root,
+  // or added before dividing by √(1 − β2ᵗ), moves the update by a large factor; with
+  // v near 1 (the case above) ε is invisible. 37 elements: SIMD blocks and a tail.
+  level_guard g;
+  for (const float eps : {1e-8f, 1e-4f}) {
+    const float beta1 = 0.9f, beta2 = 0.95f, scale = 0.3f, bc2 = 0.31f;
+    const tlm::kernels::adamw_constants c{scale, 1.0f, beta1, beta2, 2e-3f, bc2, eps};
+    constexpr std::size_t n = 37;
+    std::vector<float> g0(n), m0(n), v0(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      // |g · scale| from ε/10 to 10ε times √(1 − β2ᵗ) / √(1 − β2), so √v / bc2 spans ε/10..10ε.
+      const float r = std::pow(10.0f, -1.0f + 2.0f * static_cast<float>(i) / (n - 1));
+      const float sign = i % 3 == 0 ? -1.0f : 1.0f;
+      g0[i] = sign * r * eps * bc2 / std::sqrt(1.0f - beta2) / scale;
+      m0[i] = i % 2 == 0 ? 0.0f : 0.5f * g0[i];
+      v0[i] = i % 4 == 0 ? 0.0f : 0.25f * eps * eps * bc2 * bc2;
+    }
+    for (auto level : testable_levels()) {
+      k::force_kernel_level(level);
+      std::vector<float> p(n, 0.0f), m = m0, v = v0;
+      k::adamw_update(p.data(), g0.data(), m.data(), v.data(), n, c);
+      for (std::size_t i = 0; i < n; ++i) {
+        INFO(tlm::kernel_level_name(level) << " eps " << eps << " i " << i);
+        const double gi = static_cast<double>(g0[i]) * scale;
+        const double mi = static_cast<double>(beta1) * m0[i] + (1.0 - beta1) * gi;
+        const double vi = static_cast<double>(beta2) * v0[i] + (1.0 - beta2) * gi * gi;
+        const double want = -static_cast<double>(c.step_size) * mi / (std::sqrt(vi) / bc2 + eps);
+        CHECK(std::fabs(m[i] - mi) <= 1e-6 * std::fabs(mi));
+        CHECK(std::fabs(v[i] - vi) <= 1e-6 * vi);
+        CHECK(std::fabs(p[i] - want) <= 1e-5 * std::fabs(want));
+      }
+    }
+  }
+}
+
+TEST_CASE("adamw_update at every level: from v = 0, v is (1 − β2)(g · clip)² for every element") {
+  // The clip factor scales the gradient before it is squared: v must not see the raw g.
+  level_guard g;
+  std::mt19937 rng(101);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const tlm::kernels::adamw_constants c{0.25f, 0.999f, 0.9f, 0.95f, 3e-3f, 0.31f, 1e-8f};
+  constexpr std::size_t n = 45;
+  std::vector<float> gr(n);
+  for (auto& x : gr) x = d(rng);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    std::vector<float> p(n, 1.0f), m(n, 0.0f), v(n, 0.0f);
+    k::adamw_update(p.data(), gr.data(), m.data(), v.data(), n, c);
+    for (std::size_t i = 0; i < n; ++i) {
+      INFO(tlm::kernel_level_name(level) << " i " << i);
+      const double gi = static_cast<double>(gr[i]) * c.scale;
+      CHECK(std::fabs(v[i] - (1.0 - c.beta2) * gi * gi) <= 1e-6 * (1.0 - c.beta2) * gi * gi);
+      CHECK(std::fabs(m[i] - (1.0 - c.beta1) * gi) <= 1e-6 * std::fabs((1.0 - c.beta1) * gi));
+    }
+  }
+}
+
 TEST_CASE("default precision: exact unless TLM_PRECISION says fast") {
   const char* env = std::getenv("TLM_PRECISION");
   const bool fast = env != nullptr && std::string(env) == "fast";

@@ -202,6 +202,32 @@ TEST_CASE("the repetition penalty divides a positive logit and multiplies a nega
                      {0.268941, 0.731059});
 }
 
+TEST_CASE("the repetition penalty applies once per token, however often it repeats in the window") {
+  // Logits {0.5, -1, 2, 3}: with penalty 2 a repeated id 3 becomes 1.5 and id 1 becomes -2,
+  // whether they occur once or three times; a per-occurrence penalty would give 0.75 and -8.
+  const std::vector<float> logits = {0.5f, -1.0f, 2.0f, 3.0f};
+  tlm::sampler once({.repeat_penalty = 2.0f});
+  tlm::sampler twice({.repeat_penalty = 2.0f});
+  const auto a = once.adjusted(logits, std::vector<std::int32_t>{3});
+  const std::vector<float> got_once(a.begin(), a.end());
+  const auto b = twice.adjusted(logits, std::vector<std::int32_t>{3, 3});
+  const std::vector<float> got_twice(b.begin(), b.end());
+  CHECK(got_once == std::vector<float>{0.5f, -1.0f, 2.0f, 1.5f});
+  CHECK(got_twice == got_once);
+  CHECK(got_twice[3] == 1.5f);  // the same, printable when it fails
+  tlm::sampler mixed({.repeat_penalty = 2.0f});
+  const auto c = mixed.adjusted(logits, std::vector<std::int32_t>{1, 3, 1, 3, 1});
+  const std::vector<float> got_mixed(c.begin(), c.end());
+  CHECK(got_mixed == std::vector<float>{0.5f, -2.0f, 2.0f, 1.5f});
+  // Greedy sees the same: {0.8, 2} with id 1 twice in the window is {0.8, 1}, so id 1
+  // stays the choice (penalised per occurrence it would be 0.5 and lose to id 0).
+  CHECK(tlm::sampler({.repeat_penalty = 2.0f})(std::vector<float>{0.8f, 2.0f}, std::vector<std::int32_t>{1, 1}) == 1);
+  // The frequency penalty, unlike it, counts occurrences: 3 - 3 * 0.25 = 2.25.
+  tlm::sampler freq({.frequency_penalty = 0.25f});
+  const auto d = freq.adjusted(logits, std::vector<std::int32_t>{3, 3, 3});
+  CHECK(d[3] == 2.25f);
+}
+
 TEST_CASE("logit bias adds to a token's logit, and -inf bans it") {
   const float ban = -std::numeric_limits<float>::infinity();
   check_distribution(frequencies({.temperature = 1.0f, .seed = 34, .logit_bias = {{3, ban}}}, four), {0.166667, 0.333333, 0.5, 0.0});

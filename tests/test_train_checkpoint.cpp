@@ -5,6 +5,7 @@
 
 #include <tlm/train/checkpoint.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <cstdint>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "train_common.hpp"
 
@@ -145,6 +147,87 @@ TEST_CASE("optimizer state: a sidecar without a required key is refused by name;
   CHECK(old.threads == 2);
   CHECK(old.options.lr == 0.5);
   CHECK(tlm::detail::get_state(without("")).kernels == "scalar");
+}
+
+TEST_CASE("checkpoint round trip: every optimizer and schedule field at a value other than its default") {
+  // A field the checkpoint forgets comes back as its default on resume, so each one is
+  // set away from its default (and from the others' values) here.
+  const tlm::adamw_options defaults{};
+  const tlm::adamw_options want{.lr = 3.7e-3, .beta1 = 0.81, .beta2 = 0.987, .eps = 3e-7, .weight_decay = 0.023,
+                                .clip = 2.5, .warmup = 7, .total_steps = 123, .min_lr = 4.1e-4};
+  // Exactly nine fields: a new one does not compile here until it is added to this test.
+  const auto& [lr, beta1, beta2, eps, weight_decay, clip, warmup, total_steps, min_lr] = want;
+  CHECK(lr != defaults.lr);
+  CHECK(beta1 != defaults.beta1);
+  CHECK(beta2 != defaults.beta2);
+  CHECK(eps != defaults.eps);
+  CHECK(weight_decay != defaults.weight_decay);
+  CHECK(clip != defaults.clip);
+  CHECK(warmup != defaults.warmup);
+  CHECK(total_steps != defaults.total_steps);
+  CHECK(min_lr != defaults.min_lr);
+
+  const auto dir = fresh_dir("every_option");
+  trained t;
+  const tlm::train_state st{.step = 2, .seed = 11, .data_position = 6, .rng_state = 77, .batch = 3, .seq = 8, .threads = 2,
+                            .options = want, .config = "tiny_train", .data = "d.txt", .chat = true, .kernels = "avx2"};
+  tlm::save_checkpoint<C>(dir, *t.p, t.opt, st, nullptr);
+  auto p = std::make_unique<W>();
+  tlm::adamw<W> opt({.lr = 1});
+  const auto got = tlm::load_checkpoint<C>(dir, *p, opt).options;
+  CHECK(got.lr == want.lr);
+  CHECK(got.beta1 == want.beta1);
+  CHECK(got.beta2 == want.beta2);
+  CHECK(got.eps == want.eps);
+  CHECK(got.weight_decay == want.weight_decay);
+  CHECK(got.clip == want.clip);
+  CHECK(got.warmup == want.warmup);
+  CHECK(got.total_steps == want.total_steps);
+  CHECK(got.min_lr == want.min_lr);
+  // The schedule the resumed run follows is the saved one, late in the cosine decay too.
+  for (const std::size_t step : {1u, 7u, 60u, 123u, 200u})
+    CHECK(tlm::learning_rate(got, step) == tlm::learning_rate(want, step));
+}
+
+TEST_CASE("optimizer state: each of the state keys is written, and each required one is refused when missing") {
+  const auto dir = fresh_dir("every_key");
+  const tlm::train_state st{.step = 7, .seed = 1, .data_position = 3, .rng_state = 5, .batch = 2, .seq = 4, .threads = 2,
+                            .options = {.lr = 0.5, .min_lr = 0.25}, .config = "tiny_train", .data = "d.txt", .chat = false,
+                            .kernels = "scalar"};
+  // The keys written out by hand, not taken from walk_state: a key dropped from the
+  // walk is then both missing from the file and no longer required, and shows here.
+  const std::vector<std::string> required = {
+      "tlm.train.step",    "tlm.train.seed",    "tlm.train.data_position", "tlm.train.rng_state",
+      "tlm.train.batch",   "tlm.train.seq",     "tlm.train.threads",       "tlm.train.config",
+      "tlm.train.data",    "tlm.train.chat",    "tlm.adamw.lr",            "tlm.adamw.beta1",
+      "tlm.adamw.beta2",   "tlm.adamw.eps",     "tlm.adamw.weight_decay",  "tlm.adamw.clip",
+      "tlm.adamw.warmup",  "tlm.adamw.total_steps", "tlm.adamw.min_lr"};
+  tlm::gguf::writer all;
+  tlm::detail::put_state(all, st);
+  all.write(dir / "all.gguf");
+  const tlm::gguf::file full(dir / "all.gguf");
+  for (const auto& key : required) CHECK_MESSAGE(full.has(key), key);
+  CHECK(full.has("tlm.train.kernels"));
+  CHECK(full.get_float("tlm.adamw.min_lr") == 0.25);
+  // The walk visits these keys and the optional kernel level, nothing else.
+  std::vector<std::string> walked;
+  tlm::detail::walk_state(st, [&](std::string_view key, const auto&, bool) { walked.emplace_back(key); });
+  std::vector<std::string> expected = required;
+  expected.push_back("tlm.train.kernels");
+  std::sort(walked.begin(), walked.end());
+  std::sort(expected.begin(), expected.end());
+  CHECK(walked == expected);
+  // A sidecar without one required key, every other key written as put_state does.
+  for (const auto& skip : required) {
+    tlm::gguf::writer w;
+    w.set("general.architecture", "tlm-optimizer");
+    for (const auto& e : full.metadata())
+      if (e.key != skip && e.key != "general.architecture" && e.key.starts_with("tlm.")) w.set_value(e.key, e.val);
+    const auto path = dir / ("without-" + skip + ".gguf");
+    w.write(path);
+    const std::string message = "optimizer state lacks " + skip;
+    CHECK_THROWS_WITH(tlm::detail::get_state(tlm::gguf::file(path)), doctest::Contains(message.c_str()));
+  }
 }
 
 TEST_CASE("checkpoint: resuming from a folder without one says so") {

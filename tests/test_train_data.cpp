@@ -8,6 +8,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -49,6 +50,47 @@ TEST_CASE("text: windows of T+1 tokens at stride T, targets shifted by one, held
     }
   CHECK(d.held_out.inputs[0] == static_cast<unsigned char>(text[32]));
   CHECK(d.held_out.targets.back() == static_cast<unsigned char>(text[40]));
+}
+
+TEST_CASE("held-out split: a fraction of less than one window still holds out one, never the last one") {
+  // n windows of T = 2 whose inputs number them, so which went where shows.
+  const auto split = [](std::size_t n, double fraction) {
+    tlm::dataset d;
+    d.train.seq = 2;
+    for (std::int32_t w = 0; w < static_cast<std::int32_t>(n); ++w) {
+      const std::vector<std::int32_t> in{w, w}, tg{w + 1, w + 1};
+      d.train.add(in, tg);
+    }
+    tlm::detail::split_held_out(d, fraction);
+    return d;
+  };
+  // n × fraction below 1 (0.6, 0.1, 0.999): one window held out, the last one.
+  for (const auto& [n, fraction] : {std::pair<std::size_t, double>{3, 0.2}, {2, 0.05}, {9, 0.111}}) {
+    INFO(n << " windows, fraction " << fraction);
+    const auto d = split(n, fraction);
+    CHECK(d.held_out.size() == 1);
+    CHECK(d.train.size() == n - 1);
+    CHECK(d.held_out.seq == 2);
+    CHECK(d.held_out.inputs == std::vector<std::int32_t>{static_cast<std::int32_t>(n - 1), static_cast<std::int32_t>(n - 1)});
+    CHECK(d.train.inputs.back() == static_cast<std::int32_t>(n - 2));
+  }
+  // One window: it is kept for training, whatever the fraction.
+  const auto one = split(1, 0.5);
+  CHECK(one.train.size() == 1);
+  CHECK(one.held_out.size() == 0);
+  // A fraction of 0 holds out nothing; one that would take every window leaves one to train on.
+  CHECK(split(5, 0.0).held_out.size() == 0);
+  CHECK(split(5, 0.0).train.size() == 5);
+  CHECK(split(2, 0.9).held_out.size() == 1);
+  CHECK(split(2, 0.9).train.size() == 1);
+  // At or above one window the floor counts: 10 × 0.25 is 2.
+  CHECK(split(10, 0.25).held_out.size() == 2);
+  // The same through a real file: 13 bytes at --seq 4 are 3 windows, 3 × 0.2 = 0.6.
+  const auto f = write_temp("three_windows.txt", "abcdefghijklm");
+  const tlm::dataset d = tlm::load_text(f, bytes, 4, 0.2);
+  CHECK(d.train.size() == 2);
+  CHECK(d.held_out.size() == 1);
+  CHECK(d.held_out.inputs == std::vector<std::int32_t>{'i', 'j', 'k', 'l'});
 }
 
 TEST_CASE("text: a text shorter than one window is an error naming the file and the sizes") {

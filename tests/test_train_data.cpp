@@ -74,6 +74,10 @@ TEST_CASE("held-out split: a fraction of less than one window still holds out on
     CHECK(d.held_out.inputs == std::vector<std::int32_t>{static_cast<std::int32_t>(n - 1), static_cast<std::int32_t>(n - 1)});
     CHECK(d.train.inputs.back() == static_cast<std::int32_t>(n - 2));
   }
+  // No window at all: nothing to split, and no wrap-around of "all but one".
+  const auto none = split(0, 0.5);
+  CHECK(none.train.size() == 0);
+  CHECK(none.held_out.size() == 0);
   // One window: it is kept for training, whatever the fraction.
   const auto one = split(1, 0.5);
   CHECK(one.train.size() == 1);

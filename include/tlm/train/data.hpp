@@ -91,6 +91,8 @@ inline void check_utf8(const std::string& file, std::string_view text, std::size
 // are two or more) into the held-out set; the end of the data, so the two never overlap.
 inline void split_held_out(dataset& d, double fraction) {
   const std::size_t n = d.train.size(), T = d.train.seq;
+  d.held_out.seq = T;
+  if (n == 0) return;  // nothing to split (k = n - 1 below would wrap)
   std::size_t k = static_cast<std::size_t>(std::floor(static_cast<double>(n) * fraction));
   if (fraction > 0 && k == 0 && n >= 2) k = 1;
   if (k >= n) k = n - 1;

@@ -64,7 +64,8 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
   --eval-every N       held-out loss every N steps (default 10; 0: only at the end)
   --save-every N       checkpoint every N steps (default 100; 0: only at the end)
   --out DIR            output folder: checkpoints, model.gguf, loss.csv, loss.svg (default train-out)
-  --out-type TYPE      encoding of the exported model.gguf: f32, f16, bf16, q8_0, q4_1 (default f32)
+  --out-type TYPE      encoding of the exported model.gguf: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1,
+                       q8_0 (default f32; norms stay f32)
   --resume             continue from the newest checkpoint in --out
   --overwrite          start a new run in an --out that holds one, deleting its checkpoints,
                        model.gguf and loss log (without it such an --out is refused)
@@ -158,21 +159,16 @@ options parse(int argc, char** argv) {
   if (o.data.empty()) fail("--data FILE is required: the text or chat JSONL to train on");
   if ((o.steps == 0) == (o.epochs == 0)) fail("give exactly one of --steps N and --epochs E");
   if (o.min_lr > o.lr) fail(fmt::format("--min-lr {} is above --lr {}; the decay ends below the peak", o.min_lr, o.lr));
-  if (o.out_type != "f32" && o.out_type != "f16" && o.out_type != "bf16" && o.out_type != "q8_0" && o.out_type != "q4_1")
-    fail(fmt::format("--out-type is f32, f16, bf16, q8_0 or q4_1, not '{}'", o.out_type));
+  if (tlm::parse_writable_encoding(o.out_type) == nullptr)
+    fail(fmt::format("--out-type is one of {}, not '{}'", tlm::writable_encodings_list(), o.out_type));
   if (!o.config.empty() && !trainable_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text<trainable_configs>()));
   if (o.chat && o.model.empty()) fail("--chat needs --model: chat data is rendered with the model's tokenizer and chat template");
   return o;
 }
 
-tlm::encoding encoding_of(const std::string& t) {
-  if (t == "f16") return tlm::encoding::f16;
-  if (t == "bf16") return tlm::encoding::bf16;
-  if (t == "q8_0") return tlm::encoding::q8_0;
-  if (t == "q4_1") return tlm::encoding::q4_1;
-  return tlm::encoding::f32;
-}
+// --out-type was checked against the encoding table when the options were read.
+tlm::encoding encoding_of(const std::string& t) { return tlm::parse_writable_encoding(t)->enc; }
 
 // The data-parallel group: the ranks of mpirun, or this process alone (built without MPI,
 // or started without mpirun: MPI is initialised only when a launcher set its variables,

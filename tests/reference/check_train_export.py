@@ -3,14 +3,14 @@
 
     python check_train_export.py --build BUILD --model GGUF
 
-For each --out-type (f32, f16, bf16, q8_0, q4_1): BUILD/examples/train fine-tunes the
+For each --out-type (f32, f16, bf16, q8_0, q4_1, q5_0): BUILD/examples/train fine-tunes the
 model for one step (seq 8, batch 1) on a few lines of text and exports model.gguf. On
 that file, for a fixed prompt:
   1. `generate --token-ids IDS -n 0 --dump-logits` against the float64 reference
      (ref_forward.RefModel on the same file): max|tlm - ref| / max|ref| <= 1e-4 at every
      position and the same argmax (the bound check_forward.py uses);
   2. llama.cpp (llama-cpp-python, logits_all) against the same reference: the argmax
-     agrees at every position for f32/f16 (75% for the others), and max|llama - ref| /
+     agrees at every position for f32 (75% for the others), and max|llama - ref| /
      max|ref| is within the type's tolerance (llama.cpp rounds activations to Q8 for quantized matrices and keeps its KV
      cache in f16, so its error is larger than tlm's; the figures are printed).
 Then a tiny_train model trained from scratch on bytes (20 steps): llama.cpp loads it,
@@ -41,11 +41,14 @@ TEXT = ("The Jargon File is a comprehensive compendium of hacker slang illuminat
         "hackish tradition, folklore, and humor. It is in the public domain, to be freely used.\n") * 4
 PROMPT = [504, 3458, 282, 253, 1345, 30, 378, 314, 3237, 1745, 282, 2754, 7]
 # llama.cpp's error against the float64 reference, relative to max|ref|, per export type,
-# and the share of positions whose argmax must agree. Measured (13 positions): f32 1.4e-3,
-# f16 2.0e-3, bf16 2.1e-2, q8_0 4.7e-2 (12/13 argmax), q4_1 6.7e-2 (12/13); the source
+# and the share of positions whose argmax must agree. Measured (13 positions) on AMD Zen 4:
+# f32 1.4e-3, f16 2.0e-3, bf16 2.1e-2, q8_0 4.7e-2 (12/13 argmax), q4_1 6.7e-2 (12/13); on
+# an Intel Xeon (llama.cpp built without AMX): f16 3.0e-3 with 12/13 (ggml's f16 product
+# rounds the activations to f16, so a near-tie flips), q5_0 7.8e-2 (10/13); the source
 # Q4_1 model itself shows up to 9.0e-2 and 227/231 argmax (fixtures/forward/
 # llamacpp_agreement.md): llama.cpp rounds activations to Q8 (or bf16), so a near-tie flips.
-LLAMA_TOL = {"f32": (5e-3, 1.0), "f16": (5e-3, 1.0), "bf16": (5e-2, 0.75), "q8_0": (1e-1, 0.75), "q4_1": (1.5e-1, 0.75)}
+LLAMA_TOL = {"f32": (5e-3, 1.0), "f16": (5e-3, 0.75), "bf16": (5e-2, 0.75), "q8_0": (1e-1, 0.75), "q4_1": (1.5e-1, 0.75),
+             "q5_0": (1.5e-1, 0.75)}
 
 
 def main() -> int:

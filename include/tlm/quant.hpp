@@ -81,6 +81,11 @@ inline void q5_pack(const std::uint8_t* q, std::uint8_t* qs, std::uint8_t* qh) {
   }
 }
 
+// Packs 32 four-bit codes: value j in the low nibble of byte j, value j + 16 in its high.
+inline void q4_pack(const std::uint8_t* q, std::uint8_t* qs) {
+  for (int j = 0; j < 16; ++j) qs[j] = static_cast<std::uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4));
+}
+
 // a + b rounded once to float32, computed in double: the double sum rounded to float
 // equals the float sum (53 >= 2*24 + 2), and the conversion keeps a compiler from
 // fusing a preceding float multiply into an FMA, which would change the result.
@@ -95,6 +100,47 @@ inline void check_finite(const float* src, std::size_t n, encoding enc) {
                           std::string(traits(enc).name) + " blocks cannot hold NaN or infinity; store the tensor as F32 or F16");
     }
   }
+}
+
+// Q4_0 / Q5_0 codes of a block of 32 (half = 8 or 16): the signed value of largest
+// magnitude (the first one on ties) maps to code 0, d = max / -half, and
+// q = trunc(x / d + half + 0.5) clamped to the 2 half codes. gguf-py evaluates the
+// product and sum in double, then rounds to float before truncating; the double product
+// of two floats is exact, so this is what an FMA would give. Returns d.
+inline float centred_codes(const float* x, int half, std::uint8_t* q) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  const float d = max / -static_cast<float>(half);
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  const float top = static_cast<float>(2 * half - 1);
+  for (int j = 0; j < 32; ++j) {
+    const float v = static_cast<float>(static_cast<double>(x[j]) * static_cast<double>(id) + (half + 0.5));
+    q[j] = static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, top));
+  }
+  return d;
+}
+
+// Q4_1 / Q5_1 codes of a block of 32 (steps = 15 or 31): the block's range [min, max]
+// in `steps` equal steps, q = trunc((x - min) / d + 0.5) clamped. Returns d; sets mn.
+inline float offset_codes(const float* x, int steps, std::uint8_t* q, float& mn) {
+  mn = x[0];
+  float mx = x[0];
+  for (int j = 1; j < 32; ++j) {
+    mn = std::min(mn, x[j]);
+    mx = std::max(mx, x[j]);
+  }
+  const float d = (mx - mn) / static_cast<float>(steps);
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    const float v = add_rounded((x[j] - mn) * id, 0.5f);
+    q[j] = static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, static_cast<float>(steps)));
+  }
+  return d;
 }
 
 }  // namespace detail
@@ -267,99 +313,46 @@ inline void quantize_row(encoding enc, const float* src, std::byte* dst, std::si
       }
       return;
     case encoding::q4_0:
-      detail::check_finite(src, n, enc);
-      for (std::size_t b = 0; b < n / 32; ++b) {
-        const float* x = src + b * 32;
-        // The signed value of largest magnitude (the first one on ties) maps to -8.
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < 32; ++j) {
-          if (std::fabs(x[j]) > amax) {
-            amax = std::fabs(x[j]);
-            max = x[j];
-          }
-        }
-        const float d = max / -8.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        block_q4_0 blk{};
-        blk.d = f32_to_fp16(d);
-        // gguf-py evaluates x*id + 8.5 in double, rounds to float, then truncates; the
-        // double product of two floats is exact, so this is what an FMA would give.
-        auto q = [&](int j) {
-          const float v = static_cast<float>(static_cast<double>(x[j]) * static_cast<double>(id) + 8.5);
-          return static_cast<std::uint8_t>(std::min(15.0f, std::trunc(v)));
-        };
-        for (int j = 0; j < 16; ++j) blk.qs[j] = static_cast<std::uint8_t>(q(j) | (q(j + 16) << 4));
-        detail::store_block(dst, b, blk);
-      }
-      return;
-    case encoding::q4_1:
-      detail::check_finite(src, n, enc);
-      for (std::size_t b = 0; b < n / 32; ++b) {
-        const float* x = src + b * 32;
-        float mn = x[0], mx = x[0];
-        for (int j = 1; j < 32; ++j) {
-          mn = std::min(mn, x[j]);
-          mx = std::max(mx, x[j]);
-        }
-        const float d = (mx - mn) / 15.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        block_q4_1 blk{};
-        blk.d = f32_to_fp16(d);
-        blk.m = f32_to_fp16(mn);
-        auto q = [&](int j) {
-          const float v = detail::add_rounded((x[j] - mn) * id, 0.5f);
-          return static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, 15.0f));
-        };
-        for (int j = 0; j < 16; ++j) blk.qs[j] = static_cast<std::uint8_t>(q(j) | (q(j + 16) << 4));
-        detail::store_block(dst, b, blk);
-      }
-      return;
     case encoding::q5_0:
       detail::check_finite(src, n, enc);
       for (std::size_t b = 0; b < n / 32; ++b) {
-        const float* x = src + b * 32;
-        // As Q4_0 with 32 levels: the value of largest magnitude maps to -16.
-        float amax = 0.0f, max = 0.0f;
-        for (int j = 0; j < 32; ++j) {
-          if (std::fabs(x[j]) > amax) {
-            amax = std::fabs(x[j]);
-            max = x[j];
-          }
-        }
-        const float d = max / -16.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        block_q5_0 blk{};
-        blk.d = f32_to_fp16(d);
         std::uint8_t q[32];
-        for (int j = 0; j < 32; ++j) {
-          const float v = static_cast<float>(static_cast<double>(x[j]) * static_cast<double>(id) + 16.5);
-          q[j] = static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, 31.0f));
+        const bool five = enc == encoding::q5_0;
+        const float d = detail::centred_codes(src + b * 32, five ? 16 : 8, q);
+        if (five) {
+          block_q5_0 blk{};
+          blk.d = f32_to_fp16(d);
+          detail::q5_pack(q, blk.qs, blk.qh);
+          detail::store_block(dst, b, blk);
+        } else {
+          block_q4_0 blk{};
+          blk.d = f32_to_fp16(d);
+          detail::q4_pack(q, blk.qs);
+          detail::store_block(dst, b, blk);
         }
-        detail::q5_pack(q, blk.qs, blk.qh);
-        detail::store_block(dst, b, blk);
       }
       return;
+    case encoding::q4_1:
     case encoding::q5_1:
       detail::check_finite(src, n, enc);
       for (std::size_t b = 0; b < n / 32; ++b) {
-        const float* x = src + b * 32;
-        float mn = x[0], mx = x[0];
-        for (int j = 1; j < 32; ++j) {
-          mn = std::min(mn, x[j]);
-          mx = std::max(mx, x[j]);
-        }
-        const float d = (mx - mn) / 31.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        block_q5_1 blk{};
-        blk.d = f32_to_fp16(d);
-        blk.m = f32_to_fp16(mn);
         std::uint8_t q[32];
-        for (int j = 0; j < 32; ++j) {
-          const float v = detail::add_rounded((x[j] - mn) * id, 0.5f);
-          q[j] = static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, 31.0f));
+        float mn;
+        const bool five = enc == encoding::q5_1;
+        const float d = detail::offset_codes(src + b * 32, five ? 31 : 15, q, mn);
+        if (five) {
+          block_q5_1 blk{};
+          blk.d = f32_to_fp16(d);
+          blk.m = f32_to_fp16(mn);
+          detail::q5_pack(q, blk.qs, blk.qh);
+          detail::store_block(dst, b, blk);
+        } else {
+          block_q4_1 blk{};
+          blk.d = f32_to_fp16(d);
+          blk.m = f32_to_fp16(mn);
+          detail::q4_pack(q, blk.qs);
+          detail::store_block(dst, b, blk);
         }
-        detail::q5_pack(q, blk.qs, blk.qh);
-        detail::store_block(dst, b, blk);
       }
       return;
     default:

@@ -615,23 +615,40 @@ TLM_AVX2_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, 
   for (std::size_t r = r0; r < r1; ++r) row_dots_q8<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
 }
 
-template <encoding E>
-TLM_AVX2_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
-                                  std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
+// Every weight row of [r0, r1) against the batch, four activation rows per call of
+// Dots::run<4> (the weights unpacked once for the four), the rest one at a time.
+template <class Dots>
+TLM_AVX2_INLINE inline void matmul_q8_batch(const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                            std::size_t r0, std::size_t r1, std::size_t rows) {
   const std::size_t nb = x.blocks, qs = nb * 32, dss = nb * 2;
   float out[4];
   for (std::size_t r = r0; r < r1; ++r) {
     const std::byte* row = w + r * rb;
     std::size_t b = 0;
     for (; b + 4 <= x.rows; b += 4) {
-      row_dots_q8<E, 4>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
+      Dots::template run<4>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
       for (std::size_t j = 0; j < 4; ++j) y[(b + j) * rows + r] = out[j];
     }
     for (; b < x.rows; ++b) {
-      row_dots_q8<E, 1>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
+      Dots::template run<1>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
       y[b * rows + r] = out[0];
     }
   }
+}
+
+template <encoding E>
+struct q8_dots {
+  template <int NB>
+  TLM_AVX2_INLINE static void run(const std::byte* row, std::size_t blocks, const std::int8_t* q, std::size_t qstride,
+                                  const float* ds, std::size_t dstride, float* out) {
+    row_dots_q8<E, NB>(row, blocks, q, qstride, ds, dstride, out);
+  }
+};
+
+template <encoding E>
+TLM_AVX2_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                  std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
+  matmul_q8_batch<q8_dots<E>>(w, rb, x, y, r0, r1, rows);
 }
 
 }  // namespace tlm::kernels::avx2

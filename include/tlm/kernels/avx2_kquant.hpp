@@ -135,6 +135,16 @@ TLM_AVX2_INLINE inline void q6_scales16(const std::byte* p, float (&out)[16]) {
   _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))), d));
 }
 
+// The codes (-32..31) of sub-block 4h + t of a Q6_K super-block, from the half's two
+// 32-byte rows of low bits (ql0, ql1: nibble t/2 of row t%2) and its row of high bits
+// (qh: bits 2t, 2t+1). t is a constant once the callers' loops are unrolled.
+TLM_AVX2_INLINE inline __m256i q6_codes(__m256i ql0, __m256i ql1, __m256i qh, int t) {
+  const __m256i ql = t % 2 ? ql1 : ql0;
+  const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t / 2))), _mm256_set1_epi8(0x0f));
+  const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
+  return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+}
+
 // The codes of sub-blocks 2i and 2i+1 of a Q4_K / Q5_K super-block (values in order).
 template <encoding E>
 TLM_AVX2_INLINE inline void k_code_pair(const std::byte* p, int i, __m256i qh, __m256i& lo, __m256i& hi) {
@@ -191,10 +201,7 @@ TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::si
         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
 #pragma GCC unroll 4
         for (int t = 0; t < 4; ++t) {
-          const __m256i ql = t % 2 ? ql1 : ql0;
-          const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (t / 2)), _mm256_set1_epi8(0x0f));
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), _mm256_set1_epi8(3));
-          const __m256i c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+          const __m256i c = q6_codes(ql0, ql1, qh, t);
           const int s = 4 * h + t;
           __m256 ta, tb;
           codes_times_x(c, xs + 32 * s, ta, tb);
@@ -294,10 +301,7 @@ TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, std::size_t blocks,
         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
 #pragma GCC unroll 4
         for (int t = 0; t < 4; ++t) {
-          const __m256i ql = t % 2 ? ql1 : ql0;
-          const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (t / 2)), _mm256_set1_epi8(0x0f));
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * t), _mm256_set1_epi8(3));
-          const __m256i c = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+          const __m256i c = q6_codes(ql0, ql1, qh, t);
           const int s = 4 * h + t;
           // Lanes 0-3 hold the sums of values 0-15 (scale 2s), lanes 4-7 of 16-31.
           const __m256 scale = _mm256_set_m128(_mm_set1_ps(scales[2 * s + 1]), _mm_set1_ps(scales[2 * s]));
@@ -338,22 +342,18 @@ TLM_AVX2_FN inline void matvec_q8_k(encoding, const std::byte* w, std::size_t rb
 }
 
 template <encoding E>
+struct k_dots {
+  template <int NB>
+  TLM_AVX2_INLINE static void run(const std::byte* row, std::size_t blocks, const std::int8_t* q, std::size_t qstride,
+                                  const float* ds, std::size_t dstride, float* out) {
+    row_dots_k<E, NB>(row, blocks, q, qstride, ds, dstride, out);
+  }
+};
+
+template <encoding E>
 TLM_AVX2_FN inline void matmul_q8_k(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                     std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
-  const std::size_t nb = x.blocks, qs = nb * 32, dss = nb * 2;
-  float out[4];
-  for (std::size_t r = r0; r < r1; ++r) {
-    const std::byte* row = w + r * rb;
-    std::size_t b = 0;
-    for (; b + 4 <= x.rows; b += 4) {
-      row_dots_k<E, 4>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
-      for (std::size_t j = 0; j < 4; ++j) y[(b + j) * rows + r] = out[j];
-    }
-    for (; b < x.rows; ++b) {
-      row_dots_k<E, 1>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
-      y[b * rows + r] = out[0];
-    }
-  }
+  matmul_q8_batch<k_dots<E>>(w, rb, x, y, r0, r1, rows);
 }
 
 }  // namespace tlm::kernels::avx2

@@ -1,9 +1,11 @@
-// The C++ side of the 1.7B-shaped check in tests/reference/check_synthetic.py: binds a
-// file written by `synth_model --config smollm2_1_7b --layers 2` to smollm2_1_7b's
-// shape cut to two blocks, and writes the logits of every prompt position twice: from
-// one batched prefill, and from feeding the tokens one at a time (the decode path).
+// The C++ side of the cut-shape checks in tests/reference/check_synthetic.py and
+// check_kquant.py: binds a file written by `synth_model --config NAME --layers 2` to
+// that config's shape cut to two blocks, and writes the logits of every prompt position
+// twice: from one batched prefill, and from feeding the tokens one at a time (the
+// decode path).
 //
-//   layers_probe FILE.gguf OUT.f32 ID,ID,...   OUT: float32 [2, n, vocab]
+//   layers_probe [--config smollm2_1_7b|smollm2_360m] FILE.gguf OUT.f32 ID,ID,...
+//                                               OUT: float32 [2, n, vocab]
 //
 // The cut type lives here, not in the library: smollm2_1_7b itself must refuse a file
 // with two blocks, and check_synthetic.py checks that it does.
@@ -23,6 +25,10 @@ namespace {
 struct smollm2_1_7b_first2 : tlm::smollm2_1_7b {
   static constexpr std::size_t layers = 2;
 };
+// smollm2_360m's (rows of 960, not a multiple of 256: the K-quant files' fallbacks).
+struct smollm2_360m_first2 : tlm::smollm2_360m {
+  static constexpr std::size_t layers = 2;
+};
 
 std::vector<std::int32_t> parse_ids(const std::string& s) {
   std::vector<std::int32_t> ids;
@@ -35,14 +41,10 @@ std::vector<std::int32_t> parse_ids(const std::string& s) {
   return ids;
 }
 
-int run(int argc, char** argv) {
-  if (argc != 4) {
-    fmt::print(stderr, "usage: layers_probe FILE.gguf OUT.f32 ID,ID,...\n");
-    return 2;
-  }
-  using C = smollm2_1_7b_first2;
-  const auto ids = parse_ids(argv[3]);
-  auto m = tlm::model<C>::load(argv[1], {.threads = 2});
+template <class C>
+int probe(const char* file, const char* out_path, const char* id_list) {
+  const auto ids = parse_ids(id_list);
+  auto m = tlm::model<C>::load(file, {.threads = 2});
   std::vector<float> batched;  // [n, vocab]
   {
     tlm::kv_cache<C> cache(ids.size());
@@ -56,14 +58,31 @@ int run(int argc, char** argv) {
       stepped.insert(stepped.end(), logits.begin(), logits.end());
     }
   }
-  std::ofstream out(argv[2], std::ios::binary);
+  std::ofstream out(out_path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(batched.data()), static_cast<std::streamsize>(batched.size() * sizeof(float)));
   out.write(reinterpret_cast<const char*>(stepped.data()), static_cast<std::streamsize>(stepped.size() * sizeof(float)));
   if (!out) {
-    fmt::print(stderr, "layers_probe: cannot write {}\n", argv[2]);
+    fmt::print(stderr, "layers_probe: cannot write {}\n", out_path);
     return 1;
   }
   return 0;
+}
+
+int run(int argc, char** argv) {
+  std::string config = "smollm2_1_7b";
+  if (argc == 6 && std::string(argv[1]) == "--config") {
+    config = argv[2];
+    argv += 2;
+    argc -= 2;
+  }
+  if (argc != 4) {
+    fmt::print(stderr, "usage: layers_probe [--config smollm2_1_7b|smollm2_360m] FILE.gguf OUT.f32 ID,ID,...\n");
+    return 2;
+  }
+  if (config == "smollm2_1_7b") return probe<smollm2_1_7b_first2>(argv[1], argv[2], argv[3]);
+  if (config == "smollm2_360m") return probe<smollm2_360m_first2>(argv[1], argv[2], argv[3]);
+  fmt::print(stderr, "layers_probe: no cut shape for --config {}; known: smollm2_1_7b, smollm2_360m\n", config);
+  return 2;
 }
 
 }  // namespace

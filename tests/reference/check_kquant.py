@@ -26,11 +26,12 @@ Checks, per file:
      shared prefix, must be within 0.125 of the largest logit of the reference's (the
      bound of that arithmetic), so a flip is its rounding, not a different model.
 
-Then rows of 2048 and 8192 (every matrix a K-quant, no fallback): the 1.7B shape cut
-to its first 2 blocks (synth_model --layers 2, Q8_0, the real tokenizer section),
-quantized by llama.cpp to each K-quant type asked for in --synth-types, read by
-BUILD/tests/layers_probe (a batched prefill and token by token) against the float64
-reference: <= 3.5e-6 and the same argmax at every position.
+Then the larger shapes cut to their first 2 blocks (synth_model --layers 2, Q8_0, the
+real tokenizer section), quantized by llama.cpp to each type of --synth-types: the 1.7B
+shape (rows of 2048 and 8192: every matrix a K-quant, no fallback) and the 360M shape
+(rows of 960 fall back to Q5_0 / Q5_1 / Q8_0, the 2560-wide ffn_down takes the
+K-quant), read by BUILD/tests/layers_probe (a batched prefill and token by token)
+against the float64 reference: <= 3.5e-6 and the same argmax at every position.
 
 Exit status 0 only when every check passes.
 """
@@ -242,8 +243,9 @@ def main(argv=None) -> int:
         print(f"   greedy: {len(greedy_prompts)} prompts equal to float64; {agree} of them also to llama.cpp for the whole run")
         del llm, ref
 
-    for ftype in [t.strip() for t in args.synth_types.split(",") if t.strip()]:
-        failures += check_1_7b_cut(Path(args.build), src, ftype)
+    for config in ("smollm2_1_7b", "smollm2_360m"):
+        for ftype in [t.strip() for t in args.synth_types.split(",") if t.strip()]:
+            failures += check_cut(Path(args.build), src, config, ftype)
 
     print(f"\ntotal {time.time() - t_all:.1f} s")
     if failures:
@@ -258,48 +260,59 @@ def main(argv=None) -> int:
 SYNTH_PROMPT = [504, 3575, 282, 4649, 314, 28, 50, 12345, 7, 49151]
 
 
-def check_1_7b_cut(build: Path, real_model: Path, ftype: str) -> list[str]:
+# What llama.cpp writes for the cut shapes: at 2048 every matrix takes the K-quant (no
+# fallback); at 960 (360M) the 960-wide rows fall back to Q5_0 / Q5_1 / Q8_0, and the
+# 2560-wide ffn_down (10 super-blocks) takes the K-quant.
+CUT_EXPECTED = {
+    ("smollm2_1_7b", "Q4_K_M"): {"Q4_K", "Q6_K", "F32"},
+    ("smollm2_1_7b", "Q5_K_M"): {"Q5_K", "Q6_K", "F32"},
+    ("smollm2_360m", "Q4_K_M"): {"Q4_K", "Q6_K", "Q5_0", "Q8_0", "F32"},
+    ("smollm2_360m", "Q5_K_M"): {"Q5_K", "Q6_K", "Q5_1", "Q8_0", "F32"},
+}
+
+
+def check_cut(build: Path, real_model: Path, config: str, ftype: str) -> list[str]:
     synth = build / "examples" / "synth_model"
     probe = build / "tests" / "layers_probe"
     for exe in (synth, probe):
         if not exe.is_file():
             return [f"{exe} is missing; build it (cmake --build {build} --target {exe.name})"]
-    base = build / "kquant" / "synthetic-smollm2_1_7b-2layers.Q8_0.gguf"
+    base = build / "kquant" / f"synthetic-{config}-2layers.Q8_0.gguf"
     if not base.is_file():
         tmp = base.with_suffix(".partial")
-        run([str(synth), "--config", "smollm2_1_7b", "--layers", "2", "--encoding", "q8_0", "--embd-encoding", "q8_0",
+        run([str(synth), "--config", config, "--layers", "2", "--encoding", "q8_0", "--embd-encoding", "q8_0",
              "--out", str(tmp), "--tokenizer-from", str(real_model)])
         tmp.rename(base)
-    path = build / "kquant" / f"synthetic-smollm2_1_7b-2layers.{ftype}.gguf"
+    path = build / "kquant" / f"synthetic-{config}-2layers.{ftype}.gguf"
     secs = quantize_with_llamacpp(base, path, ftype)
     encs = encodings_of(path)
-    print(f"\n== 1.7B shape, 2 blocks, {ftype}{f' (llama.cpp: {secs:.1f} s)' if secs else ''}: "
+    print(f"\n== {config} shape, 2 blocks, {ftype}{f' (llama.cpp: {secs:.1f} s)' if secs else ''}: "
           + ", ".join(f"{n} x{c}" for n, c in sorted(encs.items())))
-    kquant = {"Q4_K_M": {"Q4_K", "Q6_K", "F32"}, "Q5_K_M": {"Q5_K", "Q6_K", "F32"}, "Q6_K": {"Q6_K", "F32"}}
     failures = []
-    if ftype in kquant and set(encs) != kquant[ftype]:
-        failures.append(f"1.7B {ftype}: encodings {sorted(encs)}, expected {sorted(kquant[ftype])}")
+    want = CUT_EXPECTED.get((config, ftype))
+    if want is not None and set(encs) != want:
+        failures.append(f"{config} {ftype}: encodings {sorted(encs)}, expected {sorted(want)}")
     t0 = time.time()
     ref = rf.RefModel(str(path)).prompt_logits(SYNTH_PROMPT)                  # [T, vocab]
     with tempfile.TemporaryDirectory() as td:
         dump = Path(td) / "logits.f32"
         try:
-            run([str(probe), str(path), str(dump), ",".join(map(str, SYNTH_PROMPT))])
+            run([str(probe), "--config", config, str(path), str(dump), ",".join(map(str, SYNTH_PROMPT))])
         except (RuntimeError, subprocess.TimeoutExpired) as e:
-            return failures + [f"1.7B {ftype}: layers_probe: {e}"]
+            return failures + [f"{config} {ftype}: layers_probe: {e}"]
         ours = np.fromfile(dump, dtype="<f4").astype(np.float64)
     T, vocab = ref.shape
     if ours.size != 2 * T * vocab:
-        return failures + [f"1.7B {ftype}: layers_probe wrote {ours.size} floats, expected 2 x {T} x {vocab}"]
+        return failures + [f"{config} {ftype}: layers_probe wrote {ours.size} floats, expected 2 x {T} x {vocab}"]
     ours = ours.reshape(2, T, vocab)
     for name, got in (("batched prefill", ours[0]), ("token by token", ours[1])):
         rel = np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)
         print(f"   {name}: worst {rel.max():.2e} (tolerance {REL_TOL:g})  [{time.time() - t0:.1f} s]")
         if rel.max() > REL_TOL:
-            failures.append(f"1.7B {ftype}, {name}: relative logit error {rel.max():.3e} > {REL_TOL:g}")
+            failures.append(f"{config} {ftype}, {name}: relative logit error {rel.max():.3e} > {REL_TOL:g}")
         bad = np.nonzero(np.argmax(got, axis=1) != np.argmax(ref, axis=1))[0]
         if bad.size:
-            failures.append(f"1.7B {ftype}, {name}: argmax differs at positions {bad.tolist()}")
+            failures.append(f"{config} {ftype}, {name}: argmax differs at positions {bad.tolist()}")
     return failures
 
 

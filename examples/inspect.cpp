@@ -2,6 +2,8 @@
 //
 //   inspect FILE.gguf                  version, alignment, llama.* hyperparameters, tensor table, totals
 //   inspect FILE.gguf --metadata       also every metadata pair (long arrays summarized)
+//   inspect FILE.gguf --verify         decode every value of every tensor; name those that are
+//                                      not finite (a corrupt block scale), exit 1 if any
 //   inspect FILE.gguf --dump TENSOR OUT.f32
 //                                      write TENSOR dequantized to float32 (raw little-endian, row-major)
 //   inspect FILE.gguf --requantize ENC OUT.gguf
@@ -13,10 +15,12 @@
 #include <tlm/gguf.hpp>
 #include <tlm/gguf_writer.hpp>
 #include <tlm/quant.hpp>
+#include <tlm/verify.hpp>
 
 #include <fmt/core.h>
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -98,6 +102,27 @@ int dump(const tlm::gguf::file& f, std::string_view tensor, const std::string& o
   return 0;
 }
 
+// tlm::non_finite_values (verify.hpp): names every tensor holding NaN or infinity.
+// Exit status 1 when there is one.
+int verify(const tlm::gguf::file& f) {
+  const auto bad = tlm::non_finite_values(f);
+  for (const auto& b : bad) {
+    const auto* t = f.find_tensor(b.name);
+    fmt::print("{}: {} of {} values are not finite; the first at row {}, column {} ({}), in the {} block at byte {} of "
+               "the tensor's data\n",
+               b.name, b.count, t->elements, b.row, b.column, b.value, tlm::name(t->enc), b.byte);
+  }
+  if (!bad.empty()) {
+    fmt::print("{}: {} of {} tensors hold values that are not finite: the file is corrupt; download or convert it again\n",
+               f.name(), bad.size(), f.tensors().size());
+    return 1;
+  }
+  std::uint64_t values = 0;
+  for (const auto& t : f.tensors()) values += t.elements;
+  fmt::print("{}: {} tensors, {} values, all finite\n", f.name(), f.tensors().size(), values);
+  return 0;
+}
+
 tlm::encoding parse_encoding(std::string_view s) {
   if (const auto* r = tlm::parse_writable_encoding(s)) return r->enc;
   throw tlm::error(fmt::format("unknown target encoding '{}'; use one of {}", s, tlm::writable_encodings_list()));
@@ -135,15 +160,17 @@ int requantize(const tlm::gguf::file& f, tlm::encoding enc, const std::string& o
 
 int run(int argc, char** argv) {
   if (argc < 2) {
-    fmt::print(stderr, "usage: inspect FILE.gguf [--metadata] [--dump TENSOR OUT.f32] [--requantize ENC OUT.gguf]\n");
+    fmt::print(stderr, "usage: inspect FILE.gguf [--metadata] [--verify] [--dump TENSOR OUT.f32] [--requantize ENC OUT.gguf]\n");
     return 2;
   }
-  bool show_metadata = false;
+  bool show_metadata = false, verify_values = false;
   std::string dump_tensor, dump_out, requant_enc, requant_out;
   for (int i = 2; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--metadata") {
       show_metadata = true;
+    } else if (a == "--verify") {
+      verify_values = true;
     } else if (a == "--dump" && i + 2 < argc) {
       dump_tensor = argv[i + 1];
       dump_out = argv[i + 2];
@@ -153,13 +180,14 @@ int run(int argc, char** argv) {
       requant_out = argv[i + 2];
       i += 2;
     } else {
-      fmt::print(stderr, "inspect: unknown or incomplete option '{}'\nusage: inspect FILE.gguf [--metadata] [--dump TENSOR OUT.f32] [--requantize ENC OUT.gguf]\n", a);
+      fmt::print(stderr, "inspect: unknown or incomplete option '{}'\nusage: inspect FILE.gguf [--metadata] [--verify] [--dump TENSOR OUT.f32] [--requantize ENC OUT.gguf]\n", a);
       return 2;
     }
   }
   const tlm::gguf::file f(argv[1]);
   if (!dump_tensor.empty()) return dump(f, dump_tensor, dump_out);
   if (!requant_out.empty()) return requantize(f, parse_encoding(requant_enc), requant_out);
+  if (verify_values) return verify(f);
 
   fmt::print("file       {}\n", f.name());
   fmt::print("size       {} bytes\n", f.bytes().size());

@@ -158,6 +158,21 @@ inline double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
+// A model's logits are finite unless its file is corrupt (a NaN or infinite weight or
+// block scale) or its activations overflow float32; either way no token can be chosen
+// from them, and sampling would silently pick one. Checking the row costs a pass over
+// `vocab` floats per token, far below the forward pass.
+inline void require_finite_logits(std::span<const float> logits, std::size_t position) {
+  for (std::size_t v = 0; v < logits.size(); ++v) {
+    if (!std::isfinite(logits[v])) {
+      throw numeric_error("the model's logits at position " + std::to_string(position) + " are not finite (token " +
+                          std::to_string(v) + ": " + std::to_string(logits[v]) +
+                          "): the file's weights or block scales hold NaN or infinity, or the model overflows float32; "
+                          "`examples/inspect FILE --verify` names the tensor");
+    }
+  }
+}
+
 // The one decoding loop. `context` holds the ids already in the cache (the penalties'
 // window reads it); the new ids are appended to it as they are sampled. `logits` are
 // those of the last position in the cache.
@@ -190,6 +205,7 @@ void decode(model<C>& m, const tokenizer& tok, kv_cache<C>& cache, std::span<con
   }
   bool ended = false;  // ended inside the loop, with nothing left to release
   for (std::size_t i = 0; i < o.max_tokens; ++i) {
+    require_finite_logits(logits, cache.length() - 1);
     if (o.grammar) {
       o.grammar->allowed(doc, tok, budget, allowed);
       masked.assign(logits.begin(), logits.end());
@@ -381,6 +397,7 @@ std::vector<beam> generate_beam(model<C>& m, const tokenizer& tok, std::span<con
   for (std::size_t step = 0; step < o.max_tokens && !beams.empty() && done.size() < o.width; ++step) {
     cands.clear();
     for (std::size_t p = 0; p < beams.size(); ++p) {
+      detail::require_finite_logits(beams[p].logits, beams[p].cache.length() - 1);
       detail::log_softmax(beams[p].logits, lp);
       // This beam's `width` best tokens: no other token of it can be among the best `width` overall.
       top.clear();

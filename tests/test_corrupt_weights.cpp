@@ -1,0 +1,72 @@
+// A model file whose numbers are corrupt but whose shapes are sound: one block scale of
+// the real model set to NaN. Binding accepts it (it checks shapes and encodings, not
+// values); the generator must refuse the non-finite logits instead of sampling from
+// them, and non_finite_values must name the tensor, row, column and block.
+#include <doctest/doctest.h>
+
+#include <tlm/generate.hpp>
+#include <tlm/verify.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using C = tlm::smollm2_135m;
+
+namespace {
+
+// A copy of the real model with the scale of block `block` of row `row` of `tensor` set
+// to a NaN half.
+fs::path corrupt_copy(const std::string& tensor, std::uint64_t row, std::uint64_t block) {
+  const fs::path dir = fs::path(TLM_BINARY_DIR) / "test_corrupt_weights.tmp";
+  fs::create_directories(dir);
+  const fs::path out = dir / "nan-scale.gguf";
+  std::size_t at = 0;
+  {
+    const tlm::gguf::file f(TLM_MODEL_PATH);
+    const auto* t = f.find_tensor(tensor);
+    REQUIRE(t != nullptr);
+    const auto tr = tlm::traits(t->enc);
+    at = static_cast<std::size_t>(t->data.data() - f.bytes().data()) +
+         row * tlm::row_bytes(t->enc, t->row_length()) + block * tr.block_bytes;
+  }
+  std::ifstream in(TLM_MODEL_PATH, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::uint16_t nan_half = 0x7e00;  // the block's d comes first in Q4_1 and Q8_0
+  std::memcpy(bytes.data() + at, &nan_half, 2);
+  std::ofstream(out, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a NaN block scale: bound as sound, named by non_finite_values, refused by the generator") {
+  const auto path = corrupt_copy("blk.3.ffn_down.weight", 7, 5);
+  const tlm::gguf::file f(path.string());
+  const auto bad = tlm::non_finite_values(f);
+  REQUIRE(bad.size() == 1);
+  CHECK(bad[0].name == "blk.3.ffn_down.weight");
+  CHECK(bad[0].count == 32);  // the block's 32 values, and nothing else
+  CHECK(bad[0].row == 7);
+  CHECK(bad[0].column == 5 * 32);
+  CHECK(bad[0].byte == 7 * tlm::row_bytes(tlm::encoding::q4_1, 1536) + 5 * 20);
+
+  for (auto p : {tlm::kernels::precision::exact, tlm::kernels::precision::fast}) {
+    auto m = tlm::model<C>::load(path.string(), {.precision = p});
+    const auto tok = tlm::tokenizer::from_gguf(m.file());
+    tlm::generator<C> gen(m, tok);
+    CHECK_THROWS_WITH_AS(gen.generate("The capital of France is", {.max_tokens = 4}),
+                         doctest::Contains("logits at position 4 are not finite"), tlm::numeric_error);
+    CHECK_THROWS_WITH_AS(gen.generate("The capital of France is", {.max_tokens = 4}),
+                         doctest::Contains("inspect FILE --verify"), tlm::numeric_error);
+  }
+}
+
+TEST_CASE("the real model has no value that is not finite") {
+  const tlm::gguf::file f(TLM_MODEL_PATH);
+  CHECK(tlm::non_finite_values(f).empty());
+}

@@ -154,7 +154,7 @@ def stream(port, path, body):
 
 t0 = time.monotonic()
 with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--api-key", KEY,
-            "--max-body", "4096") as port:
+            "--max-body", "4096", "--queue", "0") as port:
     # Before any request: the gauges, and each slot's generator cache of one position.
     samples, types = metrics(port)
     assert types == {"tlm_requests_total": "counter", "tlm_prompt_tokens_total": "counter",
@@ -165,6 +165,9 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     assert value(samples, "tlm_active_sequences") == 0 and value(samples, "tlm_queue_length") == 0
     assert value(samples, "tlm_kv_cache_bytes") == SLOTS * KV_BYTES_PER_POSITION, value(samples, "tlm_kv_cache_bytes")
     assert not any(name == "tlm_requests_total" for name, _ in samples), "requests counted before any was answered"
+    for h, lo, hi in (("tlm_time_to_first_token_seconds", 0.005, 60), ("tlm_time_per_output_token_seconds", 0.001, 2.5)):
+        bounds = sorted(float(dict(labels)["le"]) for name, labels in samples if name == h + "_bucket")
+        assert bounds[0] == lo and bounds[-2] == hi and bounds[-1] == math.inf, (h, bounds)
     assert all(s["state"] == "idle" and s["prompt_tokens"] == 0 for s in slots(port))
 
     # Both routes need the key.
@@ -210,6 +213,10 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     assert status == 401, status
     status, _ = post(port, "/v1/completions", {"prompt": "x" * 5000})
     assert status == 413, status
+    # The other routes' labels; a model id names no series of its own.
+    for path, want in (("/v1/models", 200), ("/health", 200), ("/v1/models/other-model", 404)):
+        status, _ = request(port, "GET", path, headers=AUTH)
+        assert status == want, (path, status)
 
     samples, _ = metrics(port)
     requests = {tuple(sorted(dict(labels).items())): v for (name, labels), v in samples.items()
@@ -217,7 +224,8 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     expected = {("/v1/completions", "200"): 3, ("/v1/chat/completions", "200"): 2, ("/v1/completions", "400"): 1,
                 ("other", "404"): 1, ("/v1/completions", "401"): 1, ("/v1/completions", "413"): 1,
                 ("/metrics", "401"): 2, ("/slots", "401"): 2, ("/metrics", "200"): scrapes - 1,
-                ("/slots", "200"): slot_reads}
+                ("/slots", "200"): slot_reads, ("/v1/models", "200"): 1, ("/health", "200"): 1,
+                ("/v1/models/{id}", "404"): 1}
     assert requests == {(("endpoint", e), ("status", s)): n for (e, s), n in expected.items()}, requests
     generations = len(usages)
     assert value(samples, "tlm_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
@@ -251,20 +259,45 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
         return len(seen) >= 2 and seen[-1]["generated_tokens"] > seen[0]["generated_tokens"]
 
     wait_until(generating, 60, "the stream's slot generating, its generated_tokens growing")
-    assert seen[0]["prompt_tokens"] > 0 and seen[-1]["started"] >= seen[0]["started"], seen
+    assert seen[-1]["started"] >= seen[0]["started"], seen
     samples, _ = metrics(port)
     assert value(samples, "tlm_active_sequences") == 1
-    rest = r.read().decode()
-    conn.close()
-    assert rest.rstrip().endswith("data: [DONE]"), rest[-200:]
-    usage = [json.loads(e[len("data: "):]) for e in rest.split("\n\n") if e.startswith("data: {")][-1]["usage"]
-    assert usage["completion_tokens"] == 200, usage
+
+    # A second stream takes the other slot; with both busy and --queue 0 a third request
+    # is refused with 503, and counted.
+    conn2 = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn2.request("POST", "/v1/completions",
+                  body=json.dumps({"prompt": "Water boils at", "max_tokens": 20, "temperature": 0, "stream": True,
+                                   "stream_options": {"include_usage": True}, "logit_bias": NO_END}),
+                  headers=dict(AUTH, **{"Content-Type": "application/json"}))
+    r2 = conn2.getresponse()
+    assert r2.status == 200 and r2.readline().startswith(b"data: "), r2.status
+    assert all(s["state"] != "idle" for s in slots(port)), "both slots busy"
+    status, body = post(port, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert status == 503 and body["error"]["code"] == "server_busy", (status, body)
+    samples, _ = metrics(port)
+    assert value(samples, "tlm_active_sequences") == 2 and value(samples, "tlm_queue_length") == 0
+    assert value(samples, "tlm_requests_total", endpoint="/v1/completions", status=503) == 1
+
+    def finish(response, connection, max_tokens):
+        rest = response.read().decode()
+        connection.close()
+        assert rest.rstrip().endswith("data: [DONE]"), rest[-200:]
+        usage = [json.loads(e[len("data: "):]) for e in rest.split("\n\n") if e.startswith("data: {")][-1]["usage"]
+        assert usage["completion_tokens"] == max_tokens, usage
+        return usage
+
+    usage = finish(r, conn, 200)
+    assert seen[0]["prompt_tokens"] == usage["prompt_tokens"], (seen[0], usage)
+    usage2 = finish(r2, conn2, 20)
     assert all(s["state"] == "idle" and s["generated_tokens"] == 0 for s in slots(port))
     samples, _ = metrics(port)
     assert value(samples, "tlm_active_sequences") == 0
-    assert value(samples, "tlm_generated_tokens_total") == sum(u["completion_tokens"] for u in usages) + 200
-    assert value(samples, "tlm_time_to_first_token_seconds_count") == generations + 1
-    assert value(samples, "tlm_requests_total", endpoint="/v1/completions", status=200) == 4
+    assert value(samples, "tlm_generated_tokens_total") == sum(u["completion_tokens"] for u in usages) + 220
+    assert value(samples, "tlm_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages + [usage, usage2])
+    for h in ("tlm_time_to_first_token_seconds", "tlm_time_per_output_token_seconds"):
+        assert value(samples, h + "_count") == generations + 2, h
+    assert value(samples, "tlm_requests_total", endpoint="/v1/completions", status=200) == 5
 
 elapsed = time.monotonic() - t0
 print(f"metrics: ok ({elapsed:.1f} s)")

@@ -207,8 +207,9 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     assert status == 400, status
     status, _ = request(port, "GET", "/no/such/route", headers=AUTH)
     assert status == 404, status
-    # Connection: close, because httplib answers the 401 without reading the body, and on
-    # a kept-alive connection would read that body as the next request (and count its 400).
+    # Connection: close, because httplib 0.11 answers the 401 without reading the body
+    # and, on a kept-alive connection, would read that body as the next request (a 400
+    # "other" in the counts below); a request's Connection: close ends the connection.
     status, _ = post(port, "/v1/completions", {"prompt": "hi"}, headers={"Connection": "close"})
     assert status == 401, status
     status, _ = post(port, "/v1/completions", {"prompt": "x" * 5000})

@@ -184,7 +184,9 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
             ("/v1/completions", {"prompt": "Water boils at", "max_tokens": 9}, True),
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 5}, False),
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 7}, True),
-            ("/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 4}, False)]:
+            ("/v1/completions", {"prompt": "def add(a, b):", "max_tokens": 4}, False),
+            # One token: a time to first token, no time per output token.
+            ("/v1/completions", {"prompt": "Hello", "max_tokens": 1}, False)]:
         body = dict(body, temperature=0, logit_bias=NO_END)
         if streamed:
             u = stream(port, path, body)
@@ -222,7 +224,7 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     samples, _ = metrics(port)
     requests = {tuple(sorted(dict(labels).items())): v for (name, labels), v in samples.items()
                 if name == "tlm_requests_total"}
-    expected = {("/v1/completions", "200"): 3, ("/v1/chat/completions", "200"): 2, ("/v1/completions", "400"): 1,
+    expected = {("/v1/completions", "200"): 4, ("/v1/chat/completions", "200"): 2, ("/v1/completions", "400"): 1,
                 ("other", "404"): 1, ("/v1/completions", "401"): 1, ("/v1/completions", "413"): 1,
                 ("/metrics", "401"): 2, ("/slots", "401"): 2, ("/metrics", "200"): scrapes - 1,
                 ("/slots", "200"): slot_reads, ("/v1/models", "200"): 1, ("/health", "200"): 1,
@@ -231,8 +233,10 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     generations = len(usages)
     assert value(samples, "tlm_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
     assert value(samples, "tlm_generated_tokens_total") == sum(u["completion_tokens"] for u in usages)
-    for h in ("tlm_time_to_first_token_seconds", "tlm_time_per_output_token_seconds"):
-        assert value(samples, h + "_count") == generations, (h, value(samples, h + "_count"))
+    two_or_more = sum(u["completion_tokens"] >= 2 for u in usages)
+    assert two_or_more == generations - 1
+    for h, n in (("tlm_time_to_first_token_seconds", generations), ("tlm_time_per_output_token_seconds", two_or_more)):
+        assert value(samples, h + "_count") == n, (h, value(samples, h + "_count"), n)
         assert value(samples, h + "_sum") > 0, h
     assert value(samples, "tlm_kv_cache_bytes") == (gen_positions + chat_positions + (SLOTS - 1)) * KV_BYTES_PER_POSITION, \
         (value(samples, "tlm_kv_cache_bytes"), gen_positions, chat_positions)
@@ -263,6 +267,9 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     assert seen[-1]["started"] >= seen[0]["started"], seen
     samples, _ = metrics(port)
     assert value(samples, "tlm_active_sequences") == 1
+    # Generated tokens are counted as they come, not when the reply ends.
+    assert value(samples, "tlm_generated_tokens_total") >= sum(u["completion_tokens"] for u in usages) + \
+        seen[-1]["generated_tokens"]
 
     # A second stream takes the other slot; with both busy and --queue 0 a third request
     # is refused with 503, and counted.
@@ -296,9 +303,9 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     assert value(samples, "tlm_active_sequences") == 0
     assert value(samples, "tlm_generated_tokens_total") == sum(u["completion_tokens"] for u in usages) + 220
     assert value(samples, "tlm_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages + [usage, usage2])
-    for h in ("tlm_time_to_first_token_seconds", "tlm_time_per_output_token_seconds"):
-        assert value(samples, h + "_count") == generations + 2, h
-    assert value(samples, "tlm_requests_total", endpoint="/v1/completions", status=200) == 5
+    for h, n in (("tlm_time_to_first_token_seconds", generations), ("tlm_time_per_output_token_seconds", two_or_more)):
+        assert value(samples, h + "_count") == n + 2, h
+    assert value(samples, "tlm_requests_total", endpoint="/v1/completions", status=200) == 6
 
 elapsed = time.monotonic() - t0
 print(f"metrics: ok ({elapsed:.1f} s)")

@@ -5,7 +5,8 @@
 //         [--cors ORIGIN] [--max-connections N] [--read-timeout S]
 //
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true as
-// server-sent events), GET /v1/models, GET /health. Requests run on a fixed number of
+// server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus' text format),
+// GET /slots (what each slot is doing). Requests run on a fixed number of
 // slots; each slot is a model of its own over the same memory-mapped file (the OS keeps
 // one copy of the weights) with its own workspace and KV cache, because a model's
 // forward pass reuses its workspace and so serves one sequence at a time. Requests
@@ -42,6 +43,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -261,6 +263,46 @@ struct request_reader {
   }
 };
 
+// A Prometheus histogram: counts per upper bound (not yet cumulative; the exposition
+// sums them), their sum and count. Guarded by its owner's mutex.
+struct histogram {
+  explicit histogram(std::vector<double> bounds_) : bounds(std::move(bounds_)), counts(bounds.size() + 1, 0) {}
+  void observe(double v) {
+    const auto at = std::lower_bound(bounds.begin(), bounds.end(), v);  // le: the first bound >= v
+    ++counts[static_cast<std::size_t>(at - bounds.begin())];
+    sum += v;
+    ++count;
+  }
+  void write(std::string& out, std::string_view name, std::string_view help) const {
+    out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+    std::uint64_t below = 0;
+    for (std::size_t i = 0; i < bounds.size(); ++i) {
+      below += counts[i];
+      out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds[i], below);
+    }
+    out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count, name, sum, name, count);
+  }
+  std::vector<double> bounds;
+  std::vector<std::uint64_t> counts;  // counts[bounds.size()]: above the last bound
+  double sum = 0;
+  std::uint64_t count = 0;
+};
+
+// The endpoint label of a request: its route, or "other" for a path no route has, so
+// that clients probing random paths cannot grow the metrics without bound.
+std::string endpoint_label(const std::string& path) {
+  static constexpr std::string_view known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
+                                               "/metrics", "/slots"};
+  for (const std::string_view k : known)
+    if (path == k) return path;
+  if (path.starts_with("/v1/models/")) return "/v1/models/{id}";
+  return "other";
+}
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
 // What a request asks for, once checked.
 struct parsed_request {
   bool chat = false, stream = false, include_usage = false;
@@ -285,7 +327,10 @@ class server {
       slots_.push_back(std::move(s));
     }
     tok_ = std::make_unique<tlm::tokenizer>(tlm::tokenizer::from_gguf(slots_[0]->m.file()));
-    for (auto& sl : slots_) sl->gen.emplace(sl->m, *tok_);
+    for (auto& sl : slots_) {
+      sl->gen.emplace(sl->m, *tok_);
+      sl->kv_bytes = kv_bytes_of(*sl);
+    }
     // Counts a conversation's positions before a slot is taken; it never runs the model
     // (its cache of one position is never used).
     counter_ = std::make_unique<tlm::chat_session<C>>(slots_[0]->m, *tok_, 1);
@@ -325,7 +370,7 @@ class server {
       std::string code;
       if (res.status == 404) {
         message = fmt::format("no endpoint {} {}; the endpoints are POST /v1/chat/completions, POST /v1/completions, "
-                              "GET /v1/models and GET /health", req.method, req.path);
+                              "GET /v1/models, GET /health, GET /metrics and GET /slots", req.method, req.path);
         code = "not_found";
       } else if (res.status == 413) {
         message = "the request body is larger than the server's limit (--max-body); send a shorter request";
@@ -347,7 +392,13 @@ class server {
       send_error(res, api_error(500, "internal error: " + what + "; please report it", {}, "internal_error", "server_error"));
     });
     // CORS on every response, refusals included, so that a browser shows the error body.
-    svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) { add_cors(req, res); });
+    // Requests are counted here because httplib calls this for every response it writes,
+    // before writing it (refusals by the pre-routing handler, 404, 413 and unparsable
+    // requests included): a client that has read an answer finds it counted.
+    svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      count_request(req, res);
+      add_cors(req, res);
+    });
     svr.Options(R"(/.*)", [](const httplib::Request&, httplib::Response& res) {
       res.status = 204;
       res.set_header("Allow", "GET, POST, OPTIONS");
@@ -356,6 +407,12 @@ class server {
       std::lock_guard lock(mu_);
       res.set_content(dump({{"status", "ok"}, {"slots", slots_.size()}, {"busy", busy_}, {"queued", waiting_}}),
                       "application/json");
+    });
+    svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics_text(), "text/plain; version=0.0.4");
+    });
+    svr.Get("/slots", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(dump(slots_json()), "application/json");
     });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(dump({{"object", "list"}, {"data", json::array({model_entry()})}}), "application/json");
@@ -394,8 +451,75 @@ class server {
     tlm::model<C> m;
     std::optional<tlm::generator<C>> gen;
     std::unique_ptr<tlm::chat_session<C>> chat;
-    bool busy = false;
+    bool busy = false;  // guarded by mu_
+    // What /slots and /metrics show, guarded by stats_mu_: written by the thread running
+    // the slot's generation, read by the threads answering those routes.
+    std::string state = "idle", request_id;
+    std::size_t prompt_tokens = 0, generated_tokens = 0, kv_bytes = 0;
+    std::chrono::steady_clock::time_point started;
   };
+
+  // The KV cache memory a slot holds: its generator's cache and its chat session's.
+  // Called only by the thread that owns the slot (or before the server starts), since
+  // a generation reallocates the caches.
+  static std::size_t kv_bytes_of(const slot& s) {
+    return (s.gen ? s.gen->cache().bytes() : 0) + (s.chat ? s.chat->cache().bytes() : 0);
+  }
+
+  void count_request(const httplib::Request& req, const httplib::Response& res) {
+    const std::string endpoint = endpoint_label(req.path);
+    std::lock_guard lock(stats_mu_);
+    ++requests_[{endpoint, res.status}];
+  }
+
+  std::string metrics_text() {
+    std::size_t queued = 0, busy = 0;
+    {
+      std::lock_guard lock(mu_);  // never held together with stats_mu_ here: mu_ is taken first elsewhere
+      queued = waiting_;
+      busy = busy_;
+    }
+    std::lock_guard lock(stats_mu_);
+    std::string out;
+    const auto one = [&](std::string_view name, std::string_view type, std::string_view help, auto value) {
+      out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
+    };
+    out += "# HELP tlm_requests_total HTTP requests answered, by endpoint and status code.\n"
+           "# TYPE tlm_requests_total counter\n";
+    for (const auto& [key, n] : requests_)
+      out += fmt::format("tlm_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, n);
+    one("tlm_prompt_tokens_total", "counter", "Prompt tokens run through prefill (usage.prompt_tokens).", prompt_tokens_);
+    one("tlm_generated_tokens_total", "counter", "Tokens generated (usage.completion_tokens).", generated_tokens_);
+    ttft_.write(out, "tlm_time_to_first_token_seconds",
+                "Seconds from a request's arrival at its handler to its first generated token.");
+    tpot_.write(out, "tlm_time_per_output_token_seconds",
+                "Mean seconds between the generated tokens of a reply, once per reply of two tokens or more.");
+    one("tlm_queue_length", "gauge", "Requests waiting for a slot.", queued);
+    one("tlm_active_sequences", "gauge", "Slots running a request.", busy);
+    one("tlm_slots", "gauge", "Slots (--slots).", slots_.size());
+    std::size_t kv = 0;
+    for (const auto& s : slots_) kv += s->kv_bytes;
+    one("tlm_kv_cache_bytes", "gauge", "Bytes of KV cache allocated across the slots.", kv);
+    return out;
+  }
+
+  json slots_json() {
+    const auto now = std::chrono::steady_clock::now();
+    json out = json::array();
+    std::lock_guard lock(stats_mu_);
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      const slot& s = *slots_[i];
+      const bool idle = s.state == "idle";
+      out.push_back({{"id", i},
+                     {"state", s.state},
+                     {"request_id", idle ? json(nullptr) : json(s.request_id)},
+                     {"prompt_tokens", s.prompt_tokens},
+                     {"generated_tokens", s.generated_tokens},
+                     {"ctx", o_.ctx},
+                     {"started", idle ? json(nullptr) : json(seconds_between(s.started, now))}});
+    }
+    return out;
+  }
 
   void add_cors(const httplib::Request& req, httplib::Response& res) const {
     if (o_.cors.empty()) return;
@@ -423,6 +547,10 @@ class server {
         std::lock_guard lock(s_->mu_);
         slot_->busy = false;
         --s_->busy_;
+        std::lock_guard stats(s_->stats_mu_);  // always taken after mu_, never before
+        slot_->state = "idle";
+        slot_->request_id.clear();
+        slot_->prompt_tokens = slot_->generated_tokens = 0;
       }
       s_->freed_.notify_one();
     }
@@ -433,7 +561,8 @@ class server {
     slot* slot_;
   };
 
-  std::shared_ptr<lease> acquire() {
+  // Takes a slot for the request `id` with a prompt of `prompt_tokens` positions.
+  std::shared_ptr<lease> acquire(const std::string& id, std::size_t prompt_tokens) {
     std::unique_lock lock(mu_);
     const auto free_slot = [&]() -> slot* {
       for (auto& s : slots_)
@@ -458,6 +587,14 @@ class server {
     slot* s = free_slot();
     s->busy = true;
     ++busy_;
+    {
+      std::lock_guard stats(stats_mu_);  // after mu_, as in ~lease
+      s->state = "prefill";
+      s->request_id = id;
+      s->prompt_tokens = prompt_tokens;
+      s->generated_tokens = 0;
+      s->started = std::chrono::steady_clock::now();
+    }
     return std::make_shared<lease>(*this, *s);
   }
 
@@ -645,13 +782,33 @@ class server {
 
   // Runs one generation on a slot, calling on_text with each piece of text; `cut` tells
   // whether a shutdown ended it. positions: the prompt's positions as prompt_tokens
-  // counted them (for a chat, the session's own count).
+  // counted them (for a chat, the session's own count). arrived: when the request
+  // reached its handler, from which the time to its first token is measured.
   tlm::generation_result run(slot& s, const parsed_request& p, std::size_t positions, tlm::token_callback on_text,
-                             bool& cut) {
+                             bool& cut, std::chrono::steady_clock::time_point arrived) {
     cut = false;
+    std::chrono::steady_clock::time_point first, last;
+    std::size_t produced = 0;
     // On shutdown every generation ends at its next token, so that stopping never waits
     // for a long reply.
-    on_text = [this, &cut, inner = std::move(on_text)](std::int32_t id, std::string_view text) {
+    on_text = [this, &s, &cut, &first, &last, &produced, arrived, inner = std::move(on_text)](std::int32_t id,
+                                                                                              std::string_view text) {
+      // The callback hears every generated token but a final end-of-sequence one (which
+      // usage.completion_tokens leaves out too); id -1 is text released at the end.
+      if (id >= 0) {
+        const auto now = std::chrono::steady_clock::now();
+        std::lock_guard lock(stats_mu_);
+        if (produced == 0) {
+          first = now;
+          ttft_.observe(seconds_between(arrived, now));
+          s.state = "generating";
+          s.kv_bytes = kv_bytes_of(s);  // sized for this request by the prefill
+        }
+        last = now;
+        ++produced;
+        ++s.generated_tokens;
+        ++generated_tokens_;
+      }
       if (stopping_.load(std::memory_order_relaxed)) {
         cut = true;
         return tlm::step::stop;
@@ -668,10 +825,18 @@ class server {
       } else {
         s.chat->reset();
       }
+      {
+        std::lock_guard lock(stats_mu_);
+        s.kv_bytes = kv_bytes_of(s);  // the old session's cache is gone
+      }
       for (const auto& m : p.messages) s.chat->add(m.role, m.content);
-      return s.chat->reply(p.gen, std::move(on_text));
     }
-    return s.gen->generate(p.prompt, p.gen, std::move(on_text));
+    auto r = p.chat ? s.chat->reply(p.gen, std::move(on_text)) : s.gen->generate(p.prompt, p.gen, std::move(on_text));
+    std::lock_guard lock(stats_mu_);
+    prompt_tokens_ += r.prompt_tokens;
+    if (produced >= 2) tpot_.observe(seconds_between(first, last) / static_cast<double>(produced - 1));
+    s.kv_bytes = kv_bytes_of(s);
+    return r;
   }
 
   // What a failed generation tells an HTTP client: tlm's own message for a conversation
@@ -749,6 +914,7 @@ class server {
   }
 
   void handle(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader, bool chat) {
+    const auto arrived = std::chrono::steady_clock::now();
     try {
       const std::string raw = read_body(req, res, reader);
       if (tlm::json_nesting_depth(raw, max_body_depth) > max_body_depth)
@@ -764,10 +930,10 @@ class server {
       auto p = std::make_shared<parsed_request>(read(body, chat));
       const std::size_t n = prompt_tokens(*p);
       const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
-      auto held = acquire();
+      auto held = acquire(id, n);
       if (!p->stream) {
         bool cut = false;
-        const auto r = run(held->get(), *p, n, {}, cut);
+        const auto r = run(held->get(), *p, n, {}, cut, arrived);
         if (cut) throw cut_short(r);
         json choice = {{"index", 0}, {"finish_reason", finish_reason(r.reason)}, {"logprobs", nullptr}};
         if (chat) choice["message"] = {{"role", "assistant"}, {"content", r.text}, {"refusal", nullptr}};
@@ -784,7 +950,7 @@ class server {
       }
       res.set_header("Cache-Control", "no-cache");
       res.set_chunked_content_provider(
-          "text/event-stream", [this, p, n, id, held](std::size_t, httplib::DataSink& sink) mutable {
+          "text/event-stream", [this, p, n, id, held, arrived](std::size_t, httplib::DataSink& sink) mutable {
             if (!held) return false;  // called once: the generation ran already
             const auto send = [&](const json& j) {
               const std::string event = "data: " + dump(j) + "\n\n";
@@ -796,7 +962,7 @@ class server {
                                    // A client that went away stops its generation, which frees the slot.
                                    if (connected && !text.empty()) connected = send(chunk(id, p->chat, std::string(text), nullptr, false));
                                    return connected;
-                                 }), cut);
+                                 }), cut, arrived);
               held.reset();
               if (!connected) return false;
               if (cut) {
@@ -846,6 +1012,14 @@ class server {
   std::condition_variable freed_;
   std::size_t busy_ = 0, waiting_ = 0;
   std::atomic<bool> stopping_{false};
+  // The metrics and the slots' status fields. Taken after mu_ when both are held.
+  std::mutex stats_mu_;
+  std::map<std::pair<std::string, int>, std::uint64_t> requests_;  // (endpoint, status) -> count
+  std::uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  // Buckets from a few milliseconds (a short prompt on a fast machine) to a minute (a
+  // long prompt or a wait in the queue); per token, from a millisecond to seconds.
+  histogram ttft_{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
+  histogram tpot_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
 };
 
 // httplib's task queue: a thread per open connection, up to a limit, made when needed and

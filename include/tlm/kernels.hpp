@@ -132,6 +132,15 @@ constexpr void set_avx2_q4(kernel_table& k) {
   k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row<E>>;
 }
 
+// Q5_0 / Q5_1: the block scale factored out of the decode-speed matvec (avx2.hpp), the
+// prefill GEMM over the bit-exact decoder.
+template <encoding E>
+constexpr void set_avx2_q5(kernel_table& k) {
+  k.matvec[slot_of<E>] = &avx2::matvec_rows_q5<E>;
+  k.prepare[slot_of<E>] = E == encoding::q5_1 ? &avx2::prepare_block_sums : nullptr;
+  k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row<E>>;
+}
+
 template <encoding E>
 constexpr void set_avx2_fast(kernel_table& k) {
   k.matvec_q8[slot_of<E>] = &avx2::matvec_q8<E>;
@@ -143,7 +152,7 @@ constexpr void set_avx2_fast(kernel_table& k) {
 template <encoding E>
 constexpr void set_avx2_k(kernel_table& k) {
   k.matvec[slot_of<E>] = &avx2::matvec_rows_k<E>;
-  k.prepare[slot_of<E>] = E == encoding::q6_k ? nullptr : &avx2::prepare_k_x;
+  k.prepare[slot_of<E>] = E == encoding::q6_k ? nullptr : &avx2::prepare_block_sums;
   k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row_k<E>>;
   k.matvec_q8[slot_of<E>] = &avx2::matvec_q8_k<E>;
   k.matmul_q8[slot_of<E>] = &avx2::matmul_q8_k<E>;
@@ -158,8 +167,8 @@ inline const kernel_table& avx2_table() {
     set_avx2<encoding::bf16>(k);
     set_avx2_q4<encoding::q4_0>(k);
     set_avx2_q4<encoding::q4_1>(k);
-    set_avx2<encoding::q5_0>(k);
-    set_avx2<encoding::q5_1>(k);
+    set_avx2_q5<encoding::q5_0>(k);
+    set_avx2_q5<encoding::q5_1>(k);
     k.matvec[slot_of<encoding::q8_0>] = &avx2::matvec_rows_q8;
     k.matmul[slot_of<encoding::q8_0>] = &avx2::matmul_rows<&avx2::decode_row<encoding::q8_0>>;
     set_avx2_k<encoding::q4_k>(k);

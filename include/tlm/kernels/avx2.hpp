@@ -78,6 +78,28 @@ TLM_AVX2_INLINE inline void nibbles(const std::byte* qs, __m256 (&v)[4]) {
   }
 }
 
+// Bytes 8k..8k+7 of 32 signed codes widened to int32.
+TLM_AVX2_INLINE inline void widen32(__m256i c, __m256i (&out)[4]) {
+  const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
+  out[0] = _mm256_cvtepi8_epi32(c0);
+  out[1] = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c0, c0));
+  out[2] = _mm256_cvtepi8_epi32(c1);
+  out[3] = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c1, c1));
+}
+
+// x [cols], then the sum of each block of 32 [cols / 32]: what a matvec whose blocks
+// have a min (Q5_1, Q4_K, Q5_K) multiplies the mins by, computed once per matvec.
+inline void prepare_block_sums(const float* x, std::size_t cols, std::vector<float>& prepared) {
+  const std::size_t blocks = cols / 32;
+  prepared.resize(cols + blocks);  // [cols] x, then [blocks] sums
+  std::copy(x, x + cols, prepared.begin());
+  for (std::size_t b = 0; b < blocks; ++b) {
+    float t = 0;
+    for (std::size_t i = 0; i < 32; ++i) t += x[32 * b + i];
+    prepared[cols + b] = t;
+  }
+}
+
 // The 32 fifth bits of a Q5 block (the little-endian word at qh) as bytes 0 or 0x10,
 // in value order: byte j of the result takes byte j/8 of qh and tests bit j%8.
 TLM_AVX2_INLINE inline __m256i q5_high_bits(const std::byte* qh) {
@@ -394,6 +416,37 @@ TLM_AVX2_FN inline void matvec_rows_q8(encoding, const std::byte* w, std::size_t
       q8_block(row + b * bb, xv, acc);
     }
     y[r] = hsum(acc);
+  }
+}
+
+// Q5_0 / Q5_1 with the block scale factored out, as for Q4 above: per block
+// d * (c . x) (+ m * sum(x) for Q5_1, the sums from prepare_block_sums), where c are the
+// codes (-16..15 for Q5_0, whose decode is (c) d; 0..31 for Q5_1).
+template <encoding E>
+TLM_AVX2_FN inline void matvec_rows_q5(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
+                                       std::size_t r0, std::size_t r1, std::size_t cols) {
+  constexpr bool has_min = E == encoding::q5_1;
+  constexpr std::size_t bb = bytes32<E>();
+  const std::size_t blocks = cols / 32;
+  const float* xsum = x + cols;  // [blocks] (Q5_1 only)
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::byte* row = w + r * rb;
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const std::byte* p = row + b * bb;
+      const std::byte* qh = p + (has_min ? 4 : 2);
+      __m256i wide[4];
+      widen32(q5_codes<E>(qh + 4, qh), wide);
+      const float* xb = x + 32 * b;
+      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(wide[0]), load8(xb));
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[1]), load8(xb + 8), t);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[2]), load8(xb + 16), t);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[3]), load8(xb + 24), t);
+      acc = _mm256_fmadd_ps(half_scale(p), t, acc);
+      if constexpr (has_min) mins += _cvtsh_ss(load_u16(p + 2)) * xsum[b];
+    }
+    y[r] = hsum(acc) + mins;
   }
 }
 

@@ -69,15 +69,6 @@ TLM_AVX2_INLINE inline void k_scales(const std::byte* p, int s, float& dsc, floa
   dmn = _cvtsh_ss(load_u16(p + 2)) * static_cast<float>(m);
 }
 
-// Bytes 8k..8k+7 of 32 signed codes widened to int32.
-TLM_AVX2_INLINE inline void widen32(__m256i c, __m256i (&out)[4]) {
-  const __m128i c0 = _mm256_castsi256_si128(c), c1 = _mm256_extracti128_si256(c, 1);
-  out[0] = _mm256_cvtepi8_epi32(c0);
-  out[1] = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c0, c0));
-  out[2] = _mm256_cvtepi8_epi32(c1);
-  out[3] = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c1, c1));
-}
-
 // Sub-block s (values 32s..32s+31) decoded to float32, bit for bit dequantize_row.
 template <encoding E>
 TLM_AVX2_INLINE inline void decode_k32(const std::byte* p, int s, __m256 (&w)[4]) {
@@ -105,7 +96,7 @@ TLM_AVX2_INLINE inline void decode_k32(const std::byte* p, int s, __m256 (&w)[4]
 //
 // As avx2.hpp's Q4 matvec, the scales are factored out of each sub-block's sum instead
 // of decoding every weight: sum_l (dsc c_l - dmn) x_l = dsc (c . x) - dmn sum(x), with
-// sum(x) of every block of 32 computed once per matvec (prepare_k_x), and the mins of a
+// sum(x) of every block of 32 computed once per matvec (prepare_block_sums), and the mins of a
 // super-block applied by one 8-lane multiply-add. Q6_K's codes are centred (c - 32), so
 // it has no min; its two 16-value halves take their own scale. The same sum in another
 // order than dequantize_row's (within the tolerance of tests/test_kernels.cpp).
@@ -172,22 +163,10 @@ TLM_AVX2_INLINE inline void codes_times_x(__m256i c, const float* x, __m256& a, 
   b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[3]), load8(x + 24), _mm256_mul_ps(_mm256_cvtepi32_ps(wide[2]), load8(x + 16)));
 }
 
-// x [cols], then the sum of each block of 32 [cols / 32], for Q4_K / Q5_K's mins.
-inline void prepare_k_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
-  const std::size_t blocks = cols / 32;
-  prepared.resize(cols + blocks);  // [cols] x, then [blocks] sums
-  std::copy(x, x + cols, prepared.begin());
-  for (std::size_t b = 0; b < blocks; ++b) {
-    float t = 0;
-    for (std::size_t i = 0; i < 32; ++i) t += x[32 * b + i];
-    prepared[cols + b] = t;
-  }
-}
-
 template <encoding E>
 TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::size_t cols) {
   __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
-  const float* xsum = x + cols;  // [cols / 32] (prepare_k_x; unused for Q6_K)
+  const float* xsum = x + cols;  // [cols / 32] (prepare_block_sums; unused for Q6_K)
   for (std::size_t sb = 0; sb < cols / 256; ++sb) {
     const std::byte* p = row + sb * k_block_bytes<E>;
     const float* xs = x + 256 * sb;
@@ -232,7 +211,7 @@ TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::si
   return hsum(acc) - hsum(mins);
 }
 
-// x: prepare_k_x's output for Q4_K / Q5_K, x itself for Q6_K.
+// x: prepare_block_sums's output for Q4_K / Q5_K, x itself for Q6_K.
 template <encoding E>
 TLM_AVX2_FN inline void matvec_rows_k(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                       std::size_t r0, std::size_t r1, std::size_t cols) {

@@ -16,6 +16,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -29,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -330,15 +332,22 @@ class py_model {
 };
 
 tlm::generation_options options_from(std::size_t max_tokens, float temperature, float top_p, std::size_t top_k, float min_p,
-                                     std::uint64_t seed, const nb::object& stop, float repeat_penalty, float presence_penalty,
-                                     float frequency_penalty, bool ignore_eos, const nb::object& json_schema) {
+                                     std::optional<std::uint64_t> seed, const nb::object& stop, float repeat_penalty,
+                                     float presence_penalty, float frequency_penalty, bool ignore_eos,
+                                     const nb::object& json_schema) {
   tlm::generation_options o;
   o.max_tokens = max_tokens;
   o.sample.temperature = temperature;
   o.sample.top_p = top_p;
   o.sample.top_k = top_k;
   o.sample.min_p = min_p;
-  o.sample.seed = seed;
+  // As the server does: a fresh random seed unless one is given, which reproduces.
+  if (seed) {
+    o.sample.seed = *seed;
+  } else {
+    std::random_device rd;
+    o.sample.seed = (std::uint64_t{rd()} << 32) ^ rd();
+  }
   o.sample.repeat_penalty = repeat_penalty;
   o.sample.presence_penalty = presence_penalty;
   o.sample.frequency_penalty = frequency_penalty;
@@ -355,7 +364,15 @@ tlm::generation_options options_from(std::size_t max_tokens, float temperature, 
   return o;
 }
 
-std::vector<tlm::chat_message> messages_from(const nb::list& messages) {
+std::vector<tlm::chat_message> messages_from(const nb::handle& given) {
+  // Any sequence of dicts: a list or a tuple. A str or a dict is a sequence (or
+  // iterable) of something else, so they are named as mistakes rather than walked.
+  if (nb::isinstance<nb::str>(given) || nb::isinstance<nb::bytes>(given) || nb::isinstance<nb::dict>(given) ||
+      !PySequence_Check(given.ptr()))
+    throw nb::type_error("messages must be a list (or tuple) of dicts {'role': ..., 'content': ...}");
+  PyObject* as_list = PySequence_List(given.ptr());
+  if (!as_list) throw nb::python_error();
+  const nb::list messages = nb::steal<nb::list>(as_list);
   std::vector<tlm::chat_message> out;
   for (std::size_t i = 0; i < messages.size(); ++i) {
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -379,7 +396,12 @@ std::vector<tlm::chat_message> messages_from(const nb::list& messages) {
       throw nb::type_error((where + ".content must be a string or a list of text parts").c_str());
     }
     std::string role = nb::cast<std::string>(d["role"]);
-    if (role == "developer") role = "system";
+    if (role == "developer") role = "system";  // OpenAI's newer name for it
+    // ChatML would render any one-line role, but the models' templates speak of these
+    // three only: another role is most likely a typo, which would pass unnoticed.
+    if (role != "system" && role != "user" && role != "assistant")
+      throw tlm::error("chat: " + where + " has role '" + role +
+                       "'; the chat template knows system, user and assistant (developer reads as system)");
     out.push_back({std::move(role), std::move(content)});
   }
   if (out.empty()) throw tlm::error("chat: no messages; give at least one {'role': 'user', 'content': ...}");
@@ -406,7 +428,7 @@ NB_MODULE(_tlm, m) {
       .def(
           "generate",
           [](py_model& self, const nb::object& prompt, std::size_t max_tokens, float temperature, float top_p,
-             std::size_t top_k, float min_p, std::uint64_t seed, const nb::object& stop, bool stream,
+             std::size_t top_k, float min_p, std::optional<std::uint64_t> seed, const nb::object& stop, bool stream,
              float repeat_penalty, float presence_penalty, float frequency_penalty, bool ignore_eos,
              const nb::object& json_schema, bool details) {
             request r;
@@ -422,15 +444,16 @@ NB_MODULE(_tlm, m) {
             return self.run(std::move(r), stream, details);
           },
           "prompt"_a, "max_tokens"_a = 256, "temperature"_a = 0.0f, "top_p"_a = 1.0f, "top_k"_a = 0, "min_p"_a = 0.0f,
-          "seed"_a = 0, "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f,
+          "seed"_a = nb::none(), "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f,
           "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f, "ignore_eos"_a = false, "json_schema"_a = nb::none(),
           "details"_a = false,
           "Continues the prompt (text, or a list of token ids). Returns the text; with stream=True an iterator of "
-          "text pieces; with details=True a dict of text, ids, finish_reason and token counts.")
+          "text pieces; with details=True a dict of text, ids, finish_reason and token counts. Without a seed, "
+          "each call samples with a fresh random one.")
       .def(
           "chat",
-          [](py_model& self, const nb::list& messages, std::size_t max_tokens, float temperature, float top_p,
-             std::size_t top_k, float min_p, std::uint64_t seed, const nb::object& stop, bool stream,
+          [](py_model& self, const nb::handle& messages, std::size_t max_tokens, float temperature, float top_p,
+             std::size_t top_k, float min_p, std::optional<std::uint64_t> seed, const nb::object& stop, bool stream,
              float repeat_penalty, float presence_penalty, float frequency_penalty, const nb::object& json_schema, bool details) {
             request r;
             r.k = request::kind::chat;
@@ -440,7 +463,7 @@ NB_MODULE(_tlm, m) {
             return self.run(std::move(r), stream, details);
           },
           "messages"_a, "max_tokens"_a = 256, "temperature"_a = 0.0f, "top_p"_a = 1.0f, "top_k"_a = 0, "min_p"_a = 0.0f,
-          "seed"_a = 0, "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f,
+          "seed"_a = nb::none(), "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f,
           "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f, "json_schema"_a = nb::none(), "details"_a = false,
           "The assistant's reply to OpenAI-style messages [{'role': ..., 'content': ...}], in the model's chat template.")
       .def_prop_ro("vocab_size", &py_model::vocab)

@@ -174,6 +174,31 @@ def test_ctrl_c_stops_a_long_generation(model, call):
     assert model.generate("The capital of France is", max_tokens=2) == " Paris."
 
 
+def test_seed_is_random_unless_given(model):
+    prompt, kwargs = "Once upon a time", dict(max_tokens=10, temperature=1.0)
+    # Three calls without a seed: the same text three times is (about) impossible.
+    assert len({model.generate(prompt, ignore_eos=True, **kwargs) for _ in range(3)}) > 1
+    for seed in (0, 11):  # 0 is a seed like any other
+        assert model.generate(prompt, seed=seed, **kwargs) == model.generate(prompt, seed=seed, **kwargs)
+    chat = [{"role": "user", "content": "Say something."}]
+    assert model.chat(chat, seed=4, **kwargs) == model.chat(chat, seed=4, **kwargs)
+
+
+def test_chat_roles_and_message_sequences(model):
+    with pytest.raises(tlm.Error, match=r"messages\[1\] has role 'wizard'; the chat template knows system, user and "
+                                        r"assistant"):
+        model.chat([{"role": "user", "content": "Hi"}, {"role": "wizard", "content": "Abracadabra"}])
+    question = {"role": "user", "content": "What is the capital of France?"}
+    assert model.chat((question,), max_tokens=10) == model.chat([question], max_tokens=10) == "The capital of France is Paris."
+    # OpenAI's developer role is the system role.
+    briefed = lambda role: [{"role": role, "content": "You answer in one word."}, question]  # noqa: E731
+    assert model.chat(briefed("developer"), max_tokens=4) == model.chat(briefed("system"), max_tokens=4)
+    with pytest.raises(TypeError, match=r"messages must be a list \(or tuple\) of dicts"):
+        model.chat("What is the capital of France?")
+    with pytest.raises(TypeError, match=r"messages must be a list \(or tuple\) of dicts"):
+        model.chat(question)
+
+
 def test_stream_errors_come_from_the_call(model):
     # Raised by generate(stream=True) itself, not by the first next() of its iterator.
     with pytest.raises(tlm.Error, match="more than the context of 8192"):

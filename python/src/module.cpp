@@ -225,16 +225,21 @@ class text_stream {
   nb::str next() {
     std::optional<std::string> piece;
     std::exception_ptr error;
-    {
-      nb::gil_scoped_release unlocked;
-      std::unique_lock lock(mu_);
-      ready_.wait(lock, [&] { return !pieces_.empty() || finished_; });
-      if (!pieces_.empty()) {
-        piece = std::move(pieces_.front());
-        pieces_.pop_front();
-      } else {
-        error = std::exchange(error_, nullptr);
+    // The wait may be long (the model busy with another call), so it looks for Ctrl-C
+    // every 50 ms, as a non-streaming generation does.
+    for (bool ready = false; !ready;) {
+      {
+        nb::gil_scoped_release unlocked;
+        std::unique_lock lock(mu_);
+        ready = ready_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !pieces_.empty() || finished_; });
+        if (ready && !pieces_.empty()) {
+          piece = std::move(pieces_.front());
+          pieces_.pop_front();
+        } else if (ready) {
+          error = std::exchange(error_, nullptr);
+        }
       }
+      if (!ready && PyErr_CheckSignals() != 0) throw nb::python_error();
     }
     if (piece) return to_str(*piece);
     if (error) std::rethrow_exception(error);

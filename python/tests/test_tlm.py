@@ -174,6 +174,23 @@ def test_ctrl_c_stops_a_long_generation(model, call):
     assert model.generate("The capital of France is", max_tokens=2) == " Paris."
 
 
+def test_ctrl_c_stops_a_wait_for_a_stream(model):
+    first = model.generate("Once upon a time", max_tokens=150, ignore_eos=True, stream=True)
+    assert next(first)
+    second = model.generate("The history of Rome", max_tokens=8, stream=True)  # waits for the model
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(second)
+        time.sleep(5)  # reached only if the interrupt was missed
+    elapsed = time.monotonic() - t0
+    timer.join()
+    assert 0.5 <= elapsed < 1.0, elapsed
+    del first, second
+    assert model.generate("The capital of France is", max_tokens=2) == " Paris."
+
+
 def test_seed_is_random_unless_given(model):
     prompt, kwargs = "Once upon a time", dict(max_tokens=10, temperature=1.0)
     # Three calls without a seed: the same text three times is (about) impossible.

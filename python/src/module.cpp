@@ -3,7 +3,9 @@
 //
 // The GIL is released whenever the model runs, so Python threads (and two models)
 // run at the same time. One model serves one call at a time (its forward pass reuses
-// its workspace), so each model has a mutex, taken only after the GIL is released.
+// its workspace), so each model has a mutex, taken only after the GIL is released;
+// whoever waits for it polls a give-up test, so a dropped stream or Ctrl-C does not
+// wait for another call to finish.
 #include <tlm/chat.hpp>
 #include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
@@ -14,16 +16,21 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,13 +49,21 @@ struct request {
   std::string prompt;
   std::vector<std::int32_t> ids;
   std::vector<tlm::chat_message> messages;
+  std::size_t chat_prompt_tokens = 0;  // of the rendered conversation, set by prepare()
   tlm::generation_options options;
 };
+
+// Asked while waiting for the model's lock: true abandons the call.
+using give_up_test = std::function<bool()>;
 
 class model_base {
  public:
   virtual ~model_base() = default;
-  virtual tlm::generation_result generate(const request& r, tlm::token_callback on_text) = 0;
+  // Everything about a request that can fail before the model runs: called before a
+  // stream's thread starts, so that its errors come from generate() itself. Text
+  // prompts become ids here.
+  virtual void prepare(request& r) const = 0;
+  virtual tlm::generation_result generate(const request& r, tlm::token_callback on_text, const give_up_test& give_up) = 0;
   virtual std::vector<float> logits(std::span<const std::int32_t> ids) = 0;
   virtual std::size_t vocab() const = 0;
   virtual std::size_t context() const = 0;
@@ -65,25 +80,64 @@ class model_impl final : public model_base {
     template_ = f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template") : std::string();
   }
 
-  tlm::generation_result generate(const request& r, tlm::token_callback on_text) override {
-    std::lock_guard lock(mu_);
+  void prepare(request& r) const override {
+    tlm::detail::check_options(r.options);
+    if (r.k == request::kind::chat) {
+      const std::size_t prompt =
+          tok_.encode(tlm::apply_chat_template(template_, r.messages, true), {.add_bos = false, .parse_special = true}).size();
+      if (prompt > C::context)
+        throw tlm::capacity_error("chat: the conversation has " + std::to_string(prompt) +
+                                  " tokens, more than the context of " + std::to_string(C::context) + " positions; shorten it");
+      r.chat_prompt_tokens = prompt;
+    } else {
+      if (r.k == request::kind::text) {
+        // As the generator tokenizes a text prompt.
+        r.ids = tok_.encode(r.prompt, {.add_bos = false, .parse_special = false});
+        r.k = request::kind::ids;
+      }
+      if (r.ids.empty()) throw tlm::error("generate: the prompt is empty after tokenization; give some text");
+      if (r.ids.size() > C::context)
+        throw tlm::capacity_error("generate: the prompt has " + std::to_string(r.ids.size()) +
+                                  " tokens, more than the context of " + std::to_string(C::context) + " positions; shorten it");
+      for (const auto id : r.ids)
+        if (id < 0 || static_cast<std::size_t>(id) >= C::vocab)
+          throw tlm::error("generate: token id " + std::to_string(id) + " is outside the vocabulary (ids 0 to " +
+                           std::to_string(C::vocab - 1) + ")");
+    }
+    // The generator's own check, made early: a grammar whose shortest document does
+    // not fit in max_tokens.
+    if (r.options.grammar) {
+      const std::size_t budget = r.options.max_tokens > 0 ? r.options.max_tokens - 1 : 0;
+      if (const std::size_t need = r.options.grammar->min_to_finish(r.options.grammar->start()); need > budget)
+        throw tlm::error("constrained output: the shortest document of the grammar has " + std::to_string(need) +
+                         " characters, more than max_tokens - 1 = " + std::to_string(budget) +
+                         "; raise max_tokens to at least " + std::to_string(need + 1));
+    }
+  }
+
+  tlm::generation_result generate(const request& r, tlm::token_callback on_text, const give_up_test& give_up) override {
+    std::unique_lock lock(mu_, std::defer_lock);
+    while (!lock.try_lock_for(std::chrono::milliseconds(20)))
+      if (give_up && give_up()) {
+        tlm::generation_result abandoned;
+        abandoned.reason = tlm::stop_reason::callback;
+        return abandoned;
+      }
     if (r.k == request::kind::chat) {
       // The cache is sized to this conversation rather than to the whole context: the
       // rendered prompt's length plus the reply, with slack for the markers.
-      const std::size_t prompt =
-          tok_.encode(tlm::apply_chat_template(template_, r.messages, true), {.add_bos = false, .parse_special = true}).size();
-      const std::size_t capacity = std::min(C::context, prompt + r.options.max_tokens + 8 + 2 * r.messages.size());
+      const std::size_t capacity =
+          std::min(C::context, r.chat_prompt_tokens + r.options.max_tokens + 8 + 2 * r.messages.size());
       tlm::chat_session<C> session(m_, tok_, capacity);
       for (const auto& msg : r.messages) session.add(msg.role, msg.content);
       return session.reply(r.options, std::move(on_text));
     }
     tlm::generator<C> gen(m_, tok_);
-    if (r.k == request::kind::ids) return gen.generate(std::span<const std::int32_t>(r.ids), r.options, std::move(on_text));
-    return gen.generate(r.prompt, r.options, std::move(on_text));
+    return gen.generate(std::span<const std::int32_t>(r.ids), r.options, std::move(on_text));
   }
 
   std::vector<float> logits(std::span<const std::int32_t> ids) override {
-    std::lock_guard lock(mu_);
+    std::lock_guard lock(mu_);  // no give-up: a logits call is one prefill, not a generation
     if (ids.empty()) throw tlm::error("logits: no token ids; give at least one");
     if (ids.size() > C::context)
       throw tlm::capacity_error("logits: " + std::to_string(ids.size()) + " ids are more than the context of " +
@@ -100,7 +154,7 @@ class model_impl final : public model_base {
   const tlm::tokenizer& tokenizer() const override { return tok_; }
 
  private:
-  std::mutex mu_;
+  std::timed_mutex mu_;  // timed: a waiter polls its give-up test
   tlm::model<C> m_;
   tlm::tokenizer tok_;
   std::string template_;
@@ -139,13 +193,16 @@ class text_stream {
   text_stream(std::shared_ptr<model_base> m, request r) : m_(std::move(m)), r_(std::move(r)) {
     worker_ = std::thread([this] {
       try {
-        m_->generate(r_, tlm::make_token_callback([this](std::int32_t, std::string_view text) {
-          std::lock_guard lock(mu_);
-          if (cancelled_) return false;
-          if (!text.empty()) pieces_.emplace_back(text);
-          ready_.notify_one();
-          return true;
-        }));
+        m_->generate(
+            r_,
+            tlm::make_token_callback([this](std::int32_t, std::string_view text) {
+              std::lock_guard lock(mu_);
+              if (cancelled_) return false;
+              if (!text.empty()) pieces_.emplace_back(text);
+              ready_.notify_one();
+              return true;
+            }),
+            [this] { return cancelled_.load(); });
       } catch (...) {
         std::lock_guard lock(mu_);
         error_ = std::current_exception();
@@ -158,28 +215,31 @@ class text_stream {
   text_stream(const text_stream&) = delete;
   text_stream& operator=(const text_stream&) = delete;
   ~text_stream() {
-    {
-      std::lock_guard lock(mu_);
-      cancelled_ = true;
-    }
-    // The worker never takes the GIL, so joining while holding it cannot deadlock; it
-    // ends at its next token.
+    cancelled_ = true;
+    // The worker ends at its next token, or within a poll if it still waits for the
+    // model's lock; the GIL is let go meanwhile, as any wait for the model lets it go.
+    nb::gil_scoped_release unlocked;
     if (worker_.joinable()) worker_.join();
   }
 
   nb::str next() {
     std::optional<std::string> piece;
     std::exception_ptr error;
-    {
-      nb::gil_scoped_release unlocked;
-      std::unique_lock lock(mu_);
-      ready_.wait(lock, [&] { return !pieces_.empty() || finished_; });
-      if (!pieces_.empty()) {
-        piece = std::move(pieces_.front());
-        pieces_.pop_front();
-      } else {
-        error = std::exchange(error_, nullptr);
+    // The wait may be long (the model busy with another call), so it looks for Ctrl-C
+    // every 50 ms, as a non-streaming generation does.
+    for (bool ready = false; !ready;) {
+      {
+        nb::gil_scoped_release unlocked;
+        std::unique_lock lock(mu_);
+        ready = ready_.wait_for(lock, std::chrono::milliseconds(50), [&] { return !pieces_.empty() || finished_; });
+        if (ready && !pieces_.empty()) {
+          piece = std::move(pieces_.front());
+          pieces_.pop_front();
+        } else if (ready) {
+          error = std::exchange(error_, nullptr);
+        }
       }
+      if (!ready && PyErr_CheckSignals() != 0) throw nb::python_error();
     }
     if (piece) return to_str(*piece);
     if (error) std::rethrow_exception(error);
@@ -192,7 +252,8 @@ class text_stream {
   std::mutex mu_;
   std::condition_variable ready_;
   std::deque<std::string> pieces_;
-  bool finished_ = false, cancelled_ = false;
+  bool finished_ = false;
+  std::atomic<bool> cancelled_{false};  // read by the worker's give-up test without mu_
   std::exception_ptr error_;
   std::thread worker_;  // last: started once everything it touches exists
 };
@@ -228,16 +289,34 @@ class py_model {
   }
 
   nb::object run(request r, bool stream, bool details) {
-    tlm::detail::check_options(r.options);  // before a thread starts or the GIL goes
-    if (stream) {
-      if (details) throw tlm::error("details=True describes a finished generation; it does not combine with stream=True");
-      return nb::cast(new text_stream(m_, std::move(r)), nb::rv_policy::take_ownership);
+    if (stream && details)
+      throw tlm::error("details=True describes a finished generation; it does not combine with stream=True");
+    {
+      nb::gil_scoped_release unlocked;  // tokenizing a long prompt takes a while
+      m_->prepare(r);
     }
+    if (stream) return nb::cast(new text_stream(m_, std::move(r)), nb::rv_policy::take_ownership);
+    // Python runs a signal's handler only when it runs Python code, so the generation
+    // takes the GIL back now and then to let Ctrl-C raise KeyboardInterrupt.
+    const auto every = std::chrono::milliseconds(50);
+    auto due = std::chrono::steady_clock::now() + every;
+    bool interrupted = false;
+    const auto check_signals = [&] {
+      if (const auto now = std::chrono::steady_clock::now(); now >= due) {
+        due = now + every;
+        nb::gil_scoped_acquire held;
+        // Non-zero leaves the handler's exception set on this thread, raised below.
+        interrupted = PyErr_CheckSignals() != 0;
+      }
+      return interrupted;
+    };
     tlm::generation_result g;
     {
       nb::gil_scoped_release unlocked;
-      g = m_->generate(r, {});
+      g = m_->generate(r, tlm::make_token_callback([&](std::int32_t, std::string_view) { return !check_signals(); }),
+                       check_signals);
     }
+    if (interrupted) throw nb::python_error();
     if (!details) return to_str(g.text);
     nb::dict d;
     d["text"] = to_str(g.text);
@@ -258,15 +337,22 @@ class py_model {
 };
 
 tlm::generation_options options_from(std::size_t max_tokens, float temperature, float top_p, std::size_t top_k, float min_p,
-                                     std::uint64_t seed, const nb::object& stop, float repeat_penalty, float presence_penalty,
-                                     float frequency_penalty, bool ignore_eos, const nb::object& json_schema) {
+                                     std::optional<std::uint64_t> seed, const nb::object& stop, float repeat_penalty,
+                                     float presence_penalty, float frequency_penalty, bool ignore_eos,
+                                     const nb::object& json_schema) {
   tlm::generation_options o;
   o.max_tokens = max_tokens;
   o.sample.temperature = temperature;
   o.sample.top_p = top_p;
   o.sample.top_k = top_k;
   o.sample.min_p = min_p;
-  o.sample.seed = seed;
+  // As the server does: a fresh random seed unless one is given, which reproduces.
+  if (seed) {
+    o.sample.seed = *seed;
+  } else {
+    std::random_device rd;
+    o.sample.seed = (std::uint64_t{rd()} << 32) ^ rd();
+  }
   o.sample.repeat_penalty = repeat_penalty;
   o.sample.presence_penalty = presence_penalty;
   o.sample.frequency_penalty = frequency_penalty;
@@ -283,7 +369,15 @@ tlm::generation_options options_from(std::size_t max_tokens, float temperature, 
   return o;
 }
 
-std::vector<tlm::chat_message> messages_from(const nb::list& messages) {
+std::vector<tlm::chat_message> messages_from(const nb::handle& given) {
+  // Any sequence of dicts: a list or a tuple. A str or a dict is a sequence (or
+  // iterable) of something else, so they are named as mistakes rather than walked.
+  if (nb::isinstance<nb::str>(given) || nb::isinstance<nb::bytes>(given) || nb::isinstance<nb::dict>(given) ||
+      !PySequence_Check(given.ptr()))
+    throw nb::type_error("messages must be a list (or tuple) of dicts {'role': ..., 'content': ...}");
+  PyObject* as_list = PySequence_List(given.ptr());
+  if (!as_list) throw nb::python_error();
+  const nb::list messages = nb::steal<nb::list>(as_list);
   std::vector<tlm::chat_message> out;
   for (std::size_t i = 0; i < messages.size(); ++i) {
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -307,7 +401,12 @@ std::vector<tlm::chat_message> messages_from(const nb::list& messages) {
       throw nb::type_error((where + ".content must be a string or a list of text parts").c_str());
     }
     std::string role = nb::cast<std::string>(d["role"]);
-    if (role == "developer") role = "system";
+    if (role == "developer") role = "system";  // OpenAI's newer name for it
+    // ChatML would render any one-line role, but the models' templates speak of these
+    // three only: another role is most likely a typo, which would pass unnoticed.
+    if (role != "system" && role != "user" && role != "assistant")
+      throw tlm::error("chat: " + where + " has role '" + role +
+                       "'; the chat template knows system, user and assistant (developer reads as system)");
     out.push_back({std::move(role), std::move(content)});
   }
   if (out.empty()) throw tlm::error("chat: no messages; give at least one {'role': 'user', 'content': ...}");
@@ -334,8 +433,9 @@ NB_MODULE(_tlm, m) {
       .def(
           "generate",
           [](py_model& self, const nb::object& prompt, std::size_t max_tokens, float temperature, float top_p,
-             std::size_t top_k, float min_p, std::uint64_t seed, const nb::object& stop, bool stream, float repeat_penalty,
-             float presence_penalty, float frequency_penalty, bool ignore_eos, const nb::object& json_schema, bool details) {
+             std::size_t top_k, float min_p, std::optional<std::uint64_t> seed, const nb::object& stop, bool stream,
+             float repeat_penalty, float presence_penalty, float frequency_penalty, bool ignore_eos,
+             const nb::object& json_schema, bool details) {
             request r;
             r.options = options_from(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, presence_penalty,
                                      frequency_penalty, ignore_eos, json_schema);
@@ -349,15 +449,17 @@ NB_MODULE(_tlm, m) {
             return self.run(std::move(r), stream, details);
           },
           "prompt"_a, "max_tokens"_a = 256, "temperature"_a = 0.0f, "top_p"_a = 1.0f, "top_k"_a = 0, "min_p"_a = 0.0f,
-          "seed"_a = 0, "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f, "presence_penalty"_a = 0.0f,
-          "frequency_penalty"_a = 0.0f, "ignore_eos"_a = false, "json_schema"_a = nb::none(), "details"_a = false,
+          "seed"_a = nb::none(), "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f,
+          "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f, "ignore_eos"_a = false, "json_schema"_a = nb::none(),
+          "details"_a = false,
           "Continues the prompt (text, or a list of token ids). Returns the text; with stream=True an iterator of "
-          "text pieces; with details=True a dict of text, ids, finish_reason and token counts.")
+          "text pieces; with details=True a dict of text, ids, finish_reason and token counts. Without a seed, "
+          "each call samples with a fresh random one.")
       .def(
           "chat",
-          [](py_model& self, const nb::list& messages, std::size_t max_tokens, float temperature, float top_p,
-             std::size_t top_k, float min_p, std::uint64_t seed, const nb::object& stop, bool stream, float repeat_penalty,
-             float presence_penalty, float frequency_penalty, const nb::object& json_schema, bool details) {
+          [](py_model& self, const nb::handle& messages, std::size_t max_tokens, float temperature, float top_p,
+             std::size_t top_k, float min_p, std::optional<std::uint64_t> seed, const nb::object& stop, bool stream,
+             float repeat_penalty, float presence_penalty, float frequency_penalty, const nb::object& json_schema, bool details) {
             request r;
             r.k = request::kind::chat;
             r.messages = messages_from(messages);
@@ -366,8 +468,8 @@ NB_MODULE(_tlm, m) {
             return self.run(std::move(r), stream, details);
           },
           "messages"_a, "max_tokens"_a = 256, "temperature"_a = 0.0f, "top_p"_a = 1.0f, "top_k"_a = 0, "min_p"_a = 0.0f,
-          "seed"_a = 0, "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f, "presence_penalty"_a = 0.0f,
-          "frequency_penalty"_a = 0.0f, "json_schema"_a = nb::none(), "details"_a = false,
+          "seed"_a = nb::none(), "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f,
+          "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f, "json_schema"_a = nb::none(), "details"_a = false,
           "The assistant's reply to OpenAI-style messages [{'role': ..., 'content': ...}], in the model's chat template.")
       .def_prop_ro("vocab_size", &py_model::vocab)
       .def_prop_ro("context", &py_model::context)

@@ -1,6 +1,8 @@
 """The Python module against the C++ programs built from the same headers: the same
 ids, the same logits (bit for bit), the same text; errors as tlm.Error; streaming equal
-to non-streaming; the GIL released while the model runs."""
+to non-streaming; the GIL released while the model runs, or waits for it; Ctrl-C heard
+during a generation."""
+import _thread
 import json
 import os
 import pathlib
@@ -124,6 +126,110 @@ def test_dropping_a_stream_stops_it(model):
     assert model.generate("The capital of France is", max_tokens=2) == " Paris."
     assert time.monotonic() - t0 < 10
 
+
+def test_dropping_a_waiting_stream_lets_go_of_the_gil(model):
+    first = model.generate("Once upon a time", max_tokens=150, ignore_eos=True, stream=True)
+    assert next(first)
+    # The second stream's thread waits for the model, which the first holds for seconds.
+    second = model.generate("The history of Rome", max_tokens=8, stream=True)
+    count, done = [0], threading.Event()
+
+    def counter():
+        while not done.is_set():
+            count[0] += 1
+            time.sleep(0.001)
+
+    t = threading.Thread(target=counter)
+    t.start()
+    time.sleep(0.05)
+    before, t0 = count[0], time.monotonic()
+    del second
+    elapsed, during = time.monotonic() - t0, count[0] - before
+    time.sleep(0.05)
+    after = count[0] - before
+    done.set()
+    t.join()
+    # Dropped at once, not when the first stream ends (3.9 s, the counter stopped).
+    assert elapsed < 1.0, (elapsed, during)
+    assert after > 10, after
+    del first
+
+
+@pytest.mark.parametrize("call", ["generate", "chat"])
+def test_ctrl_c_stops_a_long_generation(model, call):
+    def long_call():
+        if call == "generate":
+            return model.generate("Once upon a time", max_tokens=400, ignore_eos=True)
+        return model.chat([{"role": "user", "content": "Count from 1 to 500, separated by commas."}], max_tokens=400)
+
+    timer = threading.Timer(0.5, _thread.interrupt_main)  # Ctrl-C, as the terminal sends it
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        long_call()
+        time.sleep(5)  # reached only if the interrupt was missed: fail rather than raise later
+    elapsed = time.monotonic() - t0
+    timer.join()
+    assert 0.5 <= elapsed < 1.0, elapsed
+    assert model.generate("The capital of France is", max_tokens=2) == " Paris."
+
+
+def test_ctrl_c_stops_a_wait_for_a_stream(model):
+    first = model.generate("Once upon a time", max_tokens=150, ignore_eos=True, stream=True)
+    assert next(first)
+    second = model.generate("The history of Rome", max_tokens=8, stream=True)  # waits for the model
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(second)
+        time.sleep(5)  # reached only if the interrupt was missed
+    elapsed = time.monotonic() - t0
+    timer.join()
+    assert 0.5 <= elapsed < 1.0, elapsed
+    del first, second
+    assert model.generate("The capital of France is", max_tokens=2) == " Paris."
+
+
+def test_seed_is_random_unless_given(model):
+    prompt, kwargs = "Once upon a time", dict(max_tokens=10, temperature=1.0)
+    # Three calls without a seed: the same text three times is (about) impossible.
+    assert len({model.generate(prompt, ignore_eos=True, **kwargs) for _ in range(3)}) > 1
+    for seed in (0, 11):  # 0 is a seed like any other
+        assert model.generate(prompt, seed=seed, **kwargs) == model.generate(prompt, seed=seed, **kwargs)
+    chat = [{"role": "user", "content": "Say something."}]
+    assert model.chat(chat, seed=4, **kwargs) == model.chat(chat, seed=4, **kwargs)
+
+
+def test_chat_roles_and_message_sequences(model):
+    with pytest.raises(tlm.Error, match=r"messages\[1\] has role 'wizard'; the chat template knows system, user and "
+                                        r"assistant"):
+        model.chat([{"role": "user", "content": "Hi"}, {"role": "wizard", "content": "Abracadabra"}])
+    question = {"role": "user", "content": "What is the capital of France?"}
+    assert model.chat((question,), max_tokens=10) == model.chat([question], max_tokens=10) == "The capital of France is Paris."
+    # OpenAI's developer role is the system role.
+    briefed = lambda role: [{"role": role, "content": "You answer in one word."}, question]  # noqa: E731
+    assert model.chat(briefed("developer"), max_tokens=4) == model.chat(briefed("system"), max_tokens=4)
+    with pytest.raises(TypeError, match=r"messages must be a list \(or tuple\) of dicts"):
+        model.chat("What is the capital of France?")
+    with pytest.raises(TypeError, match=r"messages must be a list \(or tuple\) of dicts"):
+        model.chat(question)
+
+
+def test_stream_errors_come_from_the_call(model):
+    # Raised by generate(stream=True) itself, not by the first next() of its iterator.
+    with pytest.raises(tlm.Error, match="more than the context of 8192"):
+        model.generate([1] * 9000, max_tokens=1, stream=True)
+    with pytest.raises(tlm.Error, match="the prompt is empty"):
+        model.generate("", stream=True)
+    with pytest.raises(tlm.Error, match="token id 49152 is outside the vocabulary"):
+        model.generate([1, 49152], stream=True)
+    with pytest.raises(tlm.Error, match="raise max_tokens to at least 2"):
+        model.generate("x", max_tokens=1, json_schema=True, stream=True)
+    with pytest.raises(tlm.Error, match="the conversation has .* more than the context of 8192"):
+        model.chat([{"role": "user", "content": "word " * 9000}], stream=True)
+    with pytest.raises(tlm.Error, match="temperature must be a finite number >= 0"):
+        model.chat([{"role": "user", "content": "Hi"}], temperature=-1.0, stream=True)
 
 def test_json_schema(model):
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},

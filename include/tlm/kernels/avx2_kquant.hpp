@@ -34,6 +34,12 @@ namespace tlm::kernels::avx2 {
 template <encoding E>
 inline constexpr std::size_t k_block_bytes = traits(E).block_bytes;
 
+// Every cache line of the super-block prefetch_ahead bytes on (avx2.hpp, prefetch).
+template <encoding E>
+TLM_AVX2_INLINE inline void prefetch_superblock(const std::byte* p) {
+  for (std::size_t at = 0; at < k_block_bytes<E>; at += 64) prefetch(p + at);
+}
+
 // The 32 codes of sub-block s (values 32s..32s+31, in order) as bytes: Q4_K 0..15,
 // Q5_K 0..31, Q6_K -32..31.
 template <encoding E>
@@ -169,6 +175,7 @@ TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::si
   const float* xsum = x + cols;  // [cols / 32] (prepare_block_sums; unused for Q6_K)
   for (std::size_t sb = 0; sb < cols / 256; ++sb) {
     const std::byte* p = row + sb * k_block_bytes<E>;
+    prefetch_superblock<E>(p);
     const float* xs = x + 256 * sb;
     if constexpr (E == encoding::q6_k) {
       float scales[16];
@@ -269,6 +276,7 @@ TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, std::size_t blocks,
   }
   for (std::size_t sb = 0; sb < blocks / 8; ++sb) {
     const std::byte* p = row + sb * k_block_bytes<E>;
+    prefetch_superblock<E>(p);
     const std::size_t b0 = 8 * sb;
     if constexpr (E == encoding::q6_k) {
       float scales[16];

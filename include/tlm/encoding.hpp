@@ -61,26 +61,21 @@ inline constexpr std::array<encoding_row, 13> encoding_table{{
     {encoding::bf16, {"BF16", 1, 2}, true, 32},
 }};
 
-// Returns false for an id no supported encoding uses (an unknown ggml type).
-constexpr bool known_encoding(std::uint32_t id) {
-  for (const auto& r : encoding_table)
-    if (static_cast<std::uint32_t>(r.enc) == id) return true;
-  return false;
-}
-
-constexpr encoding_traits traits(encoding e) {
-  for (const auto& r : encoding_table)
-    if (r.enc == e) return r.traits;
-  return {"?", 0, 0};
-}
-
-constexpr std::string_view name(encoding e) { return traits(e).name; }
-
 constexpr const encoding_row* find_encoding(encoding e) {
   for (const auto& r : encoding_table)
     if (r.enc == e) return &r;
   return nullptr;
 }
+
+// Returns false for an id no supported encoding uses (an unknown ggml type).
+constexpr bool known_encoding(std::uint32_t id) { return find_encoding(static_cast<encoding>(id)) != nullptr; }
+
+constexpr encoding_traits traits(encoding e) {
+  const auto* r = find_encoding(e);
+  return r != nullptr ? r->traits : encoding_traits{"?", 0, 0};
+}
+
+constexpr std::string_view name(encoding e) { return traits(e).name; }
 
 constexpr bool writable(encoding e) {
   const auto* r = find_encoding(e);

@@ -33,8 +33,9 @@ namespace tlm::kernels::avx2 {
 
 // How far ahead of the current block the newer kernels (Q5_0, Q5_1, the K-quants)
 // prefetch the weight stream. On the Intel Xeon VMs measured here the hardware
-// prefetcher alone streamed these kernels from DRAM at 2.3-2.6 GB/s, against 7.8-11.5
-// with the AVX-512 kernels' software prefetch (bench/results/kernels-kquant-xeon-avx512.md).
+// prefetcher alone streamed these kernels from DRAM at 2.3-3.9 GB/s (6.1-7.8 with the
+// prefetch), against 7.8-11.5 for the AVX-512 Q4_1 kernels, which prefetch too
+// (bench/results/kernels-kquant-xeon-avx512.md, "Cold").
 // The older AVX2 Q4/Q8 kernels keep none: on AMD Zen 4 a prefetch measured slower there.
 inline constexpr std::size_t prefetch_ahead = 1024;
 

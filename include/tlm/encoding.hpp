@@ -61,25 +61,35 @@ inline constexpr std::array<encoding_row, 13> encoding_table{{
     {encoding::bf16, {"BF16", 1, 2}, true, 32},
 }};
 
+// The table's index of `e`, or the table's size when no row has it. An index, not a
+// pointer: GCC's -fsanitize=undefined makes comparing a pointer with nullptr no longer a
+// constant expression, and the kernels need row_bytes at compile time.
+constexpr std::size_t encoding_index(encoding e) {
+  std::size_t i = 0;
+  while (i < encoding_table.size() && encoding_table[i].enc != e) ++i;
+  return i;
+}
+
 constexpr const encoding_row* find_encoding(encoding e) {
-  for (const auto& r : encoding_table)
-    if (r.enc == e) return &r;
-  return nullptr;
+  const std::size_t i = encoding_index(e);
+  return i < encoding_table.size() ? &encoding_table[i] : nullptr;
 }
 
 // Returns false for an id no supported encoding uses (an unknown ggml type).
-constexpr bool known_encoding(std::uint32_t id) { return find_encoding(static_cast<encoding>(id)) != nullptr; }
+constexpr bool known_encoding(std::uint32_t id) {
+  return encoding_index(static_cast<encoding>(id)) < encoding_table.size();
+}
 
 constexpr encoding_traits traits(encoding e) {
-  const auto* r = find_encoding(e);
-  return r != nullptr ? r->traits : encoding_traits{"?", 0, 0};
+  const std::size_t i = encoding_index(e);
+  return i < encoding_table.size() ? encoding_table[i].traits : encoding_traits{"?", 0, 0};
 }
 
 constexpr std::string_view name(encoding e) { return traits(e).name; }
 
 constexpr bool writable(encoding e) {
-  const auto* r = find_encoding(e);
-  return r != nullptr && r->writable;
+  const std::size_t i = encoding_index(e);
+  return i < encoding_table.size() && encoding_table[i].writable;
 }
 
 // The lower-case name a command line takes ("q4_1").

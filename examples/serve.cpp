@@ -346,6 +346,19 @@ class server {
     freed_.notify_all();
   }
 
+  // httplib answers some requests without reading their body (the API key's refusal
+  // before routing, a path no route has, a body over --max-body) and then reads the
+  // connection's next request starting inside that unread body: a keep-alive client
+  // (the openai package, a browser) would get 400 for its next, valid request. An
+  // error answer to a request that came with a body therefore asks the client to
+  // close; which refusals left the body unread is httplib's business, and an error's
+  // reconnect costs little.
+  static void close_if_body_may_be_unread(const httplib::Request& req, httplib::Response& res) {
+    const bool has_body = req.has_header("Transfer-Encoding") ||
+                          (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+    if (has_body && res.status >= 400) res.set_header("Connection", "close");
+  }
+
   void routes(httplib::Server& svr) {
     // A body with a Content-Length over the limit is refused by httplib; chunked and
     // length-less bodies are counted while they are read (read_body).
@@ -398,6 +411,7 @@ class server {
     svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       count_request(req, res);
       add_cors(req, res);
+      close_if_body_may_be_unread(req, res);
     });
     svr.Options(R"(/.*)", [](const httplib::Request&, httplib::Response& res) {
       res.status = 204;

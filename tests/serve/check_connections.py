@@ -3,7 +3,8 @@
 after --read-timeout; on SIGTERM a stream being generated ends with an error event
 (no finish_reason, no [DONE]), a non-streamed one gets 503, a queued one 503, and the
 server exits 0; --max-connections. Also: the Bearer scheme in any case, CORS (--cors) and OPTIONS,
-unguessable request ids, the "model" field not checked, --host ::1 printed as a URL."""
+unguessable request ids, the "model" field not checked, --host ::1 printed as a URL; a refusal
+sent before its body was read closes the connection (no keep-alive desync)."""
 import http.client
 import json
 import os
@@ -77,6 +78,21 @@ with server(args.build, args.model, "--threads", "1", "--slots", "1", "--api-key
         conn.close()
         return r.status, {k.lower(): v for k, v in r.getheaders()}
 
+    # A refusal sent before the body is read asks the client to close, so that a
+    # keep-alive client's next request does not start inside the unread body.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for path in ["/v1/completions", "/v1/nowhere"]:
+        conn.request("POST", path, body=json.dumps(dict(COMPLETION, prompt="x" * 5000)),
+                     headers={"Authorization": "Bearer wrong", "Content-Type": "application/json"})
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 401 and r.getheader("Connection") == "close", (path, r.status, r.getheaders())
+        conn.request("GET", "/health")  # http.client reopens the connection it was told to close
+        r = conn.getresponse()
+        health = json.loads(r.read())
+        assert r.status == 200 and health["status"] == "ok", (path, r.status, health)
+    conn.close()
+
     origin = {"Origin": "https://app.example"}
     status, h = exchange("OPTIONS", "/v1/chat/completions", dict(origin, **{"Access-Control-Request-Method": "POST"}))
     assert status == 204 and h.get("access-control-allow-origin") == "https://app.example", (status, h)
@@ -102,7 +118,16 @@ with server(args.build, args.model, "--threads", "1", "--slots", "1") as port:
     r = conn.getresponse()
     r.read()
     assert r.status == 204 and r.getheader("Access-Control-Allow-Origin") is None, (r.status, r.getheaders())
+    # No key: a POST to a path no route has is answered 404 with its body unread.
+    conn.request("POST", "/v1/nowhere", body="y" * 5000, headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    r.read()
+    assert r.status == 404 and r.getheader("Connection") == "close", (r.status, r.getheaders())
+    conn.request("GET", "/health")
+    r = conn.getresponse()
+    assert r.status == 200 and json.loads(r.read())["status"] == "ok", r.status
     conn.close()
+    print("refusals with unread bodies close the connection; the next request is answered")
 
 def has_ipv6_loopback():
     try:

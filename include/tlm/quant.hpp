@@ -3,9 +3,11 @@
 //
 // dequantize_row is the reference every SIMD kernel is tested against, and it is
 // itself checked bit for bit against gguf-py's `gguf.quants.dequantize`
-// (tests/reference/check_gguf.py). quantize_row follows gguf-py's
-// `gguf.quants.quantize` (which in turn follows ggml's reference quantizers), so a
-// file we write holds the same bytes gguf-py would write.
+// (tests/reference/check_gguf.py). quantize_row follows ggml's reference quantizers
+// as llama.cpp's x86-64 build runs them (the ones its quantizer uses without an
+// importance matrix), so a file we write holds the bytes llama.cpp would write
+// (tests/reference/check_quantize.py); gguf-py's `gguf.quants.quantize` agrees except
+// for the rare Q4_0 / Q5_0 rounding noted at centred_codes.
 //
 // Why the float arithmetic is safe to reorder here: every scale is a half (11
 // significant bits) times a small integer (at most 8 bits), and a quant has at most
@@ -93,6 +95,20 @@ inline float add_rounded(float a, float b) {
   return static_cast<float>(static_cast<double>(a) + static_cast<double>(b));
 }
 
+// a * b rounded to float32, never fused with a following add into an FMA: llama.cpp's
+// ggml-base is built for baseline x86-64, which has no FMA, so its products are
+// rounded, and a quantizer that means to write its bytes must round them too.
+inline float mul(float a, float b) { return static_cast<float>(static_cast<double>(a) * static_cast<double>(b)); }
+
+// ggml's nearest_int: add 1.5 * 2^23 and read the mantissa, i.e. round half to even
+// for |v| < 2^22 (beyond, where ggml only asserts, the same wrapped value as ggml's).
+inline int nearest_int(float v) {
+  const float biased = add_rounded(v, 12582912.0f);
+  std::int32_t i;
+  std::memcpy(&i, &biased, sizeof i);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
 inline void check_finite(const float* src, std::size_t n, encoding enc) {
   for (std::size_t i = 0; i < n; ++i) {
     if (!std::isfinite(src[i])) {
@@ -104,9 +120,13 @@ inline void check_finite(const float* src, std::size_t n, encoding enc) {
 
 // Q4_0 / Q5_0 codes of a block of 32 (half = 8 or 16): the signed value of largest
 // magnitude (the first one on ties) maps to code 0, d = max / -half, and
-// q = trunc(x / d + half + 0.5) clamped to the 2 half codes. gguf-py evaluates the
-// product and sum in double, then rounds to float before truncating; the double product
-// of two floats is exact, so this is what an FMA would give. Returns d.
+// q = trunc(x * (1/d) + half + 0.5) clamped to the 2 half codes. The product is rounded
+// to float before the add, as llama.cpp's x86-64 build computes it (its ggml-base has no
+// FMA); gguf-py instead evaluates product and sum in float64 (what an FMA would give,
+// its comment calls this rounding "cursed"). The two differ in about 3 of 10,000 blocks
+// of weights dequantized from Q4_1 (and in none of check_gguf.py's random data); we
+// follow llama.cpp, whose files users download (tests/reference/check_quantize.py).
+// Returns d.
 inline float centred_codes(const float* x, int half, std::uint8_t* q) {
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < 32; ++j) {
@@ -119,7 +139,7 @@ inline float centred_codes(const float* x, int half, std::uint8_t* q) {
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   const float top = static_cast<float>(2 * half - 1);
   for (int j = 0; j < 32; ++j) {
-    const float v = static_cast<float>(static_cast<double>(x[j]) * static_cast<double>(id) + (half + 0.5));
+    const float v = add_rounded(mul(x[j], id), static_cast<float>(half) + 0.5f);
     q[j] = static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, top));
   }
   return d;
@@ -145,21 +165,8 @@ inline float offset_codes(const float* x, int steps, std::uint8_t* q, float& mn)
 
 // ---- K-quant quantizers: llama.cpp's reference algorithms (quantize_row_q4_K_ref,
 // q5_K_ref, q6_K_ref, which its quantizer uses when no importance matrix is given),
-// written so that our bytes equal its bytes. Two things make that possible:
-//  - every product that feeds a sum goes through `mul`, which rounds it to float
-//    before the add, so no compiler can fuse it into an FMA (llama.cpp's ggml-base is
-//    built for baseline x86-64, where there is no FMA, so its products are rounded);
-//  - `nearest_int` is ggml's: add 1.5 * 2^23 and read the mantissa, i.e. round half
-//    to even for |v| < 2^22 (and the same wrapped value beyond, where ggml asserts).
-
-inline float mul(float a, float b) { return static_cast<float>(static_cast<double>(a) * static_cast<double>(b)); }
-
-inline int nearest_int(float v) {
-  const float biased = add_rounded(v, 12582912.0f);
-  std::int32_t i;
-  std::memcpy(&i, &biased, sizeof i);
-  return (i & 0x007fffff) - 0x00400000;
-}
+// written so that our bytes equal its bytes: the same float operations in the same
+// order, every product that feeds a sum through `mul`, rounding through `nearest_int`.
 
 // Scale and min of one sub-block of 32 (llama.cpp's make_qkx2_quants): start from the
 // range [min(x, 0), max], then try nstep + 1 other step counts nmax + rmin + rdelta*is,

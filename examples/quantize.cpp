@@ -96,9 +96,10 @@ int run(int argc, char** argv) {
   tlm::gguf::writer w;
   for (const auto& e : in.metadata()) {
     if (e.key == "general.alignment") w.set_alignment(static_cast<std::uint32_t>(in.alignment()));
-    else w.set_value(e.key, e.val);
+    else if (e.key != "general.quantization_version" && e.key != "general.file_type") w.set_value(e.key, e.val);
   }
-  // In place when the input has them, appended otherwise: the order llama.cpp writes.
+  // Last, in this order, as llama.cpp's gguf_set_* moves a key it sets to the end: the
+  // two headers are then the same bytes.
   w.set("general.quantization_version", std::uint32_t{2});
   w.set("general.file_type", type->llama_file_type);
 

@@ -3,6 +3,7 @@
 // rows that do not fit an encoding. Bit-exact agreement with gguf-py is checked
 // live by tests/reference/check_gguf.py.
 #include <tlm/quant.hpp>
+#include <tlm/quantize_mix.hpp>
 
 #include <doctest/doctest.h>
 
@@ -11,6 +12,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 namespace {
@@ -436,4 +439,63 @@ TEST_CASE("Q4_K, Q5_K and Q6_K round trips stay within their error bounds") {
     const auto y = dequant(enc, quant(enc, fours), 256);
     for (const float v : y) CHECK(std::fabs(v + 4.0f) <= 4.0f / 64);
   }
+}
+
+namespace {
+
+// SmolLM2-135M's tensors (dim 576, ffn 1536, 30 blocks, tied embeddings), in the order
+// its GGUF file lists them: blk.10 before blk.2, as a name sort puts them.
+std::vector<std::string> smollm2_names() {
+  std::vector<std::string> names{"token_embd.weight", "output_norm.weight"};
+  std::vector<std::string> blocks;
+  for (int i = 0; i < 30; ++i) blocks.push_back(std::to_string(i));
+  std::sort(blocks.begin(), blocks.end());
+  for (const auto& b : blocks)
+    for (const char* t : {"attn_k.weight", "attn_norm.weight", "attn_output.weight", "attn_q.weight", "attn_v.weight",
+                          "ffn_down.weight", "ffn_gate.weight", "ffn_norm.weight", "ffn_up.weight"})
+      names.push_back("blk." + b + "." + t);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("quantize_mix: llama.cpp's choices for SmolLM2-135M (checked against its files by check_quantize.py)") {
+  const auto names = smollm2_names();
+  std::vector<tlm::tensor_desc> descs;
+  for (const auto& n : names) {
+    const bool norm = n.find("_norm") != std::string::npos;
+    const bool down = n.find("ffn_down") != std::string::npos;
+    descs.push_back({n, norm ? 1u : 2u, down ? 1536u : 576u, norm ? tlm::encoding::f32 : tlm::encoding::q4_1});
+  }
+  const auto chosen = tlm::choose_encodings(*tlm::find_quant_type("Q4_K_M"), descs);
+  // use_more_bits over 30 blocks, by block number (not by the file's order).
+  const std::set<int> more{0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29};
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    CAPTURE(names[i]);
+    const std::string& n = names[i];
+    const int block = n.starts_with("blk.") ? std::stoi(n.substr(4)) : -1;
+    tlm::encoding want = tlm::encoding::q5_0;                           // Q4_K's fallback for rows of 576
+    if (n.find("_norm") != std::string::npos) want = tlm::encoding::f32;  // kept
+    else if (n == "token_embd.weight") want = tlm::encoding::q8_0;       // tied output: Q6_K's fallback
+    else if (n.find("attn_v") != std::string::npos && more.count(block)) want = tlm::encoding::q8_0;
+    else if (n.find("ffn_down") != std::string::npos) want = more.count(block) ? tlm::encoding::q6_k : tlm::encoding::q4_k;
+    CHECK(chosen[i] == want);
+  }
+  // Q4_K_S: the first four attn_v in Q5_K (here falling back to Q5_1), the first eighth
+  // of ffn_down (blocks 0..2) in Q5_K.
+  const auto s = tlm::choose_encodings(*tlm::find_quant_type("q4_k"), descs);
+  CHECK(s[std::find(names.begin(), names.end(), "blk.3.attn_v.weight") - names.begin()] == tlm::encoding::q5_1);
+  CHECK(s[std::find(names.begin(), names.end(), "blk.4.attn_v.weight") - names.begin()] == tlm::encoding::q5_0);
+  CHECK(s[std::find(names.begin(), names.end(), "blk.2.ffn_down.weight") - names.begin()] == tlm::encoding::q5_k);
+  CHECK(s[std::find(names.begin(), names.end(), "blk.3.ffn_down.weight") - names.begin()] == tlm::encoding::q4_k);
+  // Plain types keep the type's encoding, except the tied output (Q6_K, here Q8_0).
+  const auto q8 = tlm::choose_encodings(*tlm::find_quant_type("q4_1"), descs);
+  CHECK(q8[0] == tlm::encoding::q8_0);
+  CHECK(q8[2] == tlm::encoding::q4_1);
+  CHECK(tlm::find_quant_type("q3_k") == nullptr);
+  CHECK(tlm::quant_type_list() == "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m");
+  // Rows no fallback can hold are an error naming the tensor.
+  const std::vector<tlm::tensor_desc> odd{{"blk.0.attn_q.weight", 2, 100, tlm::encoding::f32}};
+  CHECK_THROWS_WITH_AS(tlm::choose_encodings(*tlm::find_quant_type("q8_0"), odd), doctest::Contains("blk.0.attn_q.weight"),
+                       tlm::shape_error);
 }

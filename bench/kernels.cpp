@@ -66,7 +66,8 @@ std::vector<std::byte> random_matrix(encoding enc, std::size_t rows, std::size_t
   // values do not change the speed of these kernels.
   std::vector<std::byte> some(16 * rb);
   if (!tlm::writable(enc)) {
-    // No quantizer here (the K-quants): random codes, finite halves of a realistic
+    // An encoding without a quantizer (none of the weight encodings today; the K-quants
+    // had none before quant.hpp wrote them): random codes, finite halves of a realistic
     // size for the super-block scales (d and dmin first; Q6_K's d last).
     std::uniform_int_distribution<int> byte(0, 255);
     for (auto& b : some) b = static_cast<std::byte>(byte(rng));

@@ -8,7 +8,8 @@
 //                                      write TENSOR dequantized to float32 (raw little-endian, row-major)
 //   inspect FILE.gguf --requantize ENC OUT.gguf
 //                                      copy the file with gguf::writer, re-encoding every F32 tensor
-//                                      with two or more dims to ENC (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0)
+//                                      with two or more dims to ENC (any writable encoding of encoding.hpp; a
+//                                      tensor whose rows do not fit ENC is copied as it is)
 //
 // Errors (missing file, not a GGUF file, unknown tensor) print the tlm::error message
 // and exit with code 1.

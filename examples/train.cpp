@@ -65,7 +65,9 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
   --save-every N       checkpoint every N steps (default 100; 0: only at the end)
   --out DIR            output folder: checkpoints, model.gguf, loss.csv, loss.svg (default train-out)
   --out-type TYPE      encoding of the exported model.gguf: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1,
-                       q8_0 (default f32; norms stay f32)
+                       q8_0, q4_k, q5_k, q6_k (default f32; norms stay f32; a K-quant puts each
+                       matrix where llama.cpp's quantizer would: Q6_K output, Q5_0/Q5_1/Q8_0
+                       for rows that are not a multiple of 256; examples/quantize writes the _M mixes)
   --resume             continue from the newest checkpoint in --out
   --overwrite          start a new run in an --out that holds one, deleting its checkpoints,
                        model.gguf and loss log (without it such an --out is refused)

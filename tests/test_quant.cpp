@@ -3,6 +3,7 @@
 // rows that do not fit an encoding. Bit-exact agreement with gguf-py is checked
 // live by tests/reference/check_gguf.py.
 #include <tlm/quant.hpp>
+#include <tlm/quantize_mix.hpp>
 
 #include <doctest/doctest.h>
 
@@ -11,6 +12,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
+#include <string>
 #include <vector>
 
 namespace {
@@ -348,4 +351,151 @@ TEST_CASE("rows that do not fit an encoding are rejected") {
     CHECK(msg.find("Q4_0") != std::string::npos);
     CHECK(msg.find("32") != std::string::npos);
   }
+}
+
+namespace {
+
+// Deterministic values with heavy tails, from integer arithmetic and float products
+// only (exact across compilers and libraries, unlike std::normal_distribution), scaled
+// per super-block by 1, 2^-6, 2^6 and 2^-20. The same recipe in Python fed llama.cpp's
+// quantize_row_*_ref for the checksums below.
+std::vector<float> lcg_values(std::size_t n, std::uint64_t seed) {
+  const float scales[4] = {1.0f, 0.015625f, 64.0f, std::ldexp(1.0f, -20)};
+  std::vector<float> x(n);
+  std::uint64_t s = seed;
+  for (std::size_t i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    const float u = static_cast<float>(static_cast<std::int64_t>(s >> 40) - (std::int64_t{1} << 23)) / 8388608.0f;
+    const float u2 = u * u;
+    const float u3 = u2 * u;
+    x[i] = u3 * scales[(i / 256) % 4];
+  }
+  return x;
+}
+
+std::uint64_t fnv1a(const std::vector<std::byte>& b) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const std::byte c : b) {
+    h ^= static_cast<std::uint64_t>(c);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("Q4_K, Q5_K, Q6_K, Q4_0 and Q5_0 write llama.cpp's bytes (checksums of its reference quantizers)") {
+  // Checksums of the output of llama.cpp's quantize_row_q4_K_ref (etc.) from
+  // llama-cpp-python 0.3.36's libggml-base on the same 2048 values (8 super-blocks, one
+  // with a zero sub-block). tests/reference/check_quantize.py compares whole models.
+  auto x = lcg_values(256 * 8, 7);
+  std::fill(x.begin() + 256 * 7, x.begin() + 256 * 7 + 16, 0.0f);
+  CHECK(fnv1a(quant(tlm::encoding::q4_k, x)) == 0x8a216986a11f0762ull);
+  CHECK(fnv1a(quant(tlm::encoding::q5_k, x)) == 0xf711990e863941b8ull);
+  CHECK(fnv1a(quant(tlm::encoding::q6_k, x)) == 0xfaeba907fea73c43ull);
+  CHECK(fnv1a(quant(tlm::encoding::q5_0, x)) == 0x91503f7c6a324cd3ull);
+  CHECK(fnv1a(quant(tlm::encoding::q4_0, x)) == 0x528f3fbe494b6a0full);
+}
+
+TEST_CASE("Q4_K, Q5_K and Q6_K round trips stay within their error bounds") {
+  const std::size_t n = 256 * 64;
+  for (const unsigned seed : {1u, 2u, 3u}) {
+    // seed 3: tiny values, where the fp16 super-block scales lose precision.
+    const auto x = normal_values(n, seed, seed == 3 ? 1e-3f : 1.0f);
+    for (const auto enc : {tlm::encoding::q4_k, tlm::encoding::q5_k, tlm::encoding::q6_k}) {
+      CAPTURE(tlm::name(enc));
+      const auto y = dequant(enc, quant(enc, x), n);
+      // Per element: a sub-block's step is about its range / levels, and the 6-bit (8-bit
+      // for Q6_K) sub-block scale is rounded against the super-block's largest, so allow
+      // a step of the super-block's range (a wrong layout errs by the whole range).
+      const float levels = enc == tlm::encoding::q4_k ? 15.0f : enc == tlm::encoding::q5_k ? 31.0f : 63.0f;
+      double err2 = 0, sig2 = 0;
+      for (std::size_t b = 0; b < n / 256; ++b) {
+        const auto [lo, hi] = std::minmax_element(x.begin() + static_cast<std::ptrdiff_t>(b * 256),
+                                                  x.begin() + static_cast<std::ptrdiff_t>(b * 256 + 256));
+        // The absolute term: the fp16 scales of seed 3 are subnormal (step 2^-24),
+        // off by half a step times a sub-block scale (< 128) times a code (<= levels).
+        const float bound = (*hi - *lo) / levels + 128 * (levels + 1) * std::ldexp(1.0f, -25);
+        for (std::size_t i = b * 256; i < b * 256 + 256; ++i) {
+          REQUIRE(std::fabs(y[i] - x[i]) <= bound);
+          err2 += double(y[i] - x[i]) * double(y[i] - x[i]);
+          sig2 += double(x[i]) * double(x[i]);
+        }
+      }
+      const double rel = std::sqrt(err2 / sig2);
+      MESSAGE(tlm::name(enc), " relative rms error ", rel);
+      CHECK(rel < (enc == tlm::encoding::q4_k ? 0.08 : enc == tlm::encoding::q5_k ? 0.042 : 0.021));
+      CHECK(rel > 0.0);
+    }
+  }
+  // An all-zero super-block decodes to zeros; a constant one to that constant (a min
+  // and no steps, or for Q6_K the largest value mapped exactly).
+  const std::vector<float> zeros(256, 0.0f);
+  for (const auto enc : {tlm::encoding::q4_k, tlm::encoding::q5_k, tlm::encoding::q6_k})
+    CHECK(dequant(enc, quant(enc, zeros), 256) == zeros);
+  std::vector<float> fours(256, -4.0f);
+  for (const auto enc : {tlm::encoding::q4_k, tlm::encoding::q5_k, tlm::encoding::q6_k}) {
+    CAPTURE(tlm::name(enc));
+    const auto y = dequant(enc, quant(enc, fours), 256);
+    for (const float v : y) CHECK(std::fabs(v + 4.0f) <= 4.0f / 64);
+  }
+}
+
+namespace {
+
+// SmolLM2-135M's tensors (dim 576, ffn 1536, 30 blocks, tied embeddings), in the order
+// its GGUF file lists them: blk.10 before blk.2, as a name sort puts them.
+std::vector<std::string> smollm2_names() {
+  std::vector<std::string> names{"token_embd.weight", "output_norm.weight"};
+  std::vector<std::string> blocks;
+  for (int i = 0; i < 30; ++i) blocks.push_back(std::to_string(i));
+  std::sort(blocks.begin(), blocks.end());
+  for (const auto& b : blocks)
+    for (const char* t : {"attn_k.weight", "attn_norm.weight", "attn_output.weight", "attn_q.weight", "attn_v.weight",
+                          "ffn_down.weight", "ffn_gate.weight", "ffn_norm.weight", "ffn_up.weight"})
+      names.push_back("blk." + b + "." + t);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("quantize_mix: llama.cpp's choices for SmolLM2-135M (checked against its files by check_quantize.py)") {
+  const auto names = smollm2_names();
+  std::vector<tlm::tensor_desc> descs;
+  for (const auto& n : names) {
+    const bool norm = n.find("_norm") != std::string::npos;
+    const bool down = n.find("ffn_down") != std::string::npos;
+    descs.push_back({n, norm ? 1u : 2u, down ? 1536u : 576u, norm ? tlm::encoding::f32 : tlm::encoding::q4_1});
+  }
+  const auto chosen = tlm::choose_encodings(*tlm::find_quant_type("Q4_K_M"), descs);
+  // use_more_bits over 30 blocks, by block number (not by the file's order).
+  const std::set<int> more{0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29};
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    CAPTURE(names[i]);
+    const std::string& n = names[i];
+    const int block = n.starts_with("blk.") ? std::stoi(n.substr(4)) : -1;
+    tlm::encoding want = tlm::encoding::q5_0;                           // Q4_K's fallback for rows of 576
+    if (n.find("_norm") != std::string::npos) want = tlm::encoding::f32;  // kept
+    else if (n == "token_embd.weight") want = tlm::encoding::q8_0;       // tied output: Q6_K's fallback
+    else if (n.find("attn_v") != std::string::npos && more.count(block)) want = tlm::encoding::q8_0;
+    else if (n.find("ffn_down") != std::string::npos) want = more.count(block) ? tlm::encoding::q6_k : tlm::encoding::q4_k;
+    CHECK(chosen[i] == want);
+  }
+  // Q4_K_S: the first four attn_v in Q5_K (here falling back to Q5_1), the first eighth
+  // of ffn_down (blocks 0..2) in Q5_K.
+  const auto s = tlm::choose_encodings(*tlm::find_quant_type("q4_k"), descs);
+  CHECK(s[std::find(names.begin(), names.end(), "blk.3.attn_v.weight") - names.begin()] == tlm::encoding::q5_1);
+  CHECK(s[std::find(names.begin(), names.end(), "blk.4.attn_v.weight") - names.begin()] == tlm::encoding::q5_0);
+  CHECK(s[std::find(names.begin(), names.end(), "blk.2.ffn_down.weight") - names.begin()] == tlm::encoding::q5_k);
+  CHECK(s[std::find(names.begin(), names.end(), "blk.3.ffn_down.weight") - names.begin()] == tlm::encoding::q4_k);
+  // Plain types keep the type's encoding, except the tied output (Q6_K, here Q8_0).
+  const auto q8 = tlm::choose_encodings(*tlm::find_quant_type("q4_1"), descs);
+  CHECK(q8[0] == tlm::encoding::q8_0);
+  CHECK(q8[2] == tlm::encoding::q4_1);
+  CHECK(tlm::find_quant_type("q3_k") == nullptr);
+  CHECK(tlm::quant_type_list() == "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m");
+  // Rows no fallback can hold are an error naming the tensor.
+  const std::vector<tlm::tensor_desc> odd{{"blk.0.attn_q.weight", 2, 100, tlm::encoding::f32}};
+  CHECK_THROWS_WITH_AS(tlm::choose_encodings(*tlm::find_quant_type("q8_0"), odd), doctest::Contains("blk.0.attn_q.weight"),
+                       tlm::shape_error);
 }

@@ -395,7 +395,8 @@ TEST_CASE("export: every --out-type writes a model file that binds, close to the
     double tol;  // max |exported - f32| relative to the tensor's max |value|
   };
   for (const kind k : {kind{tlm::encoding::f32, 0.0}, kind{tlm::encoding::f16, 1e-3}, kind{tlm::encoding::bf16, 8e-3},
-                       kind{tlm::encoding::q8_0, 1e-2}, kind{tlm::encoding::q4_1, 0.15}}) {
+                       kind{tlm::encoding::q8_0, 1e-2}, kind{tlm::encoding::q4_1, 0.15},
+                       kind{tlm::encoding::q4_k, 0.15}, kind{tlm::encoding::q6_k, 0.05}}) {
     const auto path = dir / (std::string(tlm::traits(k.enc).name) + ".gguf");
     tlm::write_model<C>(path, *t.p, k.enc, nullptr, 2);
     const tlm::gguf::file f(path);

@@ -54,9 +54,9 @@ inline constexpr std::array<encoding_row, 13> encoding_table{{
     {encoding::q5_1, {"Q5_1", 32, 24}, true, 9},
     {encoding::q8_0, {"Q8_0", 32, 34}, true, 7},
     {encoding::q8_1, {"Q8_1", 32, 36}, false, -1},
-    {encoding::q4_k, {"Q4_K", 256, 144}, false, 14},
-    {encoding::q5_k, {"Q5_K", 256, 176}, false, 16},
-    {encoding::q6_k, {"Q6_K", 256, 210}, false, 18},
+    {encoding::q4_k, {"Q4_K", 256, 144}, true, 14},
+    {encoding::q5_k, {"Q5_K", 256, 176}, true, 16},
+    {encoding::q6_k, {"Q6_K", 256, 210}, true, 18},
     {encoding::q8_k, {"Q8_K", 256, 292}, false, -1},
     {encoding::bf16, {"BF16", 1, 2}, true, 32},
 }};

@@ -3,9 +3,11 @@
 //
 // dequantize_row is the reference every SIMD kernel is tested against, and it is
 // itself checked bit for bit against gguf-py's `gguf.quants.dequantize`
-// (tests/reference/check_gguf.py). quantize_row follows gguf-py's
-// `gguf.quants.quantize` (which in turn follows ggml's reference quantizers), so a
-// file we write holds the same bytes gguf-py would write.
+// (tests/reference/check_gguf.py). quantize_row follows ggml's reference quantizers
+// as llama.cpp's x86-64 build runs them (the ones its quantizer uses without an
+// importance matrix), so a file we write holds the bytes llama.cpp would write
+// (tests/reference/check_quantize.py); gguf-py's `gguf.quants.quantize` agrees except
+// for the rare Q4_0 / Q5_0 rounding noted at centred_codes.
 //
 // Why the float arithmetic is safe to reorder here: every scale is a half (11
 // significant bits) times a small integer (at most 8 bits), and a quant has at most
@@ -93,6 +95,20 @@ inline float add_rounded(float a, float b) {
   return static_cast<float>(static_cast<double>(a) + static_cast<double>(b));
 }
 
+// a * b rounded to float32, never fused with a following add into an FMA: llama.cpp's
+// ggml-base is built for baseline x86-64, which has no FMA, so its products are
+// rounded, and a quantizer that means to write its bytes must round them too.
+inline float mul(float a, float b) { return static_cast<float>(static_cast<double>(a) * static_cast<double>(b)); }
+
+// ggml's nearest_int: add 1.5 * 2^23 and read the mantissa, i.e. round half to even
+// for |v| < 2^22 (beyond, where ggml only asserts, the same wrapped value as ggml's).
+inline int nearest_int(float v) {
+  const float biased = add_rounded(v, 12582912.0f);
+  std::int32_t i;
+  std::memcpy(&i, &biased, sizeof i);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
 inline void check_finite(const float* src, std::size_t n, encoding enc) {
   for (std::size_t i = 0; i < n; ++i) {
     if (!std::isfinite(src[i])) {
@@ -104,9 +120,13 @@ inline void check_finite(const float* src, std::size_t n, encoding enc) {
 
 // Q4_0 / Q5_0 codes of a block of 32 (half = 8 or 16): the signed value of largest
 // magnitude (the first one on ties) maps to code 0, d = max / -half, and
-// q = trunc(x / d + half + 0.5) clamped to the 2 half codes. gguf-py evaluates the
-// product and sum in double, then rounds to float before truncating; the double product
-// of two floats is exact, so this is what an FMA would give. Returns d.
+// q = trunc(x * (1/d) + half + 0.5) clamped to the 2 half codes. The product is rounded
+// to float before the add, as llama.cpp's x86-64 build computes it (its ggml-base has no
+// FMA); gguf-py instead evaluates product and sum in float64 (what an FMA would give,
+// its comment calls this rounding "cursed"). The two differ in about 3 of 10,000 blocks
+// of weights dequantized from Q4_1 (and in none of check_gguf.py's random data); we
+// follow llama.cpp, whose files users download (tests/reference/check_quantize.py).
+// Returns d.
 inline float centred_codes(const float* x, int half, std::uint8_t* q) {
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < 32; ++j) {
@@ -119,7 +139,7 @@ inline float centred_codes(const float* x, int half, std::uint8_t* q) {
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   const float top = static_cast<float>(2 * half - 1);
   for (int j = 0; j < 32; ++j) {
-    const float v = static_cast<float>(static_cast<double>(x[j]) * static_cast<double>(id) + (half + 0.5));
+    const float v = add_rounded(mul(x[j], id), static_cast<float>(half) + 0.5f);
     q[j] = static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, top));
   }
   return d;
@@ -141,6 +161,256 @@ inline float offset_codes(const float* x, int steps, std::uint8_t* q, float& mn)
     q[j] = static_cast<std::uint8_t>(std::clamp(std::trunc(v), 0.0f, static_cast<float>(steps)));
   }
   return d;
+}
+
+// ---- K-quant quantizers: llama.cpp's reference algorithms (quantize_row_q4_K_ref,
+// q5_K_ref, q6_K_ref, which its quantizer uses when no importance matrix is given),
+// written so that our bytes equal its bytes: the same float operations in the same
+// order, every product that feeds a sum through `mul`, rounding through `nearest_int`.
+
+// Scale and min of one sub-block of 32 (llama.cpp's make_qkx2_quants): start from the
+// range [min(x, 0), max], then try nstep + 1 other step counts nmax + rmin + rdelta*is,
+// each followed by a weighted least-squares fit of scale and min to the codes it gives,
+// and keep the fit with the smallest weighted squared error. Returns the scale;
+// `neg_min` receives -min (>= 0), codes go to L.
+inline float fit_scale_min(const float* x, const float* w, int nmax, float rmin, float rdelta, int nstep,
+                           std::uint8_t* L, float& neg_min) {
+  constexpr int n = 32;
+  float mn = x[0], mx = x[0];
+  float sum_w = w[0];
+  float sum_x = mul(sum_w, x[0]);
+  for (int i = 1; i < n; ++i) {
+    if (x[i] < mn) mn = x[i];
+    if (x[i] > mx) mx = x[i];
+    sum_w += w[i];
+    sum_x += mul(w[i], x[i]);
+  }
+  if (mn > 0) mn = 0;
+  if (mx == mn) {
+    for (int i = 0; i < n; ++i) L[i] = 0;
+    neg_min = -mn;
+    return 0.0f;
+  }
+  const float fmax = static_cast<float>(nmax);
+  float iscale = fmax / (mx - mn);
+  float scale = 1 / iscale;
+  float best_error = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = nearest_int(mul(iscale, x[i] - mn));
+    L[i] = static_cast<std::uint8_t>(std::max(0, std::min(nmax, l)));
+    const float diff = mul(scale, static_cast<float>(L[i])) + mn - x[i];
+    best_error += mul(w[i], mul(diff, diff));
+  }
+  std::uint8_t aux[n];
+  for (int is = 0; is <= nstep; ++is) {
+    iscale = (rmin + mul(rdelta, static_cast<float>(is)) + fmax) / (mx - mn);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = std::max(0, std::min(nmax, nearest_int(mul(iscale, x[i] - mn))));
+      aux[i] = static_cast<std::uint8_t>(l);
+      const float wl = mul(w[i], static_cast<float>(l));
+      sum_l += wl;
+      sum_l2 += mul(wl, static_cast<float>(l));
+      sum_xl += mul(wl, x[i]);
+    }
+    const float D = mul(sum_w, sum_l2) - mul(sum_l, sum_l);
+    if (D > 0) {
+      float this_scale = (mul(sum_w, sum_xl) - mul(sum_x, sum_l)) / D;
+      float this_min = (mul(sum_l2, sum_x) - mul(sum_l, sum_xl)) / D;
+      if (this_min > 0) {  // a positive offset cannot be stored: fit the scale alone
+        this_min = 0;
+        this_scale = sum_xl / sum_l2;
+      }
+      float cur_error = 0;
+      for (int i = 0; i < n; ++i) {
+        const float diff = mul(this_scale, static_cast<float>(aux[i])) + this_min - x[i];
+        cur_error += mul(w[i], mul(diff, diff));
+      }
+      if (cur_error < best_error) {
+        std::memcpy(L, aux, n);
+        best_error = cur_error;
+        scale = this_scale;
+        mn = this_min;
+      }
+    }
+  }
+  neg_min = -mn;
+  return scale;
+}
+
+// One Q4_K (nmax 15) or Q5_K (nmax 31) super-block of 256 values: each sub-block's
+// scale and min fitted with weights |x| + rms(x) (so large values count more), then both
+// sets quantized to 6 bits against the largest of each, and the codes recomputed with
+// the stored (rounded) scales. Fills d, dmin, scales; codes (0..nmax) go to L.
+inline void k_super_block(const float* x, int nmax, float rmin, float rdelta, int nstep, std::uint16_t& d_out,
+                          std::uint16_t& dmin_out, std::uint8_t* packed, std::uint8_t* L) {
+  float scales[8], mins[8], w[32];
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < 8; ++j) {
+    const float* xs = x + 32 * j;
+    float sum_x2 = 0;
+    for (int l = 0; l < 32; ++l) sum_x2 += mul(xs[l], xs[l]);
+    const float av_x = std::sqrt(sum_x2 / 32);
+    for (int l = 0; l < 32; ++l) w[l] = av_x + std::fabs(xs[l]);
+    scales[j] = fit_scale_min(xs, w, nmax, rmin, rdelta, nstep, L + 32 * j, mins[j]);
+    if (scales[j] > max_scale) max_scale = scales[j];
+    if (mins[j] > max_min) max_min = mins[j];
+  }
+  const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+  const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+  std::memset(packed, 0, 12);
+  for (int j = 0; j < 8; ++j) {
+    // Wrapped to 8 bits before the clamp, as llama.cpp stores them (a negative fit
+    // becomes 63, not 0).
+    const auto ls = static_cast<std::uint8_t>(std::min<unsigned>(63, static_cast<std::uint8_t>(nearest_int(mul(inv_scale, scales[j])))));
+    const auto lm = static_cast<std::uint8_t>(std::min<unsigned>(63, static_cast<std::uint8_t>(nearest_int(mul(inv_min, mins[j])))));
+    // The inverse of k_scale_min: sub-blocks 0..3 in the low 6 bits of bytes 0..7,
+    // 4..7 as nibbles in bytes 8..11 with their top 2 bits above those of 0..3.
+    if (j < 4) {
+      packed[j] = ls;
+      packed[j + 4] = lm;
+    } else {
+      packed[j + 4] = static_cast<std::uint8_t>((ls & 0xF) | ((lm & 0xF) << 4));
+      packed[j - 4] = static_cast<std::uint8_t>(packed[j - 4] | ((ls >> 4) << 6));
+      packed[j] = static_cast<std::uint8_t>(packed[j] | ((lm >> 4) << 6));
+    }
+  }
+  d_out = f32_to_fp16(max_scale / 63.0f);
+  dmin_out = f32_to_fp16(max_min / 63.0f);
+  const float d = fp16_to_f32(d_out), dmin = fp16_to_f32(dmin_out);
+  for (int j = 0; j < 8; ++j) {
+    std::uint8_t sc, m;
+    k_scale_min(packed, j, sc, m);
+    const float ds = d * static_cast<float>(sc);
+    if (ds == 0.0f) continue;  // keeps the fit's codes, as llama.cpp does
+    const float dm = mul(dmin, static_cast<float>(m));
+    for (int i = 0; i < 32; ++i) {
+      const int l = nearest_int((x[32 * j + i] + dm) / ds);
+      L[32 * j + i] = static_cast<std::uint8_t>(std::max(0, std::min(nmax, l)));
+    }
+  }
+}
+
+// Codes of 16 values for Q6_K (llama.cpp's make_qx_quants with nmax 32 and weights
+// x^2): the value of largest magnitude maps to -32, then 18 nearby step counts
+// -(32 + 0.1 * is) / max are tried and the least-squares scale of the best kept.
+// Codes are stored offset by 32 (0..63). Returns the scale.
+inline float fit_symmetric(const float* x, std::uint8_t* L) {
+  constexpr int n = 16, nmax = 32;
+  float max = 0, amax = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
+  }
+  if (amax < 1e-15f) {
+    for (int i = 0; i < n; ++i) L[i] = 0;
+    return 0.0f;
+  }
+  const auto code = [](float iscale, float v) { return std::max(-nmax, std::min(nmax - 1, nearest_int(mul(iscale, v)))); };
+  float iscale = static_cast<float>(-nmax) / max;
+  float sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = code(iscale, x[i]);
+    L[i] = static_cast<std::uint8_t>(l + nmax);
+    const float w = mul(x[i], x[i]);
+    sumlx += mul(mul(w, x[i]), static_cast<float>(l));
+    suml2 += mul(mul(w, static_cast<float>(l)), static_cast<float>(l));
+  }
+  float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+  float best = scale * sumlx;
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    iscale = -(static_cast<float>(nmax) + mul(0.1f, static_cast<float>(is))) / max;
+    sumlx = suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = code(iscale, x[i]);
+      const float w = mul(x[i], x[i]);
+      sumlx += mul(mul(w, x[i]), static_cast<float>(l));
+      suml2 += mul(mul(w, static_cast<float>(l)), static_cast<float>(l));
+    }
+    if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+      for (int i = 0; i < n; ++i) L[i] = static_cast<std::uint8_t>(code(iscale, x[i]) + nmax);
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
+}
+
+inline void quantize_q4_k(const float* x, std::byte* dst, std::size_t blocks) {
+  for (std::size_t b = 0; b < blocks; ++b, x += 256) {
+    block_q4_k blk{};
+    std::uint8_t L[256];
+    k_super_block(x, 15, -1.0f, 0.1f, 20, blk.d, blk.dmin, blk.scales, L);
+    // Chunk c of 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high.
+    for (int c = 0; c < 4; ++c)
+      for (int l = 0; l < 32; ++l) blk.qs[32 * c + l] = static_cast<std::uint8_t>(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
+    store_block(dst, b, blk);
+  }
+}
+
+inline void quantize_q5_k(const float* x, std::byte* dst, std::size_t blocks) {
+  for (std::size_t b = 0; b < blocks; ++b, x += 256) {
+    block_q5_k blk{};
+    std::uint8_t L[256];
+    k_super_block(x, 31, -0.5f, 0.1f, 15, blk.d, blk.dmin, blk.scales, L);
+    // Low 4 bits as in Q4_K; the fifth bit of sub-block s is bit s of qh[l].
+    for (int c = 0; c < 4; ++c) {
+      for (int l = 0; l < 32; ++l) {
+        const int lo = L[64 * c + l], hi = L[64 * c + 32 + l];
+        blk.qs[32 * c + l] = static_cast<std::uint8_t>((lo & 15) | ((hi & 15) << 4));
+        blk.qh[l] = static_cast<std::uint8_t>(blk.qh[l] | ((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+      }
+    }
+    store_block(dst, b, blk);
+  }
+}
+
+inline void quantize_q6_k(const float* x, std::byte* dst, std::size_t blocks) {
+  for (std::size_t b = 0; b < blocks; ++b, x += 256) {
+    block_q6_k blk{};
+    std::uint8_t L[256];
+    float scales[16];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int s = 0; s < 16; ++s) {
+      scales[s] = fit_symmetric(x + 16 * s, L + 16 * s);
+      if (std::fabs(scales[s]) > max_abs_scale) {
+        max_abs_scale = std::fabs(scales[s]);
+        max_scale = scales[s];
+      }
+    }
+    if (max_abs_scale < 1e-15f) {  // an all-zero block: all zero bytes
+      store_block(dst, b, blk);
+      continue;
+    }
+    // The sub-block scale of largest magnitude becomes -128 (so 127 is never exceeded
+    // by more than rounding); the others are 8-bit multiples of d.
+    const float iscale = -128.0f / max_scale;
+    blk.d = f32_to_fp16(1 / iscale);
+    for (int s = 0; s < 16; ++s) blk.scales[s] = static_cast<std::int8_t>(std::min(127, nearest_int(mul(iscale, scales[s]))));
+    const float d = fp16_to_f32(blk.d);
+    for (int s = 0; s < 16; ++s) {
+      const float ds = d * static_cast<float>(blk.scales[s]);
+      if (ds == 0.0f) continue;  // keeps the fit's codes, as llama.cpp does
+      for (int i = 0; i < 16; ++i) {
+        const int l = std::max(-32, std::min(31, nearest_int(x[16 * s + i] / ds)));
+        L[16 * s + i] = static_cast<std::uint8_t>(l + 32);
+      }
+    }
+    // The inverse of the Q6_K dequantizer's layout (see dequantize_row).
+    for (int h = 0; h < 2; ++h) {
+      const std::uint8_t* q = L + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        blk.ql[64 * h + l] = static_cast<std::uint8_t>((q[l] & 15) | ((q[l + 64] & 15) << 4));
+        blk.ql[64 * h + 32 + l] = static_cast<std::uint8_t>((q[l + 32] & 15) | ((q[l + 96] & 15) << 4));
+        blk.qh[32 * h + l] = static_cast<std::uint8_t>((q[l] >> 4) | ((q[l + 32] >> 4) << 2) | ((q[l + 64] >> 4) << 4) | ((q[l + 96] >> 4) << 6));
+      }
+    }
+    store_block(dst, b, blk);
+  }
 }
 
 }  // namespace detail
@@ -355,9 +625,21 @@ inline void quantize_row(encoding enc, const float* src, std::byte* dst, std::si
         }
       }
       return;
+    case encoding::q4_k:
+      detail::check_finite(src, n, enc);
+      detail::quantize_q4_k(src, dst, n / 256);
+      return;
+    case encoding::q5_k:
+      detail::check_finite(src, n, enc);
+      detail::quantize_q5_k(src, dst, n / 256);
+      return;
+    case encoding::q6_k:
+      detail::check_finite(src, n, enc);
+      detail::quantize_q6_k(src, dst, n / 256);
+      return;
     default:
       throw shape_error("quantize_row: no quantizer for " + std::string(traits(enc).name) +
-                        "; write the tensor as F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0 or Q5_1");
+                        " (it is used for activations only); write the tensor as one of " + writable_encodings_list());
   }
 }
 

@@ -48,6 +48,7 @@
 #include "../hyperparameters.hpp"
 #include "../load.hpp"
 #include "../quant.hpp"
+#include "../quantize_mix.hpp"
 #include "../tokenizer.hpp"
 #include "../weights.hpp"
 #include "adamw.hpp"
@@ -164,13 +165,32 @@ inline void copy_model_metadata(gguf::writer& w, const gguf::file& source) {
 }
 
 // Adds every weight tensor of `w` to `out`, matrices encoded as `enc` (norms always f32,
-// as llama.cpp's quantizer keeps them). Values are read from w when the file is written.
+// as llama.cpp's quantizer keeps them). For a K-quant, each matrix takes the encoding
+// llama.cpp's quantizer would give it (quantize_mix.hpp: the output or tied embedding
+// in Q6_K, Q5_0 / Q5_1 / Q8_0 for rows that are not whole super-blocks), since most
+// models have such rows. Values are read from w when the file is written.
 template <class W>
 void add_weights(gguf::writer& out, const W& w, encoding enc) {
+  std::vector<std::string> names;
+  std::vector<tensor_desc> descs;
   for_each_tensor(
       [&](const tensor_name& name, const auto& t) {
         using U = std::remove_cvref_t<decltype(t)>;
-        const encoding e = U::rank == 1 ? encoding::f32 : enc;
+        names.push_back(name.str());
+        descs.push_back({{}, U::rank, U::cols, encoding::f32});
+      },
+      w);
+  for (std::size_t i = 0; i < names.size(); ++i) descs[i].name = names[i];
+  std::vector<encoding> chosen;
+  const quant_type* mix = find_quant_type(lower_name(enc));
+  const bool k_quant = enc == encoding::q4_k || enc == encoding::q5_k || enc == encoding::q6_k;
+  if (k_quant && mix != nullptr) chosen = choose_encodings(*mix, descs);
+  std::size_t k = 0;
+  for_each_tensor(
+      [&](const tensor_name& name, const auto& t) {
+        using U = std::remove_cvref_t<decltype(t)>;
+        const encoding e = !chosen.empty() ? chosen[k] : U::rank == 1 ? encoding::f32 : enc;
+        ++k;
         const float* values = t.data();  // [rows, cols]
         out.add_tensor_generated(name.str(), detail::gguf_dims<U>(), e, [values, e](std::span<std::byte> dst) {
           const std::size_t rb = row_bytes(e, U::cols);

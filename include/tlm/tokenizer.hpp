@@ -1,8 +1,22 @@
 #pragma once
-// Byte-level BPE tokenizer, token-for-token identical to Hugging Face `tokenizers`
-// for SmolLM2 (GGUF `tokenizer.ggml.model = "gpt2"`, `tokenizer.ggml.pre = "smollm"`).
+// The tokenizers of Llama-family GGUF files, token-for-token identical to Hugging Face
+// `tokenizers`. The algorithm is chosen at run time from the file:
+//   - tokenizer.ggml.model = "gpt2": byte-level BPE, with tokenizer.ggml.pre
+//       "smollm" (SmolLM2, described in detail below),
+//       "llama-bpe" (Llama 3: HF's Split with Llama 3's pattern, digits in groups of up to
+//         three, then ignore_merges: a pre-token that is a vocabulary entry is one token),
+//       "qwen2" (Qwen2/2.5: the same pattern with single digits, merges as usual);
+//   - tokenizer.ggml.model = "llama": SentencePiece BPE (Llama 2, TinyLlama, Mistral,
+//     Phi-3), as HF's conversion of it: spaces become U+2581, a U+2581 is put before each
+//     stretch of text between special tokens (add_space_prefix), the pair whose merge has
+//     the highest score merges first, a character without a piece falls back to its bytes'
+//     <0xXX> tokens or else the unknown token. decode removes the one leading space the
+//     prefix gave. Not implemented: Qwen2's NFC normalizer (llama.cpp skips it as well), so
+//     text not in NFC may differ from HF.
+// BOS and EOS follow the file's add_bos_token / add_eos_token unless encode_options says
+// otherwise; end_of_generation() is the set of ids that end a reply.
 //
-// Pipeline (the one SmolLM2's tokenizer.json declares; there is no normalizer):
+// SmolLM2's pipeline (what its tokenizer.json declares; there is no normalizer):
 //   1. Special tokens: with encode_options::parse_special, occurrences of control and
 //      user-defined tokens (leftmost, then longest) are cut out and emitted as their id.
 //      Without it they are ordinary text.

@@ -7,7 +7,7 @@ For each of llama.cpp's vocabulary-only files (models/llama.cpp/vocab, scripts/f
      how each vocabulary's tokenizer.json declares its pipeline) and must reproduce
      every .inp/.out case first; only then is it trusted as the reference.
   2. --count random seeded texts (mixed scripts, emoji, CJK, digit runs, whitespace runs,
-     newlines, special-token text), encoded with and without parse_special: tlm's ids
+     newlines, special-token text) and 11 long runs of 10k-20k characters, encoded with and without parse_special: tlm's ids
      (examples/tokenize --batch) must equal HF's. llama.cpp's ids (llama-cpp-python,
      vocab_only) are compared too and the disagreements with HF are counted and a few
      listed, without failing: HF is the target.
@@ -173,6 +173,9 @@ def check_vocab(name, args, rng, binary):
     # 2. Random texts, with and without parse_special.
     specials = [t for t, ty in zip(md["tokens"], md["types"]) if ty in (3, 4)][:64]
     texts = [random_text(rng, specials) for _ in range(args.count)]
+    # Long runs, where a pattern's backtracking or PCRE2's JIT stack would show.
+    texts += ["!" * 20000, " " * 20000 + "a", "\n" * 20000, "7" * 20000, "a" * 20000, " \n" * 10000 + "x",
+              "\t \r\n" * 5000, "\u00e9" * 10000, "\U0001F600" * 5000, "a " * 10000, "x" + " " * 20000 + "\n" + " " * 9999]
     if md["pre"] == "qwen2":
         # tlm, like llama.cpp, does not apply Qwen2's NFC normalizer: the texts are given in NFC.
         texts = [unicodedata.normalize("NFC", t) for t in texts]

@@ -158,6 +158,18 @@ TEST_CASE("SentencePiece from plain vectors: merges by score, no space prefix wh
   CHECK(tok.encode("a\xC3\xA9\xC3\xA9 b", {.add_bos = false}) == std::vector<std::int32_t>{3, 0, 8, 4});
   CHECK(tok.decode(std::vector<std::int32_t>{8, 3}) == " a");  // no prefix, so nothing stripped
   CHECK_THROWS_AS(tlm::tokenizer::from_spm_vocab(tokens, types, std::vector<float>(3), {}), tlm::format_error);
+  // A token with U+2581 after another character ("a\u2581") can join across a space, so
+  // that vocabulary is merged as one stretch, not word by word.
+  auto joined_tokens = tokens;
+  joined_tokens.push_back("a\xE2\x96\x81");
+  auto joined_types = types;
+  joined_types.push_back(1);
+  auto joined_scores = scores;
+  joined_scores.push_back(10);
+  const auto joined =
+      tlm::tokenizer::from_spm_vocab(joined_tokens, joined_types, joined_scores, {.bos = 1, .eos = 2, .unknown = 0}, false);
+  CHECK(joined.encode("a b", {.add_bos = false}) == std::vector<std::int32_t>{9, 4});
+  CHECK(tok.encode("a b", {.add_bos = false}) == std::vector<std::int32_t>{3, 8, 4});
 }
 
 TEST_CASE("an unknown pre-tokenizer or model is a one-line error naming the key, the value and the supported ones") {

@@ -309,6 +309,7 @@ struct tokenizer_state {
   tokenizer_model model = tokenizer_model::bpe;
   pre_tokenizer pre = pre_tokenizer::smollm;
   bool add_space_prefix = true;           // SentencePiece: a "\u2581" before the text
+  bool spm_words = false;                 // SentencePiece: the text may be cut into words (from_spm_vocab)
   std::vector<std::string> tokens;        // raw vocabulary strings (byte symbols)
   std::unordered_map<std::string_view, std::int32_t> index;  // tokens -> id (views into tokens)
   std::array<std::int32_t, 256> byte_token{};  // SentencePiece: the <0xXX> token of each byte, -1 if none
@@ -479,6 +480,23 @@ class tokenizer {
         }
       }
       s->token_bytes[i] = std::move(text);
+    }
+
+    // Merging the whole text at once costs a priority queue over all of it, with a
+    // random probe of the merge table per step (about 1 MB/s). When no token has
+    // U+2581 after another character, no merge can join a character to a following
+    // U+2581, so the text can be cut before each such U+2581 and the words merged one by
+    // one, and cached, with the same result. "\u2581" itself must be a token, or unknown
+    // characters on both sides of a cut could be fused into one unknown token.
+    s->spm_words = s->index.contains(detail::spm_space);
+    for (std::size_t i = 0; i < n && s->spm_words; ++i) {
+      const std::string_view t = s->tokens[i];
+      for (std::size_t j = t.find(detail::spm_space, 1); j != std::string_view::npos && s->spm_words;
+           j = t.find(detail::spm_space, j + 1)) {
+        const bool after_space = j >= detail::spm_space.size() &&
+                                 t.compare(j - detail::spm_space.size(), detail::spm_space.size(), detail::spm_space) == 0;
+        if (!after_space) s->spm_words = false;
+      }
     }
 
     // Every cut of every token into two tokens is a merge; its rank orders by score.
@@ -952,6 +970,27 @@ class tokenizer {
       else
         norm.push_back(c);
     }
+    if (!s_->spm_words) {
+      spm_piece(norm, out, sc);
+      return;
+    }
+    // Cut before each U+2581 that follows another character: no merge can cross such a
+    // cut (see spm_words), so the words merge alone, are short, and are cached.
+    const std::string_view all = norm;
+    std::size_t start = 0;
+    for (std::size_t p = 1; p + detail::spm_space.size() <= all.size(); ++p) {
+      if (all.compare(p, detail::spm_space.size(), detail::spm_space) != 0) continue;
+      if (p >= detail::spm_space.size() &&
+          all.compare(p - detail::spm_space.size(), detail::spm_space.size(), detail::spm_space) == 0)
+        continue;
+      spm_piece(all.substr(start, p - start), out, sc);
+      start = p;
+    }
+    spm_piece(all.substr(start), out, sc);
+  }
+
+  // SentencePiece BPE on one stretch of normalized text, with byte fallback.
+  void spm_piece(std::string_view norm, std::vector<std::int32_t>& out, scratch& sc) const {
     const bool cacheable = norm.size() <= detail::bpe_cache::max_key_bytes;
     if (cacheable && cache_->find(norm, out)) return;
     const std::size_t first = out.size();

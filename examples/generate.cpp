@@ -484,7 +484,7 @@ int run(const options& o) {
     prompt = tok.encode(shown, {.add_bos = false, .parse_special = true});  // only to check the length below
   } else {
     shown = *o.prompt;
-    prompt = tok.encode(shown, {.add_bos = false, .parse_special = o.special});
+    prompt = tok.encode(shown, {.parse_special = o.special});  // BOS/EOS as the file says
   }
   if (prompt.empty()) fail("the prompt is empty after tokenization; give some text");
   const std::size_t needed = prompt.size() + o.n;

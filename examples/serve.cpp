@@ -772,7 +772,7 @@ class server {
         // the one special token a rendered template would give.
         n = counter_->positions_for(p.messages);
       } else {
-        n = tok_->encode(p.prompt, {.add_bos = false, .parse_special = false}).size();
+        n = tok_->encode(p.prompt, {.parse_special = false}).size();  // as the generator does
       }
     } catch (const tlm::error& e) {
       throw api_error(400, fmt::format("the prompt cannot be tokenized: {}", e.what()), p.chat ? "messages" : "prompt",

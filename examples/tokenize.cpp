@@ -119,7 +119,7 @@ int run_batch(const tlm::tokenizer& tok, const std::string& path) {
       const std::string_view text(data.data() + pos, n);
       pos += n + 1;
       try {
-        const auto ids = tok.encode(text, {.add_bos = (flags & 2) != 0, .parse_special = (flags & 1) != 0});
+        const auto ids = tok.encode(text, {.add_bos = (flags & 2) != 0, .parse_special = (flags & 1) != 0, .add_eos = false});
         for (std::size_t i = 0; i < ids.size(); ++i) {
           if (i) out.push_back(' ');
           out += std::to_string(ids[i]);

@@ -50,8 +50,13 @@ void check_encode(const tlm::tokenizer& tok, std::string_view text, tlm::encode_
   require(valid);
   for (const auto id : ids) require(id >= 0 && static_cast<std::size_t>(id) < tok.vocab_size());
   require(ids == tok.encode_without_fast_path(text, opt));  // the ASCII fast path changes nothing
-  const std::span<const std::int32_t> body(ids.data() + (opt.add_bos ? 1 : 0), ids.size() - (opt.add_bos ? 1 : 0));
-  if (opt.add_bos) require(!ids.empty() && ids[0] == tok.bos());
+  // Unset options mean what the file says.
+  const bool bos = opt.add_bos.value_or(tok.add_bos_default()) && tok.bos() >= 0;
+  const bool eos = opt.add_eos.value_or(tok.add_eos_default()) && tok.eos() >= 0;
+  require(ids.size() >= (bos ? 1u : 0u) + (eos ? 1u : 0u));
+  const std::span<const std::int32_t> body(ids.data() + (bos ? 1 : 0), ids.size() - (bos ? 1 : 0) - (eos ? 1 : 0));
+  if (bos) require(ids[0] == tok.bos());
+  if (eos) require(ids.back() == tok.eos());
   bool all_mapped = true;
   for (const char c : text) all_mapped = all_mapped && tok.byte_has_token(static_cast<std::uint8_t>(c));
   if (all_mapped) require(tok.decode(body) == text);

@@ -179,6 +179,16 @@ TEST_CASE("end-of-sequence, the callback and the token limit stop generation") {
   CHECK(r.text.empty());
   eos_first.stop_at_eos = false;
   CHECK(gen.generate(prompt, eos_first).ids.size() == 8);
+  // Any end-of-generation token ends it, not only eos: SmolLM2's <|endoftext|> is a
+  // control token other than its eos id.
+  const std::int32_t endoftext = tok.encode("<|endoftext|>", {.parse_special = true}).at(0);
+  REQUIRE(endoftext != tok.eos());
+  REQUIRE(tok.is_end_of_generation(endoftext));
+  tlm::generation_options other_end{.max_tokens = 8};
+  other_end.sample.logit_bias = {{endoftext, 100.0f}};
+  const auto r3 = gen.generate(prompt, other_end);
+  CHECK(r3.reason == tlm::stop_reason::eos);
+  CHECK(r3.ids == std::vector<std::int32_t>{endoftext});
 
   int n = 0;
   const auto r2 = gen.generate(prompt, {.max_tokens = 8}, tlm::make_token_callback([&](std::int32_t, std::string_view) { return ++n < 3; }));

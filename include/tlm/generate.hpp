@@ -40,7 +40,7 @@ struct generation_options {
   std::size_t max_tokens = 256;  // the token limit: at most this many new tokens (0: none)
   sampling sample{};               // temperature 0 (greedy) by default; see sampler.hpp for the order
   std::vector<std::string> stop{};  // stop strings: generation ends at the first, which is not returned
-  bool stop_at_eos = true;       // end at the tokenizer's end-of-sequence token (and, in a chat, <|im_end|>)
+  bool stop_at_eos = true;       // end at any of the tokenizer's end-of-generation tokens (and, in a chat, <|im_end|>)
   // Constrained output: only tokens that keep the text a prefix of a document of this
   // grammar are sampled, and the document is complete within max_tokens - 1 characters
   // (then end-of-sequence is the only choice, and ends it whatever stop_at_eos says).
@@ -280,10 +280,11 @@ class generator {
   generator(model<C>& m, const tokenizer& tok, kv_type kv = kv_type::f32) : m_(&m), tok_(&tok), cache_(1, kv) {}
 
   // The prompt is text, tokenized without special tokens (parse_special makes
-  // "<|im_start|>" in it a token, for prompts rendered by hand).
+  // "<|im_start|>" in it a token, for prompts rendered by hand), with BOS/EOS as the
+  // file's add_bos_token / add_eos_token say, as llama.cpp does.
   generation_result generate(std::string_view prompt, const generation_options& o = {}, token_callback on_token = {},
                              bool parse_special = false) {
-    const auto ids = tok_->encode(prompt, {.add_bos = false, .parse_special = parse_special});
+    const auto ids = tok_->encode(prompt, {.parse_special = parse_special});
     return generate(std::span<const std::int32_t>(ids), o, std::move(on_token));
   }
 
@@ -305,8 +306,7 @@ class generator {
     const auto logits = m_->prefill(prompt, cache_, hooks.prompt_logits);
     r.prefill_ms = detail::ms_since(t0);
     std::vector<std::int32_t> context(prompt.begin(), prompt.end());
-    const std::int32_t eos = tok_->eos();
-    detail::decode(*m_, *tok_, cache_, logits, context, o, std::span<const std::int32_t>(&eos, 1), on_token, hooks, r);
+    detail::decode(*m_, *tok_, cache_, logits, context, o, tok_->end_of_generation(), on_token, hooks, r);
     return r;
   }
 
@@ -416,7 +416,7 @@ std::vector<beam> generate_beam(model<C>& m, const tokenizer& tok, std::span<con
       beam b = parent.b;
       b.ids.push_back(c.id);
       b.log_prob = c.log_prob;
-      if (o.stop_at_eos && c.id == tok.eos()) {
+      if (o.stop_at_eos && tok.is_end_of_generation(c.id)) {
         b.finished = true;
         b.score = score(b);
         --children[c.parent];
@@ -545,7 +545,8 @@ class chat_session {
     r.prefill_ms = detail::ms_since(t0);
     last_prefill_ = r.prompt_tokens;
     std::vector<std::int32_t> context = ids_;
-    const std::int32_t stops[] = {tok_->eos(), im_end_};
+    std::vector<std::int32_t> stops(tok_->end_of_generation().begin(), tok_->end_of_generation().end());
+    if (im_end_ >= 0 && !tok_->is_end_of_generation(im_end_)) stops.push_back(im_end_);  // the template's end of turn
     detail::decode(*m_, *tok_, cache_, logits, context, o, stops, on_token, hooks, r);
     // The reply's tokens, without a final end marker.
     std::vector<std::int32_t> reply_ids(context.begin() + static_cast<std::ptrdiff_t>(header_end), context.end());

@@ -125,7 +125,8 @@ class json_grammar {
       state t = s;
       if (feed(t, bytes) && t.chars + min_to_finish(t) <= budget) out[id] = 1;
     }
-    if (can_end(s) && tok.eos() >= 0) out[static_cast<std::size_t>(tok.eos())] = 1;
+    if (can_end(s))
+      for (const std::int32_t id : tok.end_of_generation()) out[static_cast<std::size_t>(id)] = 1;
   }
 
  private:

@@ -1,8 +1,22 @@
 #pragma once
-// Byte-level BPE tokenizer, token-for-token identical to Hugging Face `tokenizers`
-// for SmolLM2 (GGUF `tokenizer.ggml.model = "gpt2"`, `tokenizer.ggml.pre = "smollm"`).
+// The tokenizers of Llama-family GGUF files, token-for-token identical to Hugging Face
+// `tokenizers`. The algorithm is chosen at run time from the file:
+//   - tokenizer.ggml.model = "gpt2": byte-level BPE, with tokenizer.ggml.pre
+//       "smollm" (SmolLM2, described in detail below),
+//       "llama-bpe" (Llama 3: HF's Split with Llama 3's pattern, digits in groups of up to
+//         three, then ignore_merges: a pre-token that is a vocabulary entry is one token),
+//       "qwen2" (Qwen2/2.5: the same pattern with single digits, merges as usual);
+//   - tokenizer.ggml.model = "llama": SentencePiece BPE (Llama 2, TinyLlama, Mistral,
+//     Phi-3), as HF's conversion of it: spaces become U+2581, a U+2581 is put before each
+//     stretch of text between special tokens (add_space_prefix), the pair whose merge has
+//     the highest score merges first, a character without a piece falls back to its bytes'
+//     <0xXX> tokens or else the unknown token. decode removes the one leading space the
+//     prefix gave. Not implemented: Qwen2's NFC normalizer (llama.cpp skips it as well), so
+//     text not in NFC may differ from HF.
+// BOS and EOS follow the file's add_bos_token / add_eos_token unless encode_options says
+// otherwise; end_of_generation() is the set of ids that end a reply.
 //
-// Pipeline (the one SmolLM2's tokenizer.json declares; there is no normalizer):
+// SmolLM2's pipeline (what its tokenizer.json declares; there is no normalizer):
 //   1. Special tokens: with encode_options::parse_special, occurrences of control and
 //      user-defined tokens (leftmost, then longest) are cut out and emitted as their id.
 //      Without it they are ordinary text.
@@ -44,6 +58,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -58,8 +73,11 @@
 namespace tlm {
 
 struct encode_options {
-  bool add_bos = false;        // put the BOS id first
+  // Put the BOS id first / the EOS id last. Unset means what the file says
+  // (tokenizer.ggml.add_bos_token / add_eos_token, see tokenizer::add_bos_default).
+  std::optional<bool> add_bos = std::nullopt;
   bool parse_special = false;  // match special-token strings in the text
+  std::optional<bool> add_eos = std::nullopt;
 };
 
 // llama.cpp / GGUF token types (tokenizer.ggml.token_type).
@@ -68,7 +86,15 @@ enum class token_type : std::int32_t { normal = 1, unknown = 2, control = 3, use
 struct special_token_ids {
   std::int32_t bos = -1, eos = -1, unknown = -1, padding = -1;  // -1: absent
   bool add_bos = false;                                         // the file's tokenizer.ggml.add_bos_token
+  std::int32_t eot = -1, eom = -1;                              // end of turn, end of message (Llama 3)
+  bool add_eos = false;                                         // the file's tokenizer.ggml.add_eos_token
 };
+
+// The algorithm, from tokenizer.ggml.model: byte-level BPE ("gpt2") or SentencePiece
+// BPE ("llama").
+enum class tokenizer_model : std::uint8_t { bpe, spm };
+// The byte-level BPE's pre-tokenizer, from tokenizer.ggml.pre.
+enum class pre_tokenizer : std::uint8_t { smollm, llama3, qwen2 };
 
 namespace detail {
 
@@ -130,6 +156,24 @@ inline constexpr std::string_view numeric_pattern =
     R"([\p{N}\x{10D40}-\x{10D49}\x{116D0}-\x{116E3}\x{11BF0}-\x{11BF9}\x{11DE0}-\x{11DE9}\x{11F50}-\x{11F59})"
     R"(\x{16130}-\x{16139}\x{16D70}-\x{16D79}\x{16FF4}-\x{16FF6}\x{1CCF0}-\x{1CCF9}\x{1D2C0}-\x{1D2D3})"
     R"(\x{1E4F0}-\x{1E4F9}\x{1E5F1}-\x{1E5FA}])";
+
+// SentencePiece's stand-in for a space, U+2581 LOWER ONE EIGHTH BLOCK.
+inline constexpr std::string_view spm_space = "\xE2\x96\x81";
+
+// Llama 3's pattern (tokenizer.ggml.pre = "llama-bpe"), HF's Split on the whole text with
+// every match and every gap a pre-token; \s spelt \p{White_Space} as above. Letters
+// may take one leading non-letter, non-digit, non-newline character; digits go in groups
+// of up to three; punctuation keeps its trailing newlines. The contractions are
+// case-insensitive here, unlike GPT-2's.
+inline constexpr std::string_view llama3_pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+)"
+    R"(| ?[^\p{White_Space}\p{L}\p{N}]++[\r\n]*+|\p{White_Space}*[\r\n]++)"
+    R"(|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+)";
+// Qwen2's: Llama 3's with every digit a pre-token of its own.
+inline constexpr std::string_view qwen2_pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N})"
+    R"(| ?[^\p{White_Space}\p{L}\p{N}]++[\r\n]*+|\p{White_Space}*[\r\n]++)"
+    R"(|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+)";
 
 // Open-addressing map from a pair of token ids to (rank, merged id).
 class merge_table {
@@ -262,7 +306,14 @@ class bpe_cache {
 };
 
 struct tokenizer_state {
+  tokenizer_model model = tokenizer_model::bpe;
+  pre_tokenizer pre = pre_tokenizer::smollm;
+  bool add_space_prefix = true;           // SentencePiece: a "\u2581" before the text
+  bool spm_words = false;                 // SentencePiece: the text may be cut into words (from_spm_vocab)
   std::vector<std::string> tokens;        // raw vocabulary strings (byte symbols)
+  std::unordered_map<std::string_view, std::int32_t> index;  // tokens -> id (views into tokens)
+  std::array<std::int32_t, 256> byte_token{};  // SentencePiece: the <0xXX> token of each byte, -1 if none
+  std::vector<std::int32_t> end_of_generation;  // sorted ids that end a generated reply
   std::vector<std::string> token_bytes;   // what each token decodes to
   std::vector<token_type> types;
   std::array<std::int32_t, 256> byte_id{};  // token of each byte's symbol, -1 if none
@@ -314,27 +365,17 @@ inline byte_vocabulary make_byte_vocabulary(std::size_t vocab) {
 
 class tokenizer {
  public:
-  // Builds from plain vectors (the GGUF arrays). merges are "left right" strings whose
-  // index is the rank. Throws tlm::format_error on inconsistent data.
+  // Builds a byte-level BPE tokenizer from plain vectors (the GGUF arrays). merges are
+  // "left right" strings whose index is the rank; pre names the pre-tokenizer as
+  // tokenizer.ggml.pre does. Throws tlm::format_error on inconsistent data and
+  // tlm::model_mismatch on an unknown pre-tokenizer.
   static tokenizer from_vocab(std::vector<std::string> tokens, std::vector<std::int32_t> types,
-                              std::vector<std::string> merges, special_token_ids ids) {
+                              std::vector<std::string> merges, special_token_ids ids, std::string_view pre = "smollm") {
     auto s = std::make_shared<detail::tokenizer_state>();
-    const std::size_t n = tokens.size();
-    if (n == 0 || n > 0x7FFFFFFF)
-      throw format_error("tokenizer: the vocabulary has " + std::to_string(n) +
-                         " tokens; expected 1 .. 2^31-1 (check tokenizer.ggml.tokens)");
-    if (types.size() != n)
-      throw format_error("tokenizer: tokenizer.ggml.token_type has " + std::to_string(types.size()) +
-                         " entries but tokenizer.ggml.tokens has " + std::to_string(n) + "; the file is inconsistent");
-    for (const auto& [name, id] : {std::pair{"bos", ids.bos}, {"eos", ids.eos}, {"unknown", ids.unknown},
-                                  {"padding", ids.padding}})
-      if (id < -1 || id >= static_cast<std::int64_t>(n))
-        throw format_error(std::string("tokenizer: the ") + name + " token id " + std::to_string(id) +
-                           " is outside the vocabulary of " + std::to_string(n) + " tokens");
-
-    std::unordered_map<std::string_view, std::int32_t> index;
-    index.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) index.emplace(tokens[i], static_cast<std::int32_t>(i));
+    s->model = tokenizer_model::bpe;
+    s->pre = parse_pre(pre);
+    init_common(*s, std::move(tokens), types, ids);
+    const std::size_t n = s->tokens.size();
 
     // Reverse byte map, for decoding and for finding each byte's symbol token.
     const auto b2cp = detail::byte_to_code_point();
@@ -342,18 +383,13 @@ class tokenizer {
     for (int b = 0; b < 256; ++b) {
       std::string sym;
       utf8::append_code_point(sym, b2cp[static_cast<std::size_t>(b)]);
-      auto it = index.find(sym);
-      s->byte_id[static_cast<std::size_t>(b)] = it == index.end() ? -1 : it->second;
+      auto it = s->index.find(sym);
+      s->byte_id[static_cast<std::size_t>(b)] = it == s->index.end() ? -1 : it->second;
       cp2b.emplace(b2cp[static_cast<std::size_t>(b)], static_cast<std::uint8_t>(b));
     }
-
-    s->types.resize(n);
     s->token_bytes.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
-      s->types[i] = static_cast<token_type>(types[i]);
-      const std::string_view t = tokens[i];
-      if (utf8::first_invalid(t) != std::string_view::npos)
-        throw format_error("tokenizer: token " + std::to_string(i) + " is not valid UTF-8; the GGUF file is corrupt");
+      const std::string_view t = s->tokens[i];
       // As HF's ByteLevel decoder: a token made only of byte symbols decodes to those
       // bytes; any other token (say an added token with a raw space) decodes to itself.
       std::string bytes;
@@ -367,14 +403,10 @@ class tokenizer {
         bytes.push_back(static_cast<char>(it->second));
       }
       s->token_bytes[i] = all_mapped ? std::move(bytes) : std::string(t);
-      if (s->types[i] == token_type::control || s->types[i] == token_type::user_defined) {
-        if (t.empty())
-          throw format_error("tokenizer: special token " + std::to_string(i) + " is empty; the GGUF file is corrupt");
-        s->specials.emplace_back(std::string(t), static_cast<std::int32_t>(i));
-      }
     }
 
     s->merges.reserve(merges.size());
+    std::string merged;
     for (std::size_t r = 0; r < merges.size(); ++r) {
       const std::string_view m = merges[r];
       const auto sp = m.find(' ', 1);  // a symbol is never empty, so skip position 0
@@ -382,42 +414,139 @@ class tokenizer {
         throw format_error("tokenizer: merge " + std::to_string(r) + " (\"" + std::string(m) +
                            "\") is not \"left right\"; the GGUF file is corrupt");
       const std::string_view left = m.substr(0, sp), right = m.substr(sp + 1);
-      const auto l = index.find(left), rr = index.find(right);
-      std::string merged(left);
+      const auto l = s->index.find(left), rr = s->index.find(right);
+      merged.assign(left);
       merged += right;
-      const auto out = index.find(merged);
-      if (l == index.end() || rr == index.end() || out == index.end())
+      const auto out = s->index.find(merged);
+      if (l == s->index.end() || rr == s->index.end() || out == s->index.end())
         throw format_error("tokenizer: merge " + std::to_string(r) + " (\"" + std::string(m) +
                            "\") names a token missing from the vocabulary; the GGUF file is corrupt");
       s->merges.insert(l->second, rr->second, static_cast<std::int32_t>(r), out->second);
     }
-
-    s->ids = ids;
-    s->tokens = std::move(tokens);
-    s->split_re = detail::compile_regex(detail::gpt2_pattern);
+    const std::string_view pattern = s->pre == pre_tokenizer::llama3  ? detail::llama3_pattern
+                                     : s->pre == pre_tokenizer::qwen2 ? detail::qwen2_pattern
+                                                                      : detail::gpt2_pattern;
+    s->split_re = detail::compile_regex(pattern);
     s->numeric_re = detail::compile_regex(detail::numeric_pattern);
-    tokenizer tok;
-    tok.s_ = std::move(s);
-    tok.cache_ = std::make_shared<detail::bpe_cache>();
-    return tok;
+    return tokenizer(std::move(s));
   }
 
-  // Reads the tokenizer section of a GGUF file. Only the byte-level BPE ("gpt2")
-  // with the SmolLM2 pre-tokenizer is implemented; anything else is refused.
+  // Builds a SentencePiece BPE tokenizer (tokenizer.ggml.model = "llama": Llama 2,
+  // TinyLlama, Mistral, Phi-3). SentencePiece merges the adjacent pair whose
+  // concatenation is the vocabulary entry of highest score; that is BPE with one merge
+  // per way of cutting each token in two, ranked by the token's score (then by id, and
+  // by the left part's id, the order Hugging Face's conversion gives equal scores).
+  static tokenizer from_spm_vocab(std::vector<std::string> tokens, std::vector<std::int32_t> types,
+                                  std::span<const float> scores, special_token_ids ids, bool add_space_prefix = true) {
+    auto s = std::make_shared<detail::tokenizer_state>();
+    s->model = tokenizer_model::spm;
+    s->add_space_prefix = add_space_prefix;
+    if (scores.size() != tokens.size())
+      throw format_error("tokenizer: tokenizer.ggml.scores has " + std::to_string(scores.size()) +
+                         " entries but tokenizer.ggml.tokens has " + std::to_string(tokens.size()) +
+                         "; the file is inconsistent");
+    init_common(*s, std::move(tokens), types, ids);
+    const std::size_t n = s->tokens.size();
+    s->byte_token.fill(-1);
+    s->byte_id.fill(-1);
+    s->token_bytes.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string_view t = s->tokens[i];
+      if (s->types[i] == token_type::byte) {
+        // "<0xXX>": the token stands for that one byte.
+        const auto hex_digit = [](char c) -> int {
+          if (c >= '0' && c <= '9') return c - '0';
+          if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+          if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+          return -1;
+        };
+        const int hi = t.size() == 6 ? hex_digit(t[3]) : -1, lo = t.size() == 6 ? hex_digit(t[4]) : -1;
+        if (!t.starts_with("<0x") || t.back() != '>' || hi < 0 || lo < 0)
+          throw format_error("tokenizer: byte token " + std::to_string(i) + " is \"" + std::string(t) +
+                             "\", not <0xXX>; the GGUF file is corrupt");
+        const auto b = static_cast<std::uint8_t>(hi * 16 + lo);
+        if (s->byte_token[b] < 0) s->byte_token[b] = static_cast<std::int32_t>(i);
+        s->token_bytes[i] = std::string(1, static_cast<char>(b));
+        continue;
+      }
+      // U+2581 stands for a space (HF's Replace decoder; llama.cpp does the same).
+      std::string text;
+      for (std::size_t j = 0; j < t.size();) {
+        if (t.substr(j).starts_with(detail::spm_space)) {
+          text.push_back(' ');
+          j += detail::spm_space.size();
+        } else {
+          text.push_back(t[j++]);
+        }
+      }
+      s->token_bytes[i] = std::move(text);
+    }
+
+    // Merging the whole text at once costs a priority queue over all of it, with a
+    // random probe of the merge table per step (about 1 MB/s). When no token has
+    // U+2581 after another character, no merge can join a character to a following
+    // U+2581, so the text can be cut before each such U+2581 and the words merged one by
+    // one, and cached, with the same result. "\u2581" itself must be a token, or unknown
+    // characters on both sides of a cut could be fused into one unknown token.
+    s->spm_words = s->index.contains(detail::spm_space);
+    for (std::size_t i = 0; i < n && s->spm_words; ++i) {
+      const std::string_view t = s->tokens[i];
+      for (std::size_t j = t.find(detail::spm_space, 1); j != std::string_view::npos && s->spm_words;
+           j = t.find(detail::spm_space, j + 1)) {
+        const bool after_space = j >= detail::spm_space.size() &&
+                                 t.compare(j - detail::spm_space.size(), detail::spm_space.size(), detail::spm_space) == 0;
+        if (!after_space) s->spm_words = false;
+      }
+    }
+
+    // Every cut of every token into two tokens is a merge; its rank orders by score.
+    struct cut {
+      float score;
+      std::int32_t merged, left, right;
+    };
+    std::vector<cut> cuts;
+    cuts.reserve(n * 4);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string_view t = s->tokens[i];
+      for (std::size_t j = 0; j < t.size();) {
+        utf8::next_code_point(t, j);
+        if (j >= t.size()) break;
+        const auto l = s->index.find(t.substr(0, j));
+        if (l == s->index.end()) continue;
+        const auto r = s->index.find(t.substr(j));
+        if (r == s->index.end()) continue;
+        cuts.push_back({scores[i], static_cast<std::int32_t>(i), l->second, r->second});
+      }
+    }
+    std::sort(cuts.begin(), cuts.end(), [](const cut& a, const cut& b) {
+      if (a.score != b.score) return a.score > b.score;
+      if (a.merged != b.merged) return a.merged < b.merged;
+      if (a.left != b.left) return a.left < b.left;
+      return a.right < b.right;
+    });
+    s->merges.reserve(cuts.size());
+    for (std::size_t r = 0; r < cuts.size(); ++r)
+      s->merges.insert(cuts[r].left, cuts[r].right, static_cast<std::int32_t>(r), cuts[r].merged);
+    return tokenizer(std::move(s));
+  }
+
+  // Reads the tokenizer section of a GGUF file: byte-level BPE ("gpt2") with the
+  // "smollm", "llama-bpe" or "qwen2" pre-tokenizer, or SentencePiece ("llama").
+  // Anything else is refused with a tlm::model_mismatch naming what is supported.
   static tokenizer from_gguf(const gguf::file& f) {
     const std::string model(f.get_string("tokenizer.ggml.model"));
-    if (model != "gpt2")
+    if (model != "gpt2" && model != "llama")
       throw model_mismatch("tokenizer: tokenizer.ggml.model is \"" + model +
-                           "\"; tlm implements only byte-level BPE (\"gpt2\") as used by SmolLM2");
-    if (f.has("tokenizer.ggml.pre")) {
-      const std::string pre(f.get_string("tokenizer.ggml.pre"));
-      if (pre != "smollm")
-        throw model_mismatch("tokenizer: tokenizer.ggml.pre is \"" + pre +
-                             "\"; tlm implements only SmolLM2's pre-tokenizer (\"smollm\")");
-    }
+                           "\"; tlm supports \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece BPE)");
+    // A file without the key predates it; the files tlm writes itself name "smollm".
+    std::string pre = model == "gpt2" ? "smollm" : "default";
+    if (f.has("tokenizer.ggml.pre")) pre = std::string(f.get_string("tokenizer.ggml.pre"));
+    if (model == "llama" && pre != "default")
+      throw model_mismatch("tokenizer: tokenizer.ggml.pre is \"" + pre +
+                           "\"; with tokenizer.ggml.model \"llama\" (SentencePiece) tlm supports only \"default\"");
+    const pre_tokenizer pre_kind = model == "gpt2" ? parse_pre(pre) : pre_tokenizer::smollm;
     std::vector<std::string> tokens, merges;
     for (auto t : f.get_string_array("tokenizer.ggml.tokens")) tokens.emplace_back(t);
-    for (auto m : f.get_string_array("tokenizer.ggml.merges")) merges.emplace_back(m);
     std::vector<std::int32_t> types;
     if (f.has("tokenizer.ggml.token_type")) {
       for (auto t : f.get_int_array("tokenizer.ggml.token_type")) types.push_back(static_cast<std::int32_t>(t));
@@ -433,12 +562,25 @@ class tokenizer {
                            " is outside the vocabulary of " + std::to_string(tokens.size()) + " tokens");
       return static_cast<std::int32_t>(v);
     };
+    const auto opt_bool = [&](const char* key, bool fallback) { return f.has(key) ? f.get_bool(key) : fallback; };
     ids.bos = opt_id("tokenizer.ggml.bos_token_id");
     ids.eos = opt_id("tokenizer.ggml.eos_token_id");
     ids.unknown = opt_id("tokenizer.ggml.unknown_token_id");
     ids.padding = opt_id("tokenizer.ggml.padding_token_id");
-    ids.add_bos = f.has("tokenizer.ggml.add_bos_token") && f.get_bool("tokenizer.ggml.add_bos_token");
-    return from_vocab(std::move(tokens), std::move(types), std::move(merges), ids);
+    ids.eot = opt_id("tokenizer.ggml.eot_token_id");
+    ids.eom = opt_id("tokenizer.ggml.eom_token_id");
+    // Without the key, llama.cpp adds BOS for SentencePiece and Llama 3 and not for the
+    // others; tlm follows it so that a prompt means the same to both.
+    ids.add_bos = opt_bool("tokenizer.ggml.add_bos_token", model == "llama" || pre_kind == pre_tokenizer::llama3);
+    ids.add_eos = opt_bool("tokenizer.ggml.add_eos_token", false);
+    if (model == "llama") {
+      std::vector<float> scores;
+      for (const double v : f.get_float_array("tokenizer.ggml.scores")) scores.push_back(static_cast<float>(v));
+      return from_spm_vocab(std::move(tokens), std::move(types), scores, ids,
+                            opt_bool("tokenizer.ggml.add_space_prefix", true));
+    }
+    for (auto m : f.get_string_array("tokenizer.ggml.merges")) merges.emplace_back(m);
+    return from_vocab(std::move(tokens), std::move(types), std::move(merges), ids, pre);
   }
 
   std::vector<std::int32_t> encode(std::string_view text, encode_options opt = {}) const {
@@ -454,9 +596,13 @@ class tokenizer {
 
   // The text of ids, special tokens included (as HF's decode with
   // skip_special_tokens=False). Throws tlm::error on an id outside the vocabulary.
+  // SentencePiece: the one space that add_space_prefix put before the text is removed
+  // again (HF's Strip decoder, llama.cpp likewise), so decode(encode(t)) == t.
   std::string decode(std::span<const std::int32_t> ids) const {
     std::string bytes;
     for (const std::int32_t id : ids) bytes += token_bytes(id);
+    if (s_->model == tokenizer_model::spm && s_->add_space_prefix && !bytes.empty() && bytes[0] == ' ')
+      bytes.erase(0, 1);
     return utf8::to_valid(bytes);
   }
 
@@ -483,14 +629,87 @@ class tokenizer {
   bool byte_has_token(std::uint8_t b) const { return s_->byte_id[b] >= 0; }
   std::int32_t bos() const { return s_->ids.bos; }
   std::int32_t eos() const { return s_->ids.eos; }
+  // Whether encode adds BOS / EOS when encode_options leaves it unset: the file's
+  // tokenizer.ggml.add_bos_token / add_eos_token, or llama.cpp's default without them.
   bool add_bos_default() const { return s_->ids.add_bos; }
+  bool add_eos_default() const { return s_->ids.add_eos; }
+  // The ids that end a generated reply (see init_common for which and why), sorted.
+  std::span<const std::int32_t> end_of_generation() const { return s_->end_of_generation; }
+  bool is_end_of_generation(std::int32_t id) const {
+    return std::binary_search(s_->end_of_generation.begin(), s_->end_of_generation.end(), id);
+  }
+  tokenizer_model model() const { return s_->model; }
+  pre_tokenizer pre() const { return s_->pre; }
   std::size_t vocab_size() const { return s_->tokens.size(); }
   // Distinct pre-tokens whose BPE result is cached (shared by copies); for tests.
   std::size_t cached_pieces() const { return cache_->size(); }
   std::size_t cache_hits() const { return cache_->hits(); }
 
  private:
-  tokenizer() = default;
+  explicit tokenizer(std::shared_ptr<detail::tokenizer_state> s)
+      : s_(std::move(s)), cache_(std::make_shared<detail::bpe_cache>()) {}
+
+  static pre_tokenizer parse_pre(std::string_view pre) {
+    if (pre == "smollm") return pre_tokenizer::smollm;
+    if (pre == "llama-bpe") return pre_tokenizer::llama3;
+    if (pre == "qwen2") return pre_tokenizer::qwen2;
+    throw model_mismatch("tokenizer: tokenizer.ggml.pre is \"" + std::string(pre) +
+                         "\"; with tokenizer.ggml.model \"gpt2\" tlm supports \"smollm\", \"llama-bpe\" and \"qwen2\"");
+  }
+
+  // What both algorithms share: the checks, the vocabulary and its index, the types,
+  // the special tokens and the end-of-generation set.
+  static void init_common(detail::tokenizer_state& s, std::vector<std::string> tokens,
+                          const std::vector<std::int32_t>& types, const special_token_ids& ids) {
+    const std::size_t n = tokens.size();
+    if (n == 0 || n > 0x7FFFFFFF)
+      throw format_error("tokenizer: the vocabulary has " + std::to_string(n) +
+                         " tokens; expected 1 .. 2^31-1 (check tokenizer.ggml.tokens)");
+    if (types.size() != n)
+      throw format_error("tokenizer: tokenizer.ggml.token_type has " + std::to_string(types.size()) +
+                         " entries but tokenizer.ggml.tokens has " + std::to_string(n) + "; the file is inconsistent");
+    for (const auto& [name, id] : {std::pair{"bos", ids.bos}, {"eos", ids.eos}, {"unknown", ids.unknown},
+                                  {"padding", ids.padding}, {"eot", ids.eot}, {"eom", ids.eom}})
+      if (id < -1 || id >= static_cast<std::int64_t>(n))
+        throw format_error(std::string("tokenizer: the ") + name + " token id " + std::to_string(id) +
+                           " is outside the vocabulary of " + std::to_string(n) + " tokens");
+    s.ids = ids;
+    s.tokens = std::move(tokens);
+    s.index.reserve(n);
+    s.types.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::string_view t = s.tokens[i];
+      if (utf8::first_invalid(t) != std::string_view::npos)
+        throw format_error("tokenizer: token " + std::to_string(i) + " is not valid UTF-8; the GGUF file is corrupt");
+      s.index.emplace(t, static_cast<std::int32_t>(i));  // the first of duplicates wins
+      s.types[i] = static_cast<token_type>(types[i]);
+      // Control, user-defined and unknown tokens are the ones matched in the text with
+      // parse_special (llama.cpp's set; HF's added tokens are the same ones).
+      if (s.types[i] == token_type::control || s.types[i] == token_type::user_defined ||
+          s.types[i] == token_type::unknown) {
+        if (t.empty())
+          throw format_error("tokenizer: special token " + std::to_string(i) + " is empty; the GGUF file is corrupt");
+        s.specials.emplace_back(std::string(t), static_cast<std::int32_t>(i));
+      }
+    }
+    // End of generation. The file's ids: eos ends a sequence; eot ends a turn (Llama 3
+    // Instruct's <|eot_id|>); eom ends a message that awaits a tool's answer (Llama 3.1).
+    // Older files name only eos, though their chat models end a reply with another
+    // token, so these control tokens count too: <|eot_id|> and <|eom_id|> (Llama 3),
+    // <|im_end|> (ChatML: Qwen2, SmolLM2), <|end|> (Phi-3), </s> (Llama 2, Mistral,
+    // TinyLlama, Zephyr) and <|endoftext|> (Qwen2 base, Phi-3, SmolLM2). Only control
+    // tokens: as plain text these strings are not an end.
+    auto& eog = s.end_of_generation;
+    for (const std::int32_t id : {ids.eos, ids.eot, ids.eom})
+      if (id >= 0) eog.push_back(id);
+    for (const char* text : {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "</s>", "<|endoftext|>"}) {
+      const auto it = s.index.find(text);
+      if (it != s.index.end() && s.types[static_cast<std::size_t>(it->second)] == token_type::control)
+        eog.push_back(it->second);
+    }
+    std::sort(eog.begin(), eog.end());
+    eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+  }
 
   static std::string hex(std::uint8_t b) {
     constexpr char digits[] = "0123456789ABCDEF";
@@ -511,15 +730,50 @@ class tokenizer {
                        "); convert it to UTF-8, or replace invalid bytes with tlm::utf8::to_valid");
     std::vector<std::int32_t> out;
     out.reserve(text.size() / 3 + 2);
-    if (opt.add_bos) {
-      if (s_->ids.bos < 0) throw error("tokenizer: add_bos was requested but the vocabulary has no BOS token");
-      out.push_back(s_->ids.bos);
+    // Asked for explicitly, a missing BOS/EOS is an error; by the file's flag, it is skipped.
+    if (opt.add_bos.value_or(s_->ids.add_bos)) {
+      if (s_->ids.bos >= 0)
+        out.push_back(s_->ids.bos);
+      else if (opt.add_bos)
+        throw error("tokenizer: add_bos was requested but the vocabulary has no BOS token");
     }
     scratch sc(*s_);
     sc.fast = fast;
-    if (!opt.parse_special || s_->specials.empty()) {
+    encode_text(text, opt.parse_special, out, sc);
+    if (opt.add_eos.value_or(s_->ids.add_eos)) {
+      if (s_->ids.eos >= 0)
+        out.push_back(s_->ids.eos);
+      else if (opt.add_eos)
+        throw error("tokenizer: add_eos was requested but the vocabulary has no EOS token");
+    }
+    return out;
+  }
+
+  // Per-call buffers, so encode is const and thread-safe without locking the hot loop.
+  struct scratch {
+    explicit scratch(const detail::tokenizer_state& st)
+        : split_md(st.split_re ? pcre2_match_data_create_from_pattern(st.split_re.get(), nullptr) : nullptr),
+          numeric_md(st.numeric_re ? pcre2_match_data_create_from_pattern(st.numeric_re.get(), nullptr) : nullptr) {
+      // SentencePiece has no patterns, so no match data either.
+      if ((st.split_re && !split_md) || (st.numeric_re && !numeric_md)) throw std::bad_alloc();
+    }
+    detail::pcre2_match_data_ptr split_md, numeric_md;
+    std::vector<std::int32_t> sym;             // symbol ids
+    std::vector<std::int32_t> prev, next;      // linked list over symbol positions
+    struct cand {
+      std::int32_t rank, left, right_id, left_id;
+    };
+    std::vector<cand> heap;
+    std::vector<std::int32_t> merged;  // SentencePiece: symbols after merging
+    std::string normalized;            // SentencePiece: the text with U+2581 for spaces
+    std::string piece;                 // llama-bpe: a pre-token as byte symbols
+    bool fast = true;
+  };
+
+  void encode_text(std::string_view text, bool parse_special, std::vector<std::int32_t>& out, scratch& sc) const {
+    if (!parse_special || s_->specials.empty()) {
       encode_plain(text, out, sc);
-      return out;
+      return;
     }
     // Leftmost match, longest on ties (HF's added-vocabulary matcher).
     std::vector<std::size_t> next(s_->specials.size());
@@ -545,28 +799,19 @@ class tokenizer {
       out.push_back(s_->specials[best_k].second);
       pos = best + s_->specials[best_k].first.size();
     }
-    return out;
   }
 
-  // Per-call buffers, so encode is const and thread-safe without locking the hot loop.
-  struct scratch {
-    explicit scratch(const detail::tokenizer_state& st)
-        : split_md(pcre2_match_data_create_from_pattern(st.split_re.get(), nullptr)),
-          numeric_md(pcre2_match_data_create_from_pattern(st.numeric_re.get(), nullptr)) {
-      if (!split_md || !numeric_md) throw std::bad_alloc();
-    }
-    detail::pcre2_match_data_ptr split_md, numeric_md;
-    std::vector<std::int32_t> sym;             // symbol ids
-    std::vector<std::int32_t> prev, next;      // linked list over symbol positions
-    struct cand {
-      std::int32_t rank, left, right_id, left_id;
-    };
-    std::vector<cand> heap;
-    bool fast = true;
-  };
-
-  // Text without special tokens: digits split, then the GPT-2 pattern on each stretch.
+  // Text without special tokens. smollm: digits split, then the GPT-2 pattern on each
+  // stretch; llama-bpe, qwen2: their pattern; SentencePiece: no pre-tokenizer.
   void encode_plain(std::string_view text, std::vector<std::int32_t>& out, scratch& sc) const {
+    if (s_->model == tokenizer_model::spm) {
+      spm(text, out, sc);
+      return;
+    }
+    if (s_->pre != pre_tokenizer::smollm) {
+      split(text, out, sc);
+      return;
+    }
     std::size_t pos = 0;
     while (pos < text.size()) {
       const auto [digit, digit_end] = next_numeric(text, pos, sc);
@@ -646,7 +891,7 @@ class tokenizer {
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     std::size_t pos = 0;
     while (pos < text.size()) {
-      if (sc.fast) {
+      if (sc.fast && s_->pre == pre_tokenizer::smollm) {  // the ASCII decisions are GPT-2's pattern's
         if (const std::size_t len = ascii_match(text, pos)) {
           bpe(text.substr(pos, len), out, sc);
           pos += len;
@@ -688,12 +933,107 @@ class tokenizer {
   }
 
   void bpe_uncached(std::string_view piece, std::vector<std::int32_t>& out, scratch& sc) const {
+    if (s_->pre == pre_tokenizer::llama3) {
+      // Llama 3's ignore_merges: a pre-token that is itself a vocabulary entry is
+      // emitted whole, even where the merges would have split it differently.
+      auto& symbols = sc.piece;
+      symbols.clear();
+      for (const char c : piece) utf8::append_code_point(symbols, byte_symbol(static_cast<std::uint8_t>(c)));
+      if (const auto it = s_->index.find(symbols); it != s_->index.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
     auto& sym = sc.sym;
     sym.clear();
     for (const char c : piece) {
       const std::int32_t id = s_->byte_id[static_cast<std::uint8_t>(c)];
       if (id >= 0) sym.push_back(id);  // bytes without a token are dropped (see top)
     }
+    merge_symbols(out, sc);
+  }
+
+  static std::uint32_t byte_symbol(std::uint8_t b) {
+    static const auto map = detail::byte_to_code_point();
+    return map[b];
+  }
+
+  // SentencePiece on text without special tokens: the whole text is one piece.
+  void spm(std::string_view text, std::vector<std::int32_t>& out, scratch& sc) const {
+    if (text.empty()) return;  // HF's Prepend normalizer leaves empty text empty
+    auto& norm = sc.normalized;
+    norm.clear();
+    if (s_->add_space_prefix) norm += detail::spm_space;
+    for (const char c : text) {
+      if (c == ' ')
+        norm += detail::spm_space;
+      else
+        norm.push_back(c);
+    }
+    if (!s_->spm_words) {
+      spm_piece(norm, out, sc);
+      return;
+    }
+    // Cut before each U+2581 that follows another character: no merge can cross such a
+    // cut (see spm_words), so the words merge alone, are short, and are cached.
+    const std::string_view all = norm;
+    std::size_t start = 0;
+    for (std::size_t p = 1; p + detail::spm_space.size() <= all.size(); ++p) {
+      if (all.compare(p, detail::spm_space.size(), detail::spm_space) != 0) continue;
+      if (p >= detail::spm_space.size() &&
+          all.compare(p - detail::spm_space.size(), detail::spm_space.size(), detail::spm_space) == 0)
+        continue;
+      spm_piece(all.substr(start, p - start), out, sc);
+      start = p;
+    }
+    spm_piece(all.substr(start), out, sc);
+  }
+
+  // SentencePiece BPE on one stretch of normalized text, with byte fallback.
+  void spm_piece(std::string_view norm, std::vector<std::int32_t>& out, scratch& sc) const {
+    const bool cacheable = norm.size() <= detail::bpe_cache::max_key_bytes;
+    if (cacheable && cache_->find(norm, out)) return;
+    const std::size_t first = out.size();
+    // Symbols are characters: a character's token, or for one without a token, -2 minus
+    // its byte offset, which merges with nothing and falls back to bytes at the end.
+    auto& sym = sc.sym;
+    sym.clear();
+    for (std::size_t i = 0; i < norm.size();) {
+      const std::size_t start = i;
+      utf8::next_code_point(norm, i);
+      const auto it = s_->index.find(std::string_view(norm).substr(start, i - start));
+      sym.push_back(it != s_->index.end() ? it->second : -2 - static_cast<std::int32_t>(start));
+    }
+    sc.merged.clear();
+    merge_symbols(sc.merged, sc);
+    bool last_unknown = false;
+    for (const std::int32_t id : sc.merged) {
+      if (id >= 0) {
+        out.push_back(id);
+        last_unknown = false;
+        continue;
+      }
+      // Byte fallback (HF's byte_fallback, llama.cpp likewise): the character's bytes as
+      // <0xXX> tokens when all of them exist, else the unknown token, consecutive
+      // unknowns fused into one (HF's fuse_unk, as the Llama 2 tokenizer sets it).
+      std::size_t at = static_cast<std::size_t>(-2 - id), end = at;
+      utf8::next_code_point(norm, end);
+      bool all = true;
+      for (std::size_t k = at; k < end; ++k) all = all && s_->byte_token[static_cast<std::uint8_t>(norm[k])] >= 0;
+      if (all) {
+        for (; at < end; ++at) out.push_back(s_->byte_token[static_cast<std::uint8_t>(norm[at])]);
+        last_unknown = false;
+      } else if (s_->ids.unknown >= 0 && !last_unknown) {
+        out.push_back(s_->ids.unknown);
+        last_unknown = true;
+      }
+    }
+    if (cacheable) cache_->insert(norm, std::span<const std::int32_t>(out).subspan(first));
+  }
+
+  // Merges sc.sym (lowest rank first, leftmost on ties) and appends the result to out.
+  void merge_symbols(std::vector<std::int32_t>& out, scratch& sc) const {
+    auto& sym = sc.sym;
     const auto n = static_cast<std::int32_t>(sym.size());
     if (n <= 1) {
       out.insert(out.end(), sym.begin(), sym.end());

@@ -92,7 +92,7 @@ class model_impl final : public model_base {
     } else {
       if (r.k == request::kind::text) {
         // As the generator tokenizes a text prompt.
-        r.ids = tok_.encode(r.prompt, {.add_bos = false, .parse_special = false});
+        r.ids = tok_.encode(r.prompt, {.parse_special = false});
         r.k = request::kind::ids;
       }
       if (r.ids.empty()) throw tlm::error("generate: the prompt is empty after tokenization; give some text");

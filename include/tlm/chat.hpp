@@ -11,7 +11,7 @@
 // A form either renders exactly what Jinja renders (tests/reference/check_chat_templates.py
 // compares the two on every form) or the template is refused with a tlm::error that
 // names the supported forms and the override (`--chat-template NAME` in generate and
-// serve, chat_options::chat_template in C++).
+// serve, chat_options::chat_template in C++, chat_template= in Python).
 //
 // Forms (chat_template_names() lists them):
 //   chatml       plain ChatML, any role
@@ -20,7 +20,7 @@
 //                template's own (SmolLM2-Instruct's, Qwen2-Instruct's "You are a helpful
 //                assistant"); by name it is SmolLM2's
 //   qwen2.5      Qwen2.5-Instruct: ChatML with "You are Qwen, created by Alibaba Cloud..."
-//   llama3       Llama 3.1 / 3.2 / 3.3 Instruct: a system turn always, with the lines
+//   llama3       Llama 3.1 / 3.2 Instruct: a system turn always, with the lines
 //                "Cutting Knowledge Date: December 2023" and "Today Date: DATE"
 //   phi3         Phi-3-mini (the first releases): no system turn, the assistant's header
 //                follows every user message
@@ -518,7 +518,7 @@ class chat_template {
                 " (tlm/chat.hpp), and this template is none of them. It begins: \"" + shown +
                 (template_text.size() > 120 ? "...\"" : "\"") +
                 ". If the model uses one of those formats, pass its name (generate/serve --chat-template NAME, "
-                "chat_options::chat_template); otherwise render the prompt yourself "
+                "chat_options::chat_template, chat_template= in Python); otherwise render the prompt yourself "
                 "and tokenize it with parse_special.");
   }
 

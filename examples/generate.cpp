@@ -2,7 +2,7 @@
 // file to another shipped config type), streaming the continuation token by token.
 //
 //   generate [--model PATH] [--config NAME] [--prompt TEXT | TEXT] [-n N] [--threads T] [--ctx N]
-//            [--kv-type f32|q8] [--chat] [--context-shift] [--keep N] [--system TEXT] [--special] [--temperature X] [--top-k K] [--top-p P] [--min-p P]
+//            [--kv-type f32|q8] [--chat] [--chat-template NAME] [--context-shift] [--keep N] [--system TEXT] [--special] [--temperature X] [--top-k K] [--top-p P] [--min-p P]
 //            [--repeat-penalty X] [--frequency-penalty X] [--presence-penalty X] [--penalty-window N]
 //            [--logit-bias ID=X] [--stop TEXT] [--ignore-eos] [--seed S]
 //            [--token-ids 1,2,3] [--print-ids] [--dump-logits FILE] [--show-config] [--timing] [--trace]
@@ -63,6 +63,8 @@ constexpr std::string_view usage_format = R"(usage: generate [options] [TEXT]
                       /reset, /system TEXT (a new conversation with that system message), /quit;
                       Ctrl-C stops the reply, not the program (default -n there: 512)
   --system TEXT       system message for --chat (default: the template's own)
+  --chat-template NAME  --chat: render with this chat template instead of the file's:
+                      {templates}
   --context-shift     --chat: when a turn does not fit --ctx, drop the oldest whole turns (never the
                       system message) and shift the cache instead of starting over; no re-prefill
   --keep N            --context-shift: never drop the first N tokens (default: the system message)
@@ -91,7 +93,10 @@ constexpr std::string_view usage_format = R"(usage: generate [options] [TEXT]
   --trace             print per-layer residual RMS, attention entropy and logit statistics to stderr
 )";
 
-std::string usage() { return fmt::format(fmt::runtime(usage_format), fmt::arg("configs", tlm::config_names_text())); }
+std::string usage() {
+  return fmt::format(fmt::runtime(usage_format), fmt::arg("configs", tlm::config_names_text()),
+                     fmt::arg("templates", tlm::chat_template_names()));
+}
 
 struct options {
   std::string model;
@@ -99,6 +104,7 @@ struct options {
   std::optional<std::string> prompt;
   std::optional<std::vector<std::int32_t>> token_ids;
   std::optional<std::string> system;
+  std::string chat_template;  // --chat-template; empty: the file's
   std::optional<std::string> dump_logits;
   std::size_t n = 32, threads = 0;
   std::optional<std::size_t> ctx;
@@ -223,6 +229,7 @@ options parse(int argc, char** argv) {
     else if (a == "--context-shift") o.context_shift = true;
     else if (a == "--keep") o.keep = to_count(a, value());
     else if (a == "--system") o.system = value();
+    else if (a == "--chat-template") o.chat_template = value();
     else if (a == "--special") o.special = true;
     else if (a == "--temperature") o.sampling.temperature = to_float(a, value());
     else if (a == "--top-k") o.sampling.top_k = to_count(a, value());
@@ -288,6 +295,8 @@ options parse(int argc, char** argv) {
   if ((o.context_shift || o.keep) && !o.chat) fail("--context-shift and --keep apply to a conversation; add --chat");
   if (o.keep && !o.context_shift) fail("--keep sets what --context-shift never drops; add --context-shift, or leave --keep out");
   if (o.chat && o.token_ids) fail("--chat takes its messages as text; give the prompt as text, not --token-ids");
+  if (!o.chat_template.empty() && !o.chat) fail("--chat-template sets how --chat renders messages; add --chat");
+  if (!o.chat_template.empty()) (void)tlm::chat_template::named(o.chat_template);  // an unknown name lists the names
   if (o.length_penalty < 0.0f) fail(fmt::format("--length-penalty {} is negative; give 0 or more (default 1)", o.length_penalty));
   if (o.beams && (o.sampling.temperature != 0.0f || !o.stop.empty() || o.grammar || o.chat || o.trace || o.dump_logits))
     fail("--beams is a search, not sampling: it does not combine with --temperature, --stop, --json, --chat, --trace or --dump-logits");
@@ -335,7 +344,8 @@ tlm::chat_options chat_options(const options& o, std::size_t capacity) {
   return {.capacity = capacity,
           .kv = o.kv,
           .context_shift = o.context_shift,
-          .n_keep = o.keep ? *o.keep : tlm::chat_options::keep_system};
+          .n_keep = o.keep ? *o.keep : tlm::chat_options::keep_system,
+          .chat_template = o.chat_template};
 }
 
 tlm::generation_options generation(const options& o) {
@@ -480,7 +490,11 @@ int run(const options& o) {
     if (o.system) msgs.push_back({"system", *o.system});
     msgs.push_back({"user", *o.prompt});
     const std::string_view tmpl = m.file().has("tokenizer.chat_template") ? m.file().get_string("tokenizer.chat_template") : "";
-    shown = tlm::apply_chat_template(tmpl, msgs, true);
+    // Rendered as the chat session renders it: the vocabulary's BOS/EOS texts.
+    tlm::chat_render_options render;
+    if (tok.bos() >= 0) render.bos_token = tok.decode(std::vector<std::int32_t>{tok.bos()});
+    if (tok.eos() >= 0) render.eos_token = tok.decode(std::vector<std::int32_t>{tok.eos()});
+    shown = tlm::chat_template::of(tmpl, o.chat_template).render(msgs, true, render);
     prompt = tok.encode(shown, {.add_bos = false, .parse_special = true});  // only to check the length below
   } else {
     shown = *o.prompt;

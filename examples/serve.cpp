@@ -2,7 +2,7 @@
 //
 //   serve [--model PATH] [--config NAME] [--host ADDR] [--port N] [--slots N] [--threads T]
 //         [--queue N] [--ctx N] [--max-tokens N] [--max-body BYTES] [--api-key KEY] [--name ID]
-//         [--cors ORIGIN] [--max-connections N] [--read-timeout S]
+//         [--cors ORIGIN] [--max-connections N] [--read-timeout S] [--chat-template NAME]
 //
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true as
 // server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus' text format),
@@ -82,12 +82,17 @@ constexpr std::string_view usage_format = R"(usage: serve [options]
                      wait until one closes
   --read-timeout S   a connection that sends nothing for S seconds while its request is
                      read is closed (default 10)
+  --chat-template NAME  render chat requests with this template instead of the file's
+                     ({templates})
   -h, --help         this text
 Sampling defaults follow OpenAI's: temperature 1, top_p 1, no penalties, a random seed.
 Extensions accepted in a request: top_k, min_p, repeat_penalty.
 )";
 
-std::string usage() { return fmt::format(fmt::runtime(usage_format), fmt::arg("configs", tlm::config_names_text())); }
+std::string usage() {
+  return fmt::format(fmt::runtime(usage_format), fmt::arg("configs", tlm::config_names_text()),
+                     fmt::arg("templates", tlm::chat_template_names()));
+}
 
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -96,6 +101,7 @@ struct usage_error : std::runtime_error {
 
 struct options {
   std::string model, config = "smollm2_135m", host = "127.0.0.1", api_key, name;
+  std::string chat_template;  // --chat-template; empty: the file's
   std::vector<std::string> cors;
   std::size_t port = 8080, slots = 2, threads = 0, queue = 32, ctx = 4096, max_tokens = 1024, max_body = 1 << 20,
               max_connections = 256, read_timeout = 10;
@@ -141,6 +147,10 @@ options parse(int argc, char** argv) {
       o.api_key = value();
       if (o.api_key.empty()) fail("--api-key needs a non-empty key; leave the option out to serve without one");
     } else if (a == "--name") o.name = value();
+    else if (a == "--chat-template") {
+      o.chat_template = value();
+      (void)tlm::chat_template::named(o.chat_template);  // an unknown name lists the names
+    }
     else if (a == "--cors") {
       o.cors.push_back(value());
       if (o.cors.back().empty()) fail("--cors needs an origin such as https://example.com, or * for any");
@@ -333,7 +343,8 @@ class server {
     }
     // Counts a conversation's positions before a slot is taken; it never runs the model
     // (its cache of one position is never used).
-    counter_ = std::make_unique<tlm::chat_session<C>>(slots_[0]->m, *tok_, 1);
+    counter_ = std::make_unique<tlm::chat_session<C>>(slots_[0]->m, *tok_,
+                                                      tlm::chat_options{.capacity = 1, .chat_template = o_.chat_template});
     created_ = static_cast<std::int64_t>(std::time(nullptr));
   }
 
@@ -835,7 +846,8 @@ class server {
         // Rounded up, so that a slot's session is remade only a few times as requests grow.
         const std::size_t capacity = std::min((needed + 255) / 256 * 256, std::max(o_.ctx, needed));
         s.chat.reset();  // the old cache is freed before the new one is made
-        s.chat = std::make_unique<tlm::chat_session<C>>(s.m, *tok_, capacity);
+        s.chat = std::make_unique<tlm::chat_session<C>>(s.m, *tok_,
+                                                        tlm::chat_options{.capacity = capacity, .chat_template = o_.chat_template});
       } else {
         s.chat->reset();
       }

@@ -430,7 +430,11 @@ int run(const options& o, const std::string& config_name, group& grp) {
   if (o.chat) {
     const std::string_view tmpl = source->has("tokenizer.chat_template") ? source->get_string("tokenizer.chat_template") : "";
     const std::int32_t pad = tok->eos() >= 0 ? tok->eos() : 0;
-    data = tlm::load_chat(o.data, tokenize, tmpl, pad, o.seq, o.held_out);
+    // The template's BOS/EOS texts are the vocabulary's, as in chat_session.
+    tlm::chat_render_options render;
+    if (tok->bos() >= 0) render.bos_token = tok->decode(std::vector<std::int32_t>{tok->bos()});
+    if (tok->eos() >= 0) render.eos_token = tok->decode(std::vector<std::int32_t>{tok->eos()});
+    data = tlm::load_chat(o.data, tokenize, tlm::chat_template::of(tmpl), pad, o.seq, o.held_out, render);
   } else {
     data = tlm::load_text(o.data, tokenize, o.seq, o.held_out);
   }

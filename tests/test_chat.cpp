@@ -111,10 +111,107 @@ TEST_CASE("any other template is refused with a clear error") {
   } catch (const tlm::error& e) {
     const std::string msg = e.what();
     CHECK(msg.find("not supported") != std::string::npos);
+    CHECK(msg.find("--chat-template NAME") != std::string::npos);
     CHECK(msg.find("start_header_id") != std::string::npos);  // shows the template's start
   }
   CHECK_THROWS_AS((void)tlm::apply_chat_template("", msgs, true), tlm::error);
   std::string tampered = model_template();
   tampered.replace(tampered.find("loop.first"), 10, "loop.last ");
   CHECK_THROWS_AS((void)tlm::apply_chat_template(tampered, msgs, true), tlm::error);
+}
+
+namespace {
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) FAIL("cannot read " << p.string() << "; run scripts/fetch-vocab");
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+const std::filesystem::path llama_cpp_dir = std::filesystem::path(TLM_MODEL_PATH).parent_path() / "llama.cpp";
+
+std::string vocab_template(const std::string& name) {
+  const tlm::gguf::file f((llama_cpp_dir / "vocab" / ("ggml-vocab-" + name + ".gguf")).string());
+  return std::string(f.get_string("tokenizer.chat_template"));
+}
+
+// Every form whose test accepts the template (there must be exactly one).
+std::vector<std::string> forms_matching(std::string_view text) {
+  std::vector<std::string> names;
+  const std::string t = tlm::detail::trimmed_template(text);
+  for (const auto& f : tlm::detail::chat_forms)
+    if (f.recognise(t)) names.emplace_back(f.name);
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("each fetched template is recognised as exactly one form") {
+  const std::pair<const char*, const char*> files[] = {
+      {"meta-llama-Llama-3.1-8B-Instruct", "llama3"}, {"meta-llama-Llama-3.2-3B-Instruct", "llama3"},
+      {"Qwen-Qwen2.5-7B-Instruct", "qwen2.5"},       {"microsoft-Phi-3.5-mini-instruct", "phi3.5"},
+      {"mistralai-Mistral-Nemo-Instruct-2407", "mistral-nemo"}};
+  for (const auto& [file, form] : files) {
+    CAPTURE(file);
+    const std::string text = read_file(llama_cpp_dir / "templates" / (std::string(file) + ".jinja"));
+    CHECK(forms_matching(text) == std::vector<std::string>{form});
+    CHECK(tlm::chat_template::recognise(text).name() == form);
+  }
+  CHECK(forms_matching(vocab_template("qwen2")) == std::vector<std::string>{"smollm2"});
+  CHECK(tlm::chat_template::recognise(vocab_template("qwen2")).default_system() == "You are a helpful assistant");
+  CHECK(forms_matching(vocab_template("phi-3")) == std::vector<std::string>{"phi3"});
+  CHECK(forms_matching(model_template()) == std::vector<std::string>{"smollm2"});
+  CHECK(tlm::chat_template::recognise(model_template()).default_system() ==
+        "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+}
+
+TEST_CASE("SmolLM3's template is none of the forms, and the error says how to pass one") {
+  const std::string text = read_file(llama_cpp_dir / "templates" / "HuggingFaceTB-SmolLM3-3B.jinja");
+  CHECK(forms_matching(text).empty());
+  try {
+    (void)tlm::chat_template::recognise(text);
+    FAIL("SmolLM3's template was accepted");
+  } catch (const tlm::error& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("--chat-template NAME") != std::string::npos);
+    CHECK(msg.find(tlm::chat_template_names()) != std::string::npos);
+  }
+}
+
+TEST_CASE("forms by name; an unknown name lists the names") {
+  for (const auto& f : tlm::detail::chat_forms) CHECK(tlm::chat_template::named(f.name).name() == f.name);
+  CHECK(tlm::chat_template_names() == "chatml, smollm2, qwen2.5, llama3, phi3, phi3.5, mistral-nemo, llama2, zephyr");
+  CHECK_THROWS_WITH_AS((void)tlm::chat_template::named("vicuna"),
+                       doctest::Contains("no such chat template; the names are chatml, smollm2"), tlm::error);
+  // A file without a template is plain ChatML; a name overrides the file's template.
+  CHECK(tlm::chat_template::of("").name() == "chatml");
+  CHECK(tlm::chat_template::of("{{ unknown }}", "llama3").name() == "llama3");
+}
+
+TEST_CASE("Llama 3: the date lines, the date option, and Jinja's trim") {
+  const auto t = tlm::chat_template::named("llama3");
+  const std::vector<tlm::chat_message> msgs = {{"system", " S\n"}, {"user", "\xe3\x80\x80hi\xc2\xa0"}};
+  CHECK(t.render(msgs, true) ==
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+        "Today Date: 26 Jul 2024\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  CHECK(t.render(msgs, false, {.date_string = "01 Dec 2026"}).find("Today Date: 01 Dec 2026\n\n") != std::string::npos);
+  CHECK(t.end_marker() == "<|eot_id|>");
+  CHECK_THROWS_WITH_AS((void)t.render({}, true), doctest::Contains("empty"), tlm::error);
+  const std::vector<tlm::chat_message> tool = {{"user", "q"}, {"tool", "{}"}};
+  CHECK_THROWS_WITH_AS((void)t.render(tool, true), doctest::Contains("tool calls are not supported"), tlm::error);
+}
+
+TEST_CASE("python_strip removes what str.strip() removes, and keeps invalid bytes") {
+  CHECK(tlm::detail::python_strip(" \t\n\v\f\r\x1c\x1f a b \xc2\x85\xe2\x80\xa8\xe3\x80\x80") == "a b");
+  CHECK(tlm::detail::python_strip("\xe2\x80\x8b x") == "\xe2\x80\x8b x");  // U+200B is not whitespace in Python
+  CHECK(tlm::detail::python_strip("\xff ") == "\xff");
+  CHECK(tlm::detail::python_strip("   ").empty());
+}
+
+TEST_CASE("the end-of-turn marker of each form") {
+  CHECK(tlm::chat_template::named("chatml").end_marker() == "<|im_end|>");
+  CHECK(tlm::chat_template::named("phi3.5").end_marker() == "<|end|>");
+  CHECK(tlm::chat_template::named("mistral-nemo").end_marker() == "</s>");
+  CHECK(tlm::chat_template::named("zephyr").end_marker({.eos_token = "<eos>"}) == "<eos>");
 }

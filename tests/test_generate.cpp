@@ -297,6 +297,41 @@ TEST_CASE("chat: a reply cut by a stop string keeps only the visible text in the
   CHECK_THROWS_AS(chat.add("us\ner", "x"), tlm::error);
 }
 
+TEST_CASE("chat: another template form by name: its markers, its end of turn, and what it refuses") {
+  auto& m = shared();
+  const auto& tok = shared_tokenizer();
+  // Zephyr's turns end with the EOS text, which for SmolLM2 is <|im_end|>; its role tags
+  // are text. Two turns, then the tokens are those of the rendered conversation.
+  tlm::chat_session chat(m, tok, {.capacity = 256, .chat_template = "zephyr"});
+  CHECK(chat.format().name() == "zephyr");
+  chat.add("user", "What is the capital of France?");
+  const std::size_t need = chat.positions_for(std::vector<tlm::chat_message>{});
+  const auto r1 = chat.reply({.max_tokens = 12});
+  CHECK(r1.prompt_tokens == need);
+  chat.add("user", "And of Italy?");
+  (void)chat.reply({.max_tokens = 12});
+  const tlm::chat_render_options render{.bos_token = tok.decode(std::vector<std::int32_t>{tok.bos()}),
+                                        .eos_token = tok.decode(std::vector<std::int32_t>{tok.eos()})};
+  const std::string rendered = chat.format().render(chat.messages(), false, render);
+  CAPTURE(rendered);
+  CHECK(rendered.starts_with("<|user|>\nWhat is the capital of France?<|im_end|>\n<|assistant|>\n"));
+  CHECK(tok.encode(rendered, {.add_bos = false, .parse_special = true}) == chat.tokens());
+
+  // Mistral Nemo's template moves the system message into the last user message, so the
+  // earlier turns could not stay in the cache: refused before anything runs.
+  tlm::chat_session nemo(m, tok, {.capacity = 256, .chat_template = "mistral-nemo"});
+  nemo.add("system", "Be brief.");
+  nemo.add("user", "Hi");
+  CHECK_THROWS_WITH_AS(nemo.reply({.max_tokens = 4}), doctest::Contains("renders the earlier messages differently"), tlm::error);
+  CHECK(nemo.cache().length() == 0);
+
+  // A form whose end marker this vocabulary lacks, and an unknown name.
+  CHECK_THROWS_WITH_AS(tlm::chat_session(m, tok, {.capacity = 16, .chat_template = "llama3"}),
+                       doctest::Contains("no single token for <|eot_id|>"), tlm::error);
+  CHECK_THROWS_WITH_AS(tlm::chat_session(m, tok, {.capacity = 16, .chat_template = "vicuna"}),
+                       doctest::Contains("the names are chatml, smollm2"), tlm::error);
+}
+
 TEST_CASE("chat: positions_for counts what reply() needs, a typed <|im_end|> as text") {
   auto& m = shared();
   const auto& tok = shared_tokenizer();

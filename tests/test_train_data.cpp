@@ -135,6 +135,36 @@ TEST_CASE("chat: loss only on the assistant's content and its <|im_end|>") {
   CHECK(d.train.inputs[rendered.size()] == 0);
 }
 
+TEST_CASE("chat: Llama 3's template: loss on the content and <|eot_id|>, not on the header, dates or BOS") {
+  const auto f = write_temp("llama3_chat.jsonl",
+                            R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi?"}, {"role": "assistant", "content": " Hello. "}]})"
+                            "\n");
+  const auto form = tlm::chat_template::named("llama3");
+  const tlm::dataset d = tlm::load_chat(f, bytes, form, 0, 512, 0.0);
+  REQUIRE(d.train.size() == 1);
+  std::string trained, inputs;
+  for (std::size_t t = 0; t < 512; ++t) {
+    if (d.train.targets[t] != tlm::ignore_target) trained.push_back(static_cast<char>(d.train.targets[t]));
+    if (d.train.inputs[t] != 0) inputs.push_back(static_cast<char>(d.train.inputs[t]));
+  }
+  CHECK(trained == "Hello.<|eot_id|>");  // the template trims the content
+  const std::vector<tlm::chat_message> msgs = {{"system", "S"}, {"user", "Hi?"}, {"assistant", " Hello. "}};
+  CHECK(inputs == form.render(msgs, false));
+}
+
+TEST_CASE("chat: a template that re-renders earlier turns is an error naming the line") {
+  const auto f = write_temp("nemo_chat.jsonl",
+                            R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})"
+                            "\n");
+  const std::string e = error_of([&] { tlm::load_chat(f, bytes, tlm::chat_template::named("mistral-nemo"), 0, 64, 0.0); });
+  CHECK(e.find("nemo_chat.jsonl:1: the mistral-nemo chat template renders the earlier messages differently") != std::string::npos);
+  const auto g = write_temp("nemo_alternate.jsonl",
+                            R"({"messages": [{"role": "user", "content": "q"}, {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a"}]})"
+                            "\n");
+  CHECK(error_of([&] { tlm::load_chat(g, bytes, tlm::chat_template::named("mistral-nemo"), 0, 64, 0.0); })
+            .find("nemo_alternate.jsonl:1: chat template mistral-nemo: After the optional system message") != std::string::npos);
+}
+
 TEST_CASE("chat: a conversation longer than a window is cut into windows, none without loss") {
   const auto f = write_temp("long_chat.jsonl", R"({"messages": [{"role": "user", ")" + std::string("content") +
                                                    R"(": "question"}, {"role": "assistant", "content": ")" + std::string(100, 'z') + "\"}]}\n");

@@ -40,7 +40,7 @@ struct generation_options {
   std::size_t max_tokens = 256;  // the token limit: at most this many new tokens (0: none)
   sampling sample{};               // temperature 0 (greedy) by default; see sampler.hpp for the order
   std::vector<std::string> stop{};  // stop strings: generation ends at the first, which is not returned
-  bool stop_at_eos = true;       // end at any of the tokenizer's end-of-generation tokens (and, in a chat, <|im_end|>)
+  bool stop_at_eos = true;       // end at any of the tokenizer's end-of-generation tokens (and, in a chat, the template's end of turn)
   // Constrained output: only tokens that keep the text a prefix of a document of this
   // grammar are sampled, and the document is complete within max_tokens - 1 characters
   // (then end-of-sequence is the only choice, and ends it whatever stop_at_eos says).
@@ -469,16 +469,24 @@ struct chat_options {
   // or the template's default), otherwise nothing.
   std::size_t n_keep = keep_system;
   static constexpr std::size_t keep_system = static_cast<std::size_t>(-1);
+  // The chat template by name (chat_template_names()), instead of the one the model file
+  // declares; for files whose template tlm does not recognise, or that have none.
+  std::string chat_template = {};
 };
 
-// A ChatML conversation whose tokens stay in the KV cache: each reply runs only the
-// tokens added since the last one through the model (the new messages, the assistant
-// header and the previous reply's last token and end marker), never the whole history.
+// A conversation in the model's chat template (chat.hpp) whose tokens stay in the KV
+// cache: each reply runs only the tokens added since the last one through the model
+// (the new messages, the assistant header and the previous reply's last token and end
+// marker), never the whole history.
 //
 // The cache always holds a prefix of tokens(). tokens() is the rendered conversation
-// (apply_chat_template of messages()) as the model saw it: the messages tokenized
-// between the ChatML markers, and each reply as the tokens the model chose. So
-// continuing from the cache is the same computation as a fresh prefill of tokens().
+// (the template's rendering of messages()) as the model saw it: the template's markers
+// as special tokens, the text between them tokenized as text, and each reply as the
+// tokens the model chose. So continuing from the cache is the same computation as a
+// fresh prefill of tokens(). A message's tokens are fixed when it is added, so the
+// template must render earlier turns the same however the conversation continues;
+// add() refuses a conversation for which it does not (Mistral Nemo's template moves the
+// system message into the last user message).
 // A context shift (chat_options::context_shift) removes whole turns from tokens(),
 // messages() and the cache together, so this stays true of what is left, up to
 // float rounding of the re-rotated keys.
@@ -490,34 +498,57 @@ class chat_session {
       : chat_session(m, tok, chat_options{.capacity = capacity}) {}
 
   chat_session(model<C>& m, const tokenizer& tok, const chat_options& opt)
-      : m_(&m), tok_(&tok), opt_(opt), cache_(opt.capacity ? opt.capacity : std::min<std::size_t>(4096, C::context), opt.kv) {
-    const auto& f = m.file();
-    form_ = detail::recognise_chat_template(f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template")
-                                                                               : detail::chatml_plain);
-    im_start_ = special_id("<|im_start|>");
-    im_end_ = special_id("<|im_end|>");
+      : m_(&m), tok_(&tok), opt_(opt), cache_(opt.capacity ? opt.capacity : std::min<std::size_t>(4096, C::context), opt.kv),
+        template_(chat_template::of(m.file().has("tokenizer.chat_template") ? m.file().get_string("tokenizer.chat_template")
+                                                                             : std::string_view(),
+                                    opt.chat_template)) {
+    // The template's BOS/EOS texts are this vocabulary's, as Jinja gets them.
+    if (tok.bos() >= 0) render_.bos_token = tok.decode(std::vector<std::int32_t>{tok.bos()});
+    if (tok.eos() >= 0) render_.eos_token = tok.decode(std::vector<std::int32_t>{tok.eos()});
+    end_ = special_id(template_.end_marker(render_));
   }
 
   // Adds a message; nothing runs through the model until reply().
   void add(std::string_view role, std::string_view text) {
     if (role.empty() || role.find_first_of("\n") != std::string_view::npos || role.find("<|") != std::string_view::npos)
       throw error("chat: the role '" + std::string(role) + "' is not a single line of plain text; use system, user or assistant");
-    if (messages_.empty() && turns_.empty() && form_.has_default_system && role != "system") {
+    history_.push_back({std::string(role), std::string(text)});
+    std::vector<chat_piece> rendered;
+    try {
+      rendered = render(history_, chat_end::open);
+    } catch (...) {
+      history_.pop_back();
+      throw;
+    }
+    const std::span<const chat_piece> fresh = std::span(rendered).subspan(rendered_.size());
+    // The template's own opening (a default system turn) is a turn of its own, so that
+    // n_keep keeps it and a context shift can drop the first message without it.
+    std::size_t i = 0;
+    while (i < fresh.size() && fresh[i].message == chat_piece::no_message) ++i;
+    if (i > 0) {
       turns_.push_back({ids_.size(), no_message, true, false});
-      append_turn("system", form_.default_system);
+      append(pieces_ids(fresh.first(i)));
     }
     turns_.push_back({ids_.size(), messages_.size(), role == "system", role == "assistant"});
-    append_turn(role, text);
-    messages_.push_back({std::string(role), std::string(text)});
+    append(pieces_ids(fresh.subspan(i)));
+    messages_.push_back(history_.back());
+    rendered_ = std::move(rendered);
   }
 
   // Generates the assistant's reply to the conversation so far and adds it as a message.
   generation_result reply(const generation_options& o = {}, token_callback on_token = {}, const generation_hooks<C>& hooks = {}) {
     detail::check_options(o);
     if (messages_.empty()) throw error("chat: reply() with no message; add() a user message first");
+    // A template that would render the earlier turns differently once an answer follows
+    // them is refused before anything runs (render() throws).
+    {
+      std::vector<chat_message> answered = history_;
+      answered.push_back({"assistant", ""});
+      (void)render(answered, chat_end::open);
+    }
     std::size_t turn_start = ids_.size();
-    append_special(im_start_);
-    append_text("assistant\n");
+    const auto header = header_pieces(history_);
+    append(pieces_ids(header));
     generation_result r;
     if (opt_.context_shift) {
       const std::size_t room = std::min(o.max_tokens == 0 ? cache_.capacity() : o.max_tokens, cache_.capacity() / 2);
@@ -546,23 +577,38 @@ class chat_session {
     last_prefill_ = r.prompt_tokens;
     std::vector<std::int32_t> context = ids_;
     std::vector<std::int32_t> stops(tok_->end_of_generation().begin(), tok_->end_of_generation().end());
-    if (im_end_ >= 0 && !tok_->is_end_of_generation(im_end_)) stops.push_back(im_end_);  // the template's end of turn
+    if (end_ >= 0 && !tok_->is_end_of_generation(end_)) stops.push_back(end_);  // the template's end of turn
     detail::decode(*m_, *tok_, cache_, logits, context, o, stops, on_token, hooks, r);
     // The reply's tokens, without a final end marker.
     std::vector<std::int32_t> reply_ids(context.begin() + static_cast<std::ptrdiff_t>(header_end), context.end());
     turns_.push_back({turn_start, messages_.size(), false, true});
-    if (tok_->decode(reply_ids) == r.text) {
+    // The reply as the template renders it: what precedes its content beyond the header
+    // (Llama 2's space), the content (Llama 3 trims it) and what ends the turn.
+    history_.push_back({"assistant", r.text});
+    auto rendered = render(history_, chat_end::open);
+    const std::span<const chat_piece> answer = std::span(rendered).subspan(rendered_.size());
+    std::size_t c = 0;
+    while (c < answer.size() && answer[c].k != chat_piece::kind::content) ++c;
+    std::string before, header_text;
+    for (std::size_t i = 0; i < c; ++i) before += answer[i].text;
+    for (const auto& h : header) header_text += h.text;
+    if (c == answer.size() || !before.starts_with(header_text))
+      throw error("chat: the " + std::string(template_.name()) + " template renders an assistant turn that does not begin " +
+                  "with its generation prompt; tlm/chat.hpp's form is inconsistent");
+    const std::string expected = before.substr(header_text.size()) + answer[c].text;
+    if (tok_->decode(reply_ids) == expected) {
       // The common case: the cache already holds all of the reply but its last token.
       ids_.insert(ids_.end(), reply_ids.begin(), reply_ids.end());
     } else {
-      // Cut by a stop string (or an incomplete character): the conversation keeps the
-      // visible text, so the cache forgets the reply and the next turn re-reads it.
+      // Cut by a stop string (or an incomplete character, or trimmed by the template):
+      // the conversation keeps the rendered text, so the cache forgets the reply and the
+      // next turn re-reads it.
       cache_.truncate(std::min(cache_.length(), header_end));
-      append_text(r.text);
+      append(text_ids(expected));
     }
-    append_special(im_end_);
-    append_text("\n");
-    messages_.push_back({"assistant", r.text});
+    append(pieces_ids(answer.subspan(c + 1)));
+    messages_.push_back(history_.back());
+    rendered_ = std::move(rendered);
     answered_ = turns_.size();
     return r;
   }
@@ -573,19 +619,33 @@ class chat_session {
   // reply() do. So a caller can size a session, or refuse a conversation, before
   // running anything: a "<|im_end|>" typed in a message counts as the text it stays.
   std::size_t positions_for(std::span<const chat_message> more) const {
+    std::vector<chat_message> all = history_;
+    std::size_t before = rendered_.size();
     std::size_t n = ids_.size();
-    bool first = messages_.empty() && turns_.empty();
+    // One message at a time, grouped as add() groups the tokens.
     for (const auto& m : more) {
-      if (first && form_.has_default_system && m.role != "system") n += turn_ids("system", form_.default_system).size();
-      first = false;
-      n += turn_ids(m.role, m.content).size();
+      all.push_back(m);
+      const auto rendered = render(all, chat_end::open);
+      const std::span<const chat_piece> fresh = std::span(rendered).subspan(before);
+      std::size_t i = 0;
+      while (i < fresh.size() && fresh[i].message == chat_piece::no_message) ++i;
+      n += pieces_ids(fresh.first(i)).size() + pieces_ids(fresh.subspan(i)).size();
+      before = rendered.size();
     }
-    return n + 1 + text_ids("assistant\n").size();
+    // The template must also keep these turns once the reply follows (as reply() checks).
+    std::vector<chat_message> answered = all;
+    answered.push_back({"assistant", ""});
+    (void)render(answered, chat_end::open);
+    return n + pieces_ids(header_pieces(all)).size();
   }
 
+  // The chat template the session renders (the file's, or chat_options::chat_template).
+  const chat_template& format() const { return template_; }
   // Forgets the conversation (the cache is kept, empty).
   void reset() {
     messages_.clear();
+    history_.clear();
+    rendered_.clear();
     ids_.clear();
     turns_.clear();
     cache_.clear();
@@ -607,7 +667,7 @@ class chat_session {
  private:
   static constexpr std::size_t no_message = static_cast<std::size_t>(-1);
   struct turn {
-    std::size_t start;    // index of its <|im_start|> in ids_
+    std::size_t start;    // index of its first token in ids_
     std::size_t message;  // its index in messages_, or no_message for the template's default system turn
     bool system;
     bool assistant;
@@ -653,8 +713,9 @@ class chat_session {
   std::int32_t special_id(std::string_view marker) const {
     const auto ids = tok_->encode(marker, {.add_bos = false, .parse_special = true});
     if (ids.size() != 1)
-      throw error("chat: the tokenizer has no single token for " + std::string(marker) +
-                  "; a ChatML chat needs a model whose vocabulary has its markers");
+      throw error("chat: the tokenizer has no single token for " + std::string(marker) + ", which ends a turn in the " +
+                  std::string(template_.name()) + " chat template; if the model uses another template, pass its name " +
+                  "(chat_options::chat_template, --chat-template NAME): " + chat_template_names());
     return ids[0];
   }
   // Text between markers is tokenized on its own, as a whole-conversation encoding with
@@ -663,34 +724,63 @@ class chat_session {
     if (text.empty()) return {};
     return tok_->encode(text, {.add_bos = false, .parse_special = false});
   }
-  void append_text(std::string_view text) {
-    const auto ids = text_ids(text);
-    ids_.insert(ids_.end(), ids.begin(), ids.end());
-  }
-  void append_special(std::int32_t id) { ids_.push_back(id); }
-  // One turn's tokens; positions_for() counts with the same function, so that its count
-  // is the one add() produces.
-  std::vector<std::int32_t> turn_ids(std::string_view role, std::string_view text) const {
-    std::vector<std::int32_t> ids{im_start_};
-    const auto body = text_ids(std::string(role) + "\n" + std::string(text));
-    ids.insert(ids.end(), body.begin(), body.end());
-    ids.push_back(im_end_);
-    const auto newline = text_ids("\n");
-    ids.insert(ids.end(), newline.begin(), newline.end());
+  // Pieces as tokens: each marker as its special token, each run of text between
+  // markers as one text.
+  std::vector<std::int32_t> pieces_ids(std::span<const chat_piece> ps) const {
+    std::vector<std::int32_t> ids;
+    std::string run;
+    const auto flush = [&] {
+      const auto t = text_ids(run);
+      ids.insert(ids.end(), t.begin(), t.end());
+      run.clear();
+    };
+    for (const auto& p : ps) {
+      if (p.k != chat_piece::kind::marker) {
+        run += p.text;
+        continue;
+      }
+      flush();
+      const auto t = tok_->encode(p.text, {.add_bos = false, .parse_special = true});
+      ids.insert(ids.end(), t.begin(), t.end());
+    }
+    flush();
     return ids;
   }
-  void append_turn(std::string_view role, std::string_view text) {
-    const auto ids = turn_ids(role, text);
-    ids_.insert(ids_.end(), ids.begin(), ids.end());
-  }
+  void append(const std::vector<std::int32_t>& ids) { ids_.insert(ids_.end(), ids.begin(), ids.end()); }
 
+  // The template's rendering of `ms`, checked to extend what the session already holds.
+  std::vector<chat_piece> render(std::span<const chat_message> ms, chat_end end) const {
+    auto rendered = template_.pieces(ms, end, render_);
+    bool extends = rendered.size() >= rendered_.size();
+    for (std::size_t i = 0; extends && i < rendered_.size(); ++i)
+      extends = rendered[i].k == rendered_[i].k && rendered[i].text == rendered_[i].text;
+    if (!extends)
+      throw error("chat: the " + std::string(template_.name()) + " chat template renders the earlier messages differently " +
+                  "once this one follows them, so their tokens cannot stay in the cache (Mistral Nemo's puts the system " +
+                  "message into the last user message); put the instructions into the first user message instead, or " +
+                  "render whole prompts with apply_chat_template and a generator");
+    return rendered;
+  }
+  // The generation prompt after `ms` (the assistant's header; empty for templates whose
+  // user turn ends with it).
+  std::vector<chat_piece> header_pieces(std::span<const chat_message> ms) const {
+    const auto open = render(ms, chat_end::open);
+    auto with = render(ms, chat_end::generation_prompt);
+    with.erase(with.begin(), with.begin() + static_cast<std::ptrdiff_t>(open.size()));
+    return with;
+  }
   model<C>* m_;
   const tokenizer* tok_;
   chat_options opt_;
   kv_cache<C> cache_;
-  detail::chatml_form form_;
-  std::int32_t im_start_ = -1, im_end_ = -1;
+  chat_template template_;
+  chat_render_options render_;   // the vocabulary's BOS/EOS texts
+  std::int32_t end_ = -1;        // the token that ends the model's turn
   std::vector<chat_message> messages_;
+  // Every message since the start (or reset), including those a context shift dropped,
+  // and its rendering: the base each new message's pieces are rendered against.
+  std::vector<chat_message> history_;
+  std::vector<chat_piece> rendered_;
   std::vector<std::int32_t> ids_;
   std::vector<turn> turns_;      // every turn of ids_, in order
   std::size_t answered_ = 0;     // turns_[0, answered_) precede the last reply's end: the ones a shift may drop

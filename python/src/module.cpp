@@ -49,6 +49,7 @@ struct request {
   std::string prompt;
   std::vector<std::int32_t> ids;
   std::vector<tlm::chat_message> messages;
+  std::string chat_template;           // a template form by name; empty: the file's
   std::size_t chat_prompt_tokens = 0;  // of the rendered conversation, set by prepare()
   tlm::generation_options options;
 };
@@ -78,13 +79,18 @@ class model_impl final : public model_base {
       : m_(tlm::model<C>::load(path, {.threads = threads})), tok_(tlm::tokenizer::from_gguf(m_.file())) {
     const auto& f = m_.file();
     template_ = f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template") : std::string();
+    // The template's BOS/EOS texts are the vocabulary's, as in the chat session.
+    if (tok_.bos() >= 0) render_.bos_token = tok_.decode(std::vector<std::int32_t>{tok_.bos()});
+    if (tok_.eos() >= 0) render_.eos_token = tok_.decode(std::vector<std::int32_t>{tok_.eos()});
   }
 
   void prepare(request& r) const override {
     tlm::detail::check_options(r.options);
     if (r.k == request::kind::chat) {
       const std::size_t prompt =
-          tok_.encode(tlm::apply_chat_template(template_, r.messages, true), {.add_bos = false, .parse_special = true}).size();
+          tok_.encode(tlm::chat_template::of(template_, r.chat_template).render(r.messages, true, render_),
+                      {.add_bos = false, .parse_special = true})
+              .size();
       if (prompt > C::context)
         throw tlm::capacity_error("chat: the conversation has " + std::to_string(prompt) +
                                   " tokens, more than the context of " + std::to_string(C::context) + " positions; shorten it");
@@ -128,7 +134,7 @@ class model_impl final : public model_base {
       // rendered prompt's length plus the reply, with slack for the markers.
       const std::size_t capacity =
           std::min(C::context, r.chat_prompt_tokens + r.options.max_tokens + 8 + 2 * r.messages.size());
-      tlm::chat_session<C> session(m_, tok_, capacity);
+      tlm::chat_session<C> session(m_, tok_, tlm::chat_options{.capacity = capacity, .chat_template = r.chat_template});
       for (const auto& msg : r.messages) session.add(msg.role, msg.content);
       return session.reply(r.options, std::move(on_text));
     }
@@ -158,6 +164,7 @@ class model_impl final : public model_base {
   tlm::model<C> m_;
   tlm::tokenizer tok_;
   std::string template_;
+  tlm::chat_render_options render_;
 };
 
 std::shared_ptr<model_base> load(const std::string& path, const std::string& config, std::size_t threads) {
@@ -459,10 +466,12 @@ NB_MODULE(_tlm, m) {
           "chat",
           [](py_model& self, const nb::handle& messages, std::size_t max_tokens, float temperature, float top_p,
              std::size_t top_k, float min_p, std::optional<std::uint64_t> seed, const nb::object& stop, bool stream,
-             float repeat_penalty, float presence_penalty, float frequency_penalty, const nb::object& json_schema, bool details) {
+             float repeat_penalty, float presence_penalty, float frequency_penalty, const nb::object& json_schema, bool details,
+             const std::optional<std::string>& chat_template) {
             request r;
             r.k = request::kind::chat;
             r.messages = messages_from(messages);
+            if (chat_template) r.chat_template = *chat_template;
             r.options = options_from(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, presence_penalty,
                                      frequency_penalty, false, json_schema);
             return self.run(std::move(r), stream, details);
@@ -470,7 +479,9 @@ NB_MODULE(_tlm, m) {
           "messages"_a, "max_tokens"_a = 256, "temperature"_a = 0.0f, "top_p"_a = 1.0f, "top_k"_a = 0, "min_p"_a = 0.0f,
           "seed"_a = nb::none(), "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f,
           "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f, "json_schema"_a = nb::none(), "details"_a = false,
-          "The assistant's reply to OpenAI-style messages [{'role': ..., 'content': ...}], in the model's chat template.")
+          "chat_template"_a = nb::none(),
+          "The assistant's reply to OpenAI-style messages [{'role': ..., 'content': ...}], in the model's chat template "
+          "(or the template form named by chat_template, as generate --chat-template NAME).")
       .def_prop_ro("vocab_size", &py_model::vocab)
       .def_prop_ro("context", &py_model::context)
       .def_prop_ro("config", &py_model::config)

@@ -97,6 +97,15 @@ def test_chat_equals_cpp(model):
     assert model.chat([{"role": "user", "content": [{"type": "text", "text": question}]}], max_tokens=30) == want
 
 
+def test_chat_template_by_name_equals_cpp(model):
+    question = "What is the capital of France?"
+    printed = run("generate", "--threads", "1", "--chat", "--chat-template", "zephyr", "-n", "12", question)[:-1]
+    want = printed.split("<|assistant|>\n", 1)[1]
+    assert model.chat([{"role": "user", "content": question}], max_tokens=12, chat_template="zephyr") == want
+    with pytest.raises(tlm.Error, match=r"--chat-template vicuna: no such chat template; the names are chatml, smollm2"):
+        model.chat([{"role": "user", "content": question}], chat_template="vicuna")
+
+
 def test_chat_with_history_and_system(model):
     messages = [{"role": "system", "content": "You answer in one word."},
                 {"role": "user", "content": "Capital of Italy?"}]

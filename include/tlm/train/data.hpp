@@ -6,9 +6,10 @@
 // trained from scratch) and cut at stride T into windows of T+1 tokens: inputs are the
 // first T, targets the last T, so every next-token pair is trained on exactly once per
 // epoch. Chat JSONL ({"messages": [{"role", "content"}, ...]} per line) is rendered
-// with the model's ChatML template; only the assistant's content and its closing
-// <|im_end|> carry loss (targets elsewhere are ignore_target). Each conversation gets
-// windows of its own, padded, so no window mixes two conversations.
+// with the model's chat template (tlm/chat.hpp), tokenized as chat_session tokenizes it;
+// only the assistant's content and the marker that ends its turn (<|im_end|>,
+// <|eot_id|>, </s>, ...) carry loss (targets elsewhere are ignore_target). Each
+// conversation gets windows of its own, padded, so no window mixes two conversations.
 //
 // Bad data is an error naming the file, the line and the problem; nothing is skipped.
 #include <algorithm>
@@ -124,9 +125,10 @@ inline dataset load_text(const std::string& file, const tokenize_fn& tokenize, s
   return d;
 }
 
-// Chat JSONL rendered with `chat_template` (ChatML); loss on assistant tokens only.
-inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, std::string_view chat_template, std::int32_t pad,
-                         std::size_t seq, double held_out_fraction) {
+// Chat JSONL rendered with `form` (the model's chat template, given the vocabulary's
+// BOS/EOS texts in `render`); loss on assistant tokens only.
+inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, const chat_template& form, std::int32_t pad,
+                         std::size_t seq, double held_out_fraction, const chat_render_options& render = {}) {
   detail::require_not_folder(file);
   std::ifstream in(file, std::ios::binary);
   if (!in) throw error(file + ": cannot open the data file; check the --data path");
@@ -164,30 +166,61 @@ inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, s
       msgs.push_back({role, m["content"].get<std::string>()});
     }
     if (!has_assistant) detail::data_fail(file, line_no, "no assistant message, so nothing to train on; add the answer as {\"role\": \"assistant\", ...}");
-    // ChatML is a concatenation, so rendering message by message and taking the new
-    // suffix gives each message's text, with the template's default system message.
+    // Rendered message by message: each message's pieces are what its rendering adds
+    // to the one before (with the template's default system turn), tokenized as
+    // chat_session does: markers as special tokens, the text between them as text.
     toks.clear();
     counted.clear();
-    const auto append = [&](std::string_view text, bool special, bool loss) {
-      const auto ids = tokenize(text, special);
+    std::string run;
+    bool run_loss = false;
+    const auto flush = [&] {
+      if (run.empty()) return;
+      const auto ids = tokenize(run, false);
+      toks.insert(toks.end(), ids.begin(), ids.end());
+      counted.insert(counted.end(), ids.size(), run_loss ? 1 : 0);
+      run.clear();
+    };
+    const auto append = [&](const chat_piece& p, bool loss) {
+      if (p.k == chat_piece::kind::marker || loss != run_loss) flush();
+      run_loss = loss;
+      if (p.k != chat_piece::kind::marker) {
+        run += p.text;
+        return;
+      }
+      const auto ids = tokenize(p.text, true);
       toks.insert(toks.end(), ids.begin(), ids.end());
       counted.insert(counted.end(), ids.size(), loss ? 1 : 0);
     };
-    std::string before;
-    for (std::size_t i = 0; i < msgs.size(); ++i) {
-      const std::string upto = apply_chat_template(chat_template, std::span(msgs).first(i + 1), false);
-      const std::string piece = upto.substr(before.size());
-      before = upto;
-      if (msgs[i].role != "assistant") {
-        append(piece, true, false);
-        continue;
+    std::vector<chat_piece> before;
+    try {
+      for (std::size_t i = 0; i < msgs.size(); ++i) {
+        auto upto = form.pieces(std::span(msgs).first(i + 1), chat_end::open, render);
+        bool extends = upto.size() >= before.size();
+        for (std::size_t k = 0; extends && k < before.size(); ++k) extends = upto[k].text == before[k].text;
+        if (!extends)
+          detail::data_fail(file, line_no, "the " + std::string(form.name()) + " chat template renders the earlier messages " +
+                                               "differently once message " + std::to_string(i + 1) + " follows (Mistral Nemo's "
+                                               "puts the system message into the last user message); leave out the system message");
+        // The assistant's content and what follows it up to the end of its turn (the
+        // marker) are learnt; its header is not.
+        bool in_answer = false;
+        for (std::size_t k = before.size(); k < upto.size(); ++k) {
+          const chat_piece& p = upto[k];
+          if (msgs[i].role == "assistant" && p.k == chat_piece::kind::content) in_answer = true;
+          append(p, in_answer);
+          if (in_answer && p.k == chat_piece::kind::marker && p.text == form.end_marker(render)) in_answer = false;
+        }
+        flush();
+        before = std::move(upto);
       }
-      const std::string head = "<|im_start|>assistant\n";
-      const std::size_t body = piece.find(head);
-      append(std::string_view(piece).substr(0, body + head.size()), true, false);
-      append(msgs[i].content, false, true);
-      append("<|im_end|>", true, true);
-      append(std::string_view(piece).substr(body + head.size() + msgs[i].content.size() + 10), true, false);
+      // What the template puts after a finished conversation (Phi-3.5's EOS).
+      const auto closed = form.pieces(msgs, chat_end::closed, render);
+      for (std::size_t k = before.size(); k < closed.size(); ++k) append(closed[k], false);
+      flush();
+    } catch (const text_error&) {
+      throw;  // already names the file and line
+    } catch (const error& e) {
+      detail::data_fail(file, line_no, e.what());  // the template refused the conversation
     }
     for (std::size_t s = 0; s + 1 < toks.size(); s += seq) {
       bool any = false;
@@ -206,6 +239,12 @@ inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, s
   if (conversations == 0) detail::data_fail(file, 0, "no conversations; each line must be {\"messages\": [...]}");
   detail::split_held_out(d, held_out_fraction);
   return d;
+}
+
+// The same with the model file's template text (empty: the file has none, plain ChatML).
+inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, std::string_view chat_template_text, std::int32_t pad,
+                         std::size_t seq, double held_out_fraction) {
+  return load_chat(file, tokenize, chat_template::of(chat_template_text), pad, seq, held_out_fraction);
 }
 
 // The order of training windows: a seeded Fisher-Yates shuffle per epoch, a pure function

@@ -215,6 +215,8 @@ class trainer {
     }
     if ((o_.steps == 0) == (o_.epochs == 0)) throw error("give exactly one of --steps N and --epochs E");
     const data_parallel& grp = hooks_.group;
+    if (grp.ranks == 0 || grp.rank >= grp.ranks || (grp.ranks > 1 && (!grp.sum || !grp.sum_floats)))
+      throw error(fmt::format("data_parallel: rank {} of {} ranks; more than one rank needs `sum` and `sum_floats`", grp.rank, grp.ranks));
     if (grp.lead()) detail::prepare_out(o_, hooks_.warn);
     barrier();  // no rank reads the folder before it is tidied
     if (o_.batch % grp.ranks != 0)

@@ -2,36 +2,26 @@
 // with warm-up and cosine decay, atomic checkpoints, exact resume, GGUF export.
 // `train --help` lists every option.
 #include <fmt/core.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <tlm/configs.hpp>
 #include <tlm/load.hpp>
 #include <tlm/tokenizer.hpp>
-#include <tlm/train/adamw.hpp>
-#include <tlm/train/checkpoint.hpp>
-#include <tlm/train/data.hpp>
 #include <tlm/train/progress.hpp>
-#include <tlm/train/step.hpp>
-#include <tlm/train/weights.hpp>
+#include <tlm/train/trainer.hpp>
 
 #ifdef TLM_HAVE_MPI
 #include <mpi.h>
 #endif
 
-#include <fcntl.h>
-
+#include <algorithm>
 #include <atomic>
-#include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
+#include <memory>
 #include <optional>
-#include <sstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -159,7 +149,6 @@ options parse(int argc, char** argv) {
   if (o.resume && o.overwrite) fail("--resume continues the run in --out and --overwrite deletes it; give one of them");
   if (o.model.empty() && o.config.empty()) fail("give --model FILE.gguf to fine-tune or --config NAME to train from scratch (see --help)");
   if (o.data.empty()) fail("--data FILE is required: the text or chat JSONL to train on");
-  if ((o.steps == 0) == (o.epochs == 0)) fail("give exactly one of --steps N and --epochs E");
   if (o.min_lr > o.lr) fail(fmt::format("--min-lr {} is above --lr {}; the decay ends below the peak", o.min_lr, o.lr));
   if (tlm::parse_writable_encoding(o.out_type) == nullptr)
     fail(fmt::format("--out-type is one of {}, not '{}'", tlm::writable_encodings_list(), o.out_type));
@@ -168,9 +157,6 @@ options parse(int argc, char** argv) {
   if (o.chat && o.model.empty()) fail("--chat needs --model: chat data is rendered with the model's tokenizer and chat template");
   return o;
 }
-
-// --out-type was checked against the encoding table when the options were read.
-tlm::encoding encoding_of(const std::string& t) { return tlm::parse_writable_encoding(t)->enc; }
 
 // The data-parallel group: the ranks of mpirun, or this process alone (built without MPI,
 // or started without mpirun: MPI is initialised only when a launcher set its variables,
@@ -197,30 +183,18 @@ class group {
   std::size_t rank() const { return static_cast<std::size_t>(rank_); }
   std::size_t size() const { return static_cast<std::size_t>(size_); }
   bool lead() const { return rank_ == 0; }
-  // In-place sums over the ranks (no-ops alone).
-  void sum(double* v, int n) {
+  // The trainer's view of the group: in-place sums and a barrier over the ranks; none
+  // alone, so a run without mpirun calls no MPI function.
+  tlm::data_parallel hooks() {
+    tlm::data_parallel d{.rank = rank(), .ranks = size()};
 #ifdef TLM_HAVE_MPI
-    if (mpi_) MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-#else
-    (void)v, (void)n;
+    if (mpi_) {
+      d.sum = [](std::span<double> v) { MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD); };
+      d.sum_floats = [](std::span<float> v) { MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
+      d.barrier = [] { MPI_Barrier(MPI_COMM_WORLD); };
+    }
 #endif
-  }
-  void sum(float* v, std::size_t n) {
-#ifdef TLM_HAVE_MPI
-    if (mpi_) MPI_Allreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-#else
-    (void)v, (void)n;
-#endif
-  }
-  bool any(bool b) {
-    double v = b ? 1 : 0;
-    sum(&v, 1);
-    return v > 0;
-  }
-  void barrier() {
-#ifdef TLM_HAVE_MPI
-    if (mpi_) MPI_Barrier(MPI_COMM_WORLD);
-#endif
+    return d;
   }
   // After an error on one rank the others would wait forever in a collective.
   void abort() {
@@ -234,120 +208,12 @@ class group {
   bool mpi_ = false;
 };
 
-// Averages the ranks' gradients with one all-reduce per step, in buckets of 4M floats
-// (16 MB) packed along the weight walk. Each rank's gradient is the mean over its own
-// counted targets, so it is weighted by counted / total_counted: the result is the
-// gradient of the global batch's mean loss, as one process computes it.
-template <class W>
-void all_reduce_gradients(group& grp, W& g, double weight) {
-  constexpr std::size_t capacity = std::size_t{1} << 22;
-  static std::vector<float> bucket(capacity);           // [capacity]
-  std::vector<std::pair<float*, std::size_t>> pending;  // where the bucket's pieces go back
-  std::size_t used = 0;
-  const auto flush = [&] {
-    grp.sum(bucket.data(), used);
-    std::size_t off = 0;
-    for (const auto& [ptr, n] : pending) {
-      std::copy_n(bucket.begin() + static_cast<std::ptrdiff_t>(off), n, ptr);
-      off += n;
-    }
-    pending.clear();
-    used = 0;
-  };
-  tlm::for_each_tensor(
-      [&](const tlm::tensor_name&, auto& t) {
-        float* data = t.data();
-        const std::size_t n = t.values().size();
-        for (std::size_t done = 0; done < n;) {
-          const std::size_t take = std::min(capacity - used, n - done);
-          for (std::size_t i = 0; i < take; ++i) bucket[used + i] = static_cast<float>(data[done + i] * weight);
-          pending.emplace_back(data + done, take);
-          used += take;
-          done += take;
-          if (used == capacity) flush();
-        }
-      },
-      g);
-  if (used) flush();
-}
-
-// Ctrl-C presses: the first finishes the step and saves; a second abandons a save in
-// progress (or about to start), since waiting for the disk is what it is pressed against.
-std::atomic<int> interrupts{0};
-extern "C" void on_sigint(int) { interrupts.fetch_add(1); }
-
-// ---- loss log, plot and terminal view
-
-struct log_row {
-  std::size_t step;
-  double loss, held_out, lr, grad_norm, tokens_per_s;  // held_out: NaN when not measured
-};
-
-std::vector<log_row> read_log(const std::filesystem::path& p, std::size_t up_to_step) {
-  std::vector<log_row> rows;
-  std::ifstream in(p);
-  std::string line;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
-    log_row r{};
-    std::string held;
-    std::istringstream s(line);
-    char c = 0;
-    if (!(s >> r.step >> c >> r.loss >> c) || !std::getline(s, held, ',') || !(s >> r.lr >> c >> r.grad_norm >> c >> r.tokens_per_s)) continue;
-    r.held_out = held.empty() ? NAN : std::stod(held);
-    if (r.step <= up_to_step) rows.push_back(r);
-  }
-  return rows;
-}
-
-void write_log(const std::filesystem::path& dir, const std::vector<log_row>& rows) {
-  std::string csv = "step,loss,held_out_loss,lr,grad_norm,tokens_per_s\n";
-  for (const auto& r : rows)
-    csv += fmt::format("{},{:.17g},{},{:.9g},{:.9g},{:.1f}\n", r.step, r.loss, std::isnan(r.held_out) ? "" : fmt::format("{:.17g}", r.held_out), r.lr,
-                       r.grad_norm, r.tokens_per_s);
-  tlm::detail::write_file_atomic(dir / "loss.csv", csv);
-  // The plot: training loss as a line, held-out loss as dots on the same axes.
-  const double w = 800, h = 400, m = 50;
-  double lo = INFINITY, hi = -INFINITY;
-  std::size_t s0 = rows.empty() ? 0 : rows.front().step, s1 = rows.empty() ? 1 : rows.back().step;
-  if (s1 == s0) s1 = s0 + 1;
-  for (const auto& r : rows) {
-    lo = std::min({lo, r.loss, std::isnan(r.held_out) ? r.loss : r.held_out});
-    hi = std::max({hi, r.loss, std::isnan(r.held_out) ? r.loss : r.held_out});
-  }
-  if (!(hi > lo)) { lo -= 1; hi += 1; }
-  const auto X = [&](std::size_t s) { return m + (w - 2 * m) * static_cast<double>(s - s0) / static_cast<double>(s1 - s0); };
-  const auto Y = [&](double l) { return h - m - (h - 2 * m) * (l - lo) / (hi - lo); };
-  // Ticks at round values on both axes, with faint grid lines, so a reader can tell
-  // where the loss was at a step without the extremes alone.
-  std::string ticks;
-  for (const double v : tlm::nice_ticks(lo, hi, 4))
-    ticks += fmt::format("<line x1=\"{m}\" y1=\"{y:.1f}\" x2=\"{r}\" y2=\"{y:.1f}\" stroke=\"#ddd\"/>"
-                         "<text class=\"y-tick\" x=\"{tx}\" y=\"{ty:.1f}\" text-anchor=\"end\">{v:.6g}</text>\n",
-                         fmt::arg("m", m), fmt::arg("r", w - m), fmt::arg("y", Y(v)), fmt::arg("tx", m - 4), fmt::arg("ty", Y(v) + 4), fmt::arg("v", v));
-  for (const double v : tlm::nice_ticks(static_cast<double>(s0), static_cast<double>(s1), 4)) {
-    if (v != std::floor(v)) continue;  // steps are whole
-    const double x = X(static_cast<std::size_t>(v));
-    ticks += fmt::format("<line x1=\"{x:.1f}\" y1=\"{b}\" x2=\"{x:.1f}\" y2=\"{b5}\" stroke=\"black\"/>"
-                         "<text class=\"x-tick\" x=\"{x:.1f}\" y=\"{ty}\" text-anchor=\"middle\">{v:.0f}</text>\n",
-                         fmt::arg("x", x), fmt::arg("b", h - m), fmt::arg("b5", h - m + 5), fmt::arg("ty", h - m + 18), fmt::arg("v", v));
-  }
-  std::string svg = fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"12\">\n"
-                                "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-                                "<line x1=\"{m}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/><line x1=\"{m}\" y1=\"{m}\" x2=\"{m}\" y2=\"{b}\" stroke=\"black\"/>\n"
-                                "<text x=\"{cx}\" y=\"{ty}\" text-anchor=\"middle\">step</text>\n"
-                                "<text x=\"12\" y=\"{cy}\" transform=\"rotate(-90 12 {cy})\" text-anchor=\"middle\">loss</text>\n"
-                                "<text x=\"{r}\" y=\"20\" text-anchor=\"end\"><tspan fill=\"steelblue\">training loss</tspan> <tspan fill=\"darkorange\">held-out loss</tspan></text>\n",
-                                w, h, fmt::arg("m", m), fmt::arg("b", h - m), fmt::arg("r", w - m), fmt::arg("ty", h - m + 36), fmt::arg("cx", w / 2),
-                                fmt::arg("cy", h / 2));
-  svg += ticks;
-  svg += "<polyline fill=\"none\" stroke=\"steelblue\" points=\"";
-  for (const auto& r : rows) svg += fmt::format("{:.1f},{:.1f} ", X(r.step), Y(r.loss));
-  svg += "\"/>\n";
-  for (const auto& r : rows)
-    if (!std::isnan(r.held_out)) svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"darkorange\"/>\n", X(r.step), Y(r.held_out));
-  svg += "</svg>\n";
-  tlm::detail::write_file_atomic(dir / "loss.svg", svg);
+// Ctrl-C presses: the first stops the run after its current step (which then saves); a
+// second abandons a save in progress (or about to start), since waiting for the disk is
+// what it is pressed against. Both are lock-free atomics, so the handler may set them.
+std::atomic<bool> stop_requested{false}, abandon_save{false};
+extern "C" void on_sigint(int) {
+  if (stop_requested.exchange(true)) abandon_save.store(true);
 }
 
 std::string duration(double seconds) {
@@ -355,61 +221,10 @@ std::string duration(double seconds) {
   return s >= 3600 ? fmt::format("{}h{:02}m", s / 3600, s / 60 % 60) : fmt::format("{}m{:02}s", s / 60, s % 60);
 }
 
-// ---- the output folder
-
-// Makes --out ready before anything slow happens: the folder exists and takes a file (an
-// unwritable --out used to surface at the first checkpoint, a hundred steps in), an
-// earlier run in it is neither resumed nor deleted by accident, and what killed runs
-// left there (temporary files, uncommitted or half checkpoint pairs) is removed.
-void prepare_out(const options& o) {
-  namespace fs = std::filesystem;
-  const fs::path out(o.out);
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec || !fs::is_directory(out))
-    fail(fmt::format("--out {}: cannot create the folder: {}; give a folder you can write to",
-                     o.out, ec ? ec.message() : std::string("a file of that name is in the way")));
-  const fs::path probe = out / fmt::format(".write-probe.tmp-{}", ::getpid());
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0 || ::write(fd, "x", 1) != 1) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd), fs::remove(probe, ec);
-    fail(fmt::format("--out {}: cannot write a file in the folder: {}; give a folder you can write to", o.out, std::strerror(err)));
-  }
-  ::close(fd);
-  fs::remove(probe, ec);
-
-  if (!o.resume) {
-    std::vector<std::string> found;  // what a new run would destroy
-    const std::string committed = tlm::latest_checkpoint(out);
-    if (!committed.empty()) found.push_back(committed);
-    if (fs::exists(out / "model.gguf")) found.push_back("model.gguf");
-    if (!found.empty() && !o.overwrite) {
-      std::string list;
-      for (const auto& f : found) list += (list.empty() ? "" : ", ") + f;
-      fail(fmt::format("--out {} holds an earlier run ({}); continue it with --resume, replace it with --overwrite, "
-                       "or give another --out", o.out, list));
-    }
-    if (o.overwrite) {  // the pointer first: from then on nothing here is a committed checkpoint
-      for (const char* name : {"checkpoint", "model.gguf", "loss.csv", "loss.svg"}) fs::remove(out / name, ec);
-    }
-  }
-  const std::vector<std::string> removed = tlm::prune_checkpoints(out, o.keep_checkpoints);
-  if (!removed.empty()) {
-    std::string list;
-    for (const auto& f : removed) list += (list.empty() ? "" : ", ") + f;
-    fmt::print(stderr, "train: removed from {} what earlier runs left: {}\n", o.out, list);
-  }
-}
-
-// ---- the run
+// ---- the run: the options handed to tlm::trainer, its reports printed
 
 template <tlm::LlamaConfig C>
 int run(const options& o, const std::string& config_name, group& grp) {
-  namespace fs = std::filesystem;
-  using weights = tlm::trainable<C, float>;
-  if (grp.lead()) prepare_out(o);
-  grp.barrier();  // no rank reads --out before it is tidied
   std::unique_ptr<tlm::gguf::file> source;
   std::optional<tlm::tokenizer> tok;
   tlm::tokenize_fn tokenize = tlm::byte_tokens;
@@ -421,12 +236,7 @@ int run(const options& o, const std::string& config_name, group& grp) {
   } else if (C::vocab < 256) {
     fail(fmt::format("--config {} has a vocabulary of {}, too small for byte tokens (256)", config_name, C::vocab));
   }
-  if (o.batch % grp.size() != 0)
-    fail(fmt::format("--batch {} is not a multiple of the {} MPI ranks; each rank takes an equal share of the global batch", o.batch, grp.size()));
-  const std::size_t local = o.batch / grp.size();  // windows per step on this rank
-  if (o.seq > C::context) fail(fmt::format("--seq {} is more than the context of {} ({} positions)", o.seq, config_name, C::context));
-
-  tlm::dataset data;
+  tlm::data_source data = tlm::data_source::from_text(o.data, tokenize, o.seq, o.held_out);
   if (o.chat) {
     const std::string_view tmpl = source->has("tokenizer.chat_template") ? source->get_string("tokenizer.chat_template") : "";
     const std::int32_t pad = tok->eos() >= 0 ? tok->eos() : 0;
@@ -434,182 +244,54 @@ int run(const options& o, const std::string& config_name, group& grp) {
     tlm::chat_render_options render;
     if (tok->bos() >= 0) render.bos_token = tok->decode(std::vector<std::int32_t>{tok->bos()});
     if (tok->eos() >= 0) render.eos_token = tok->decode(std::vector<std::int32_t>{tok->eos()});
-    data = tlm::load_chat(o.data, tokenize, tlm::chat_template::of(tmpl), pad, o.seq, o.held_out, render);
-  } else {
-    data = tlm::load_text(o.data, tokenize, o.seq, o.held_out);
+    data = tlm::data_source::from_chat(o.data, tokenize, tlm::chat_template::of(tmpl), pad, o.seq, o.held_out, render);
   }
-  const std::size_t n_train = data.train.size();
-  const std::size_t steps_per_epoch = (n_train + o.batch - 1) / o.batch;
-  const std::size_t total = o.steps ? o.steps : o.epochs * steps_per_epoch;
-
-  tlm::adamw_options ao{.lr = o.lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = o.weight_decay, .clip = o.clip,
-                        .warmup = o.warmup, .total_steps = total, .min_lr = o.min_lr};
-  auto p = std::make_unique<weights>();
-  auto g = std::make_unique<weights>();
-  tlm::adamw<weights> opt(ao);
-  tlm::train_state st{.step = 0, .seed = o.seed, .data_position = 0, .rng_state = 0, .batch = o.batch, .seq = o.seq, .threads = o.threads,
-                      .options = ao, .config = config_name, .data = fs::absolute(o.data).string(), .chat = o.chat,
-                      .kernels = std::string(tlm::kernels::kernel_level_name())};
-  std::vector<log_row> rows;
-  double load_seconds = 0, save_seconds = 0;  // the last checkpoint load and write, for the log
-  if (o.resume) {
-    const auto t_load = std::chrono::steady_clock::now();
-    const tlm::train_state saved = tlm::load_checkpoint<C>(o.out, *p, opt);
-    load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
-    const auto differs = [&](const char* what, const std::string& was, const std::string& now) {
-      if (was != now) fail(fmt::format("--resume: the checkpoint in {} was made with {} {}, this run has {}; use the same value to resume", o.out, what, was, now));
-    };
-    differs("config", saved.config, config_name);
-    differs("--batch", std::to_string(saved.batch), std::to_string(o.batch));
-    differs("--seq", std::to_string(saved.seq), std::to_string(o.seq));
-    differs("--seed", std::to_string(saved.seed), std::to_string(o.seed));
-    differs("--data", saved.data, st.data);
-    differs("--chat", saved.chat ? "on" : "off", o.chat ? "on" : "off");
-    // Options the run may change on resume: it continues with the new value (extending
-    // --steps is the common case), and says so, because the run then differs from an
-    // uninterrupted one with either value.
-    const auto changed = [&](const char* what, double was, double now) {
-      if (was != now && grp.lead())
-        fmt::print(stderr, "train: warning: the checkpoint was made with {} {}, this run uses {}; continuing with {} from step {}\n",
-                   what, was, now, now, saved.step);
-    };
-    changed("--lr", saved.options.lr, ao.lr);
-    changed("--min-lr", saved.options.min_lr, ao.min_lr);
-    changed("--warmup", static_cast<double>(saved.options.warmup), static_cast<double>(ao.warmup));
-    changed("--clip", saved.options.clip, ao.clip);
-    changed("--weight-decay", saved.options.weight_decay, ao.weight_decay);
-    changed("total steps (--steps/--epochs)", static_cast<double>(saved.options.total_steps), static_cast<double>(ao.total_steps));
-    if (saved.threads != o.threads && grp.lead())
-      fmt::print(stderr, "train: note: the checkpoint was made with --threads {}, this run uses {}; losses will differ in the last bits\n", saved.threads, o.threads);
-    if (!saved.kernels.empty() && saved.kernels != st.kernels && grp.lead())
-      fmt::print(stderr,
-                 "train: note: the checkpoint was made with the {} kernels, this run uses {} (another CPU, or TLM_KERNELS); "
-                 "losses will differ in the last bits\n",
-                 saved.kernels, st.kernels);
-    st.step = saved.step;
-    st.data_position = saved.data_position;
-    rows = read_log(fs::path(o.out) / "loss.csv", st.step);
-  } else if (source) {
-    auto loaded = tlm::to_trainable<float>(tlm::bind<C>(*source));
-    p = std::move(loaded);
-  } else {
-    tlm::init_weights(*p, o.seed);
-  }
-  // A checkpoint at exactly `total` (a run killed between its last checkpoint and the
-  // export) only needs the export; beyond it, the user asked for fewer steps than were run.
-  if (st.step > total) fail(fmt::format("the checkpoint is at step {}, and --steps/--epochs ask for {} in total; ask for more steps", st.step, total));
-
-  tlm::training<C, float> tr({.batch = local, .seq = o.seq, .threads = o.threads});
-  tlm::window_order order(n_train, o.seed);
-  std::vector<std::int32_t> x(local * o.seq), y(local * o.seq);  // [B / ranks, T] each
-  const auto fill = [&](const tlm::window_set& ws, auto window_of) {
-    for (std::size_t b = 0; b < local; ++b) {
-      const std::size_t w = window_of(b);
-      std::copy_n(ws.inputs.begin() + static_cast<std::ptrdiff_t>(w * o.seq), o.seq, x.begin() + static_cast<std::ptrdiff_t>(b * o.seq));
-      std::copy_n(ws.targets.begin() + static_cast<std::ptrdiff_t>(w * o.seq), o.seq, y.begin() + static_cast<std::ptrdiff_t>(b * o.seq));
-    }
-  };
-  // Held-out loss: the mean of batch losses over the held-out windows (cycled to fill the last batch).
-  const auto held_out_loss = [&]() -> double {
-    const std::size_t n = data.held_out.size();
-    if (n == 0) return NAN;
-    double sum = 0;
-    std::size_t batches = 0;
-    for (std::size_t s = 0; s < n; s += local, ++batches) {
-      fill(data.held_out, [&](std::size_t b) { return (s + b) % n; });
-      sum += tr.forward(*p, x, y);
-    }
-    return sum / static_cast<double>(batches);
-  };
-  const auto save = [&] {
-    st.rng_state = order.rng_state();
-    // The log first: a kill between the two leaves a log that runs ahead of the
-    // checkpoint, which a resume trims; the other order would lose the rows.
-    if (grp.lead()) {
-      const auto t_save = std::chrono::steady_clock::now();
-      write_log(o.out, rows);
-      const std::string previous = tlm::latest_checkpoint(o.out);
-      try {
-        tlm::save_checkpoint<C>(o.out, *p, opt, st, source.get(), o.keep_checkpoints, [] { return interrupts.load() >= 2; });
-      } catch (const tlm::error&) {
-        if (interrupts.load() < 2) throw;
-        fail(fmt::format("a second Ctrl-C abandoned the checkpoint of step {}; {}", st.step,
-                         previous.empty() ? "no checkpoint was written, so a new run starts from step 0"
-                                          : fmt::format("{} is intact: continue with --resume", (fs::path(o.out) / previous).string())));
-      }
-      save_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_save).count();
-    }
-    grp.barrier();  // no rank runs ahead of a checkpoint it might be asked to resume from
-  };
-
-  std::signal(SIGINT, on_sigint);
+  const tlm::trainer_options to{.steps = o.steps, .epochs = o.epochs, .batch = o.batch, .seq = o.seq, .lr = o.lr, .min_lr = o.min_lr,
+                                .warmup = o.warmup, .clip = o.clip, .weight_decay = o.weight_decay, .eval_every = o.eval_every,
+                                .save_every = o.save_every, .keep_checkpoints = o.keep_checkpoints, .out = o.out,
+                                .out_type = tlm::parse_writable_encoding(o.out_type)->enc,  // checked when the options were read
+                                .resume = o.resume, .overwrite = o.overwrite, .threads = o.threads, .seed = o.seed,
+                                .stop_after = o.stop_after, .config = config_name};
   const bool tty = ::isatty(1) && grp.lead();
   std::vector<double> losses;  // this run's, for the live line's sparkline
-  if (grp.lead())
-    fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}, {} threads{}, kernels {}\n",
-               config_name, o.model.empty() ? "from scratch" : o.model, n_train, data.held_out.size(), o.seq, data.tokens, total, st.step, o.batch,
-               o.threads, grp.size() > 1 ? fmt::format(" on each of {} MPI ranks", grp.size()) : "", st.kernels);
-  if (o.resume && grp.lead()) fmt::print("resumed from {} at step {} (checkpoint loaded in {:.2f} s)\n", tlm::latest_checkpoint(o.out), st.step, load_seconds);
-  if (!o.resume && grp.lead()) {
-    const double h0 = held_out_loss();
-    if (!std::isnan(h0)) fmt::print("held-out loss before training {:.4f}\n", h0);
-  }
-  std::fflush(stdout);
-  const auto t_start = std::chrono::steady_clock::now();
-  std::size_t this_run = 0;
-  double last_held = NAN;
-  bool stop = false;
-  while (st.step < total && !stop) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fill(data.train, [&](std::size_t b) { return order.at(st.data_position + grp.rank() * local + b); });
-    double loss = tr.forward(*p, x, y);
-    tlm::zero(*g);
-    tr.backward(*p, *g);
-    if (grp.size() > 1) {
-      const double counted = static_cast<double>(std::count_if(y.begin(), y.end(), [](std::int32_t t) { return t != tlm::ignore_target; }));
-      double totals[2] = {loss * counted, counted};  // summed loss and count over the ranks
-      grp.sum(totals, 2);
-      loss = totals[0] / totals[1];
-      all_reduce_gradients(grp, *g, counted / totals[1]);
-    }
-    const tlm::adamw_report rep = opt.step(*p, *g);
-    st.step = opt.steps();
-    st.data_position += o.batch;
-    ++this_run;
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    log_row r{st.step, loss, NAN, rep.lr, rep.grad_norm, static_cast<double>(o.batch * o.seq) / secs};
-    if (grp.lead() && ((o.eval_every && st.step % o.eval_every == 0) || st.step == total)) r.held_out = last_held = held_out_loss();
-    rows.push_back(r);
-    stop = grp.any(interrupts.load() > 0 || (o.stop_after && this_run >= o.stop_after));  // every rank stops at the same step
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    const double eta = elapsed / static_cast<double>(this_run) * static_cast<double>(total - st.step);
-    const std::string held = std::isnan(last_held) ? "-" : fmt::format("{:.4f}", last_held);
+  tlm::trainer_hooks hooks{.warn = [](const std::string& m) { fmt::print(stderr, "train: {}\n", m); },
+                           .on_step = {}, .stop = &stop_requested, .abandon_save = &abandon_save, .group = grp.hooks()};
+  hooks.on_step = [&](const tlm::step_report& r) {
+    const std::string held = std::isnan(r.last_held_out) ? "-" : fmt::format("{:.4f}", r.last_held_out);
     if (tty) {
-      losses.push_back(loss);
-      const tlm::live_line_parts parts{.fields = {fmt::format("step {}/{}", st.step, total), fmt::format("loss {:.4f}", loss),
-                                                  fmt::format("ETA {}", duration(eta)), fmt::format("held-out {}", held),
-                                                  fmt::format("lr {:.2e}", rep.lr), fmt::format("{:.0f} tok/s", r.tokens_per_s)},
+      losses.push_back(r.loss);
+      const tlm::live_line_parts parts{.fields = {fmt::format("step {}/{}", r.step, r.total), fmt::format("loss {:.4f}", r.loss),
+                                                  fmt::format("ETA {}", duration(r.eta_seconds)), fmt::format("held-out {}", held),
+                                                  fmt::format("lr {:.2e}", r.lr), fmt::format("{:.0f} tok/s", r.tokens_per_s)},
                                        .losses = losses};
       fmt::print("\r\033[2K{}", tlm::live_line(parts, tlm::terminal_width(1)));  // read each time: the window may be resized
     } else if (grp.lead()) {
-      fmt::print("step {} loss {:.6f} held_out {} lr {:.3e} grad_norm {:.4f} tokens_per_s {:.0f} eta {}\n", st.step, loss, held, rep.lr, rep.grad_norm,
-                 r.tokens_per_s, duration(eta));
+      fmt::print("step {} loss {:.6f} held_out {} lr {:.3e} grad_norm {:.4f} tokens_per_s {:.0f} eta {}\n", r.step, r.loss, held, r.lr,
+                 r.grad_norm, r.tokens_per_s, duration(r.eta_seconds));
     }
     std::fflush(stdout);
-    if (o.save_every && st.step % o.save_every == 0 && st.step < total && !stop) save();
+  };
+  tlm::trainer<C> tr(to, data, source.get(), std::move(hooks));
+  std::signal(SIGINT, on_sigint);  // from here a Ctrl-C stops at a step; before, it ends the process
+  if (grp.lead())
+    fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}, {} threads{}, kernels {}\n",
+               config_name, o.model.empty() ? "from scratch" : o.model, tr.data().train.size(), tr.data().held_out.size(), o.seq,
+               tr.data().tokens, tr.total_steps(), tr.steps(), o.batch, o.threads,
+               grp.size() > 1 ? fmt::format(" on each of {} MPI ranks", grp.size()) : "", tr.kernel_level());
+  if (o.resume && grp.lead())
+    fmt::print("resumed from {} at step {} (checkpoint loaded in {:.2f} s)\n", tlm::latest_checkpoint(o.out), tr.steps(), tr.load_seconds());
+  if (!o.resume && grp.lead()) {
+    const double h0 = tr.held_out_loss();
+    if (!std::isnan(h0)) fmt::print("held-out loss before training {:.4f}\n", h0);
   }
+  std::fflush(stdout);
+  while (!tr.done()) tr.step();
   if (tty) fmt::print("\n");
-  if (this_run > 0) save();  // a resume of a finished run has its checkpoint already
+  const tlm::finish_report f = tr.finish();
   if (!grp.lead()) return 0;
-  if (this_run > 0)
-    fmt::print("checkpoint {} written (step {}, {:.2f} s)\n", (fs::path(o.out) / tlm::latest_checkpoint(o.out)).string(), st.step, save_seconds);
-  if (st.step == total) {
-    const fs::path model_out = fs::path(o.out) / "model.gguf";
-    tlm::write_model<C>(model_out, *p, encoding_of(o.out_type), source.get(), st.step);
-    fmt::print("exported {} ({})\n", model_out.string(), o.out_type);
-  } else {
-    fmt::print("stopped at step {} of {}; continue with --resume\n", st.step, total);
-  }
+  if (f.saved) fmt::print("checkpoint {} written (step {}, {:.2f} s)\n", f.checkpoint, tr.steps(), f.save_seconds);
+  if (f.exported) fmt::print("exported {} ({})\n", f.model.string(), o.out_type);
+  else fmt::print("stopped at step {} of {}; continue with --resume\n", tr.steps(), tr.total_steps());
   return 0;
 }
 

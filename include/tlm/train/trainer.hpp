@@ -1,0 +1,498 @@
+#pragma once
+// The training loop as a library type: examples/train and the Python module are front
+// ends over it (argument parsing, printing, signals), never a second copy of the loop.
+//
+//   tlm::trainer<tlm::tiny_train> t({.steps = 100, .batch = 4, .seq = 64, .out = "run"},
+//                                   tlm::data_source::from_text("notes.txt", tlm::byte_tokens, 64, 0.1));
+//   while (!t.done()) t.step();   // one AdamW step each, checkpoints at the cadence
+//   t.finish();                   // the last checkpoint and out/model.gguf
+//
+// What it owns: the output folder's policy (an earlier run is refused unless resumed or
+// overwritten; what killed runs left is removed), the weights (from a source model, from
+// the seed, or from the newest checkpoint, with every check of a resume), the data order,
+// AdamW with warm-up and cosine decay, the held-out loss, checkpoints every `save_every`
+// steps and the loss log beside them. A resume continues bit for bit at the same thread
+// count and kernel level.
+//
+// What it leaves to the caller, through hooks: where warnings go (a CLI prints them, a
+// notebook may collect them), each step's report (a live view), a stop flag read between
+// steps (Ctrl-C), a flag that abandons a checkpoint being written (a second Ctrl-C), and
+// the sums over the processes of a data-parallel run (MPI), so that the library does not
+// depend on an MPI runtime.
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "../config.hpp"
+#include "../encoding.hpp"
+#include "../error.hpp"
+#include "../gguf.hpp"
+#include "../kernels.hpp"
+#include "../load.hpp"
+#include "adamw.hpp"
+#include "checkpoint.hpp"
+#include "data.hpp"
+#include "loss_log.hpp"
+#include "step.hpp"
+#include "weights.hpp"
+
+namespace tlm {
+
+// The options of the loop. Messages name them as examples/train's flags.
+struct trainer_options {
+  std::size_t steps = 0;   // optimizer steps in total, counting a resumed run's; or:
+  std::size_t epochs = 0;  // passes over the training windows (exactly one of the two)
+  std::size_t batch = 4;   // windows per step, over all processes
+  std::size_t seq = 128;   // tokens per window
+  double lr = 3e-4;        // peak learning rate
+  double min_lr = 0;       // learning rate at the end of the cosine decay
+  std::size_t warmup = 0;  // steps of linear warm-up
+  double clip = 1.0;       // global gradient-norm clip; 0 turns it off
+  double weight_decay = 0.01;
+  std::size_t eval_every = 10;  // held-out loss every N steps (0: only at the end)
+  std::size_t save_every = 100; // checkpoint every N steps (0: only at the end)
+  std::size_t keep_checkpoints = 2;
+  std::filesystem::path out = "train-out";  // checkpoints, model.gguf, loss.csv, loss.svg
+  encoding out_type = encoding::f32;        // of the exported model.gguf
+  bool resume = false;     // continue from the newest checkpoint in `out`
+  bool overwrite = false;  // start anew in an `out` that holds a run, deleting it
+  std::size_t threads = 1; // a bit-exact resume needs the same count
+  std::uint64_t seed = 1;  // weights (from scratch) and the data order
+  std::size_t stop_after = 0;  // stop after this many steps of this run, as the stop flag would (0: never)
+  std::string config = {};  // the config's name in checkpoints and messages (default: C's type name)
+};
+
+// The training data: how to load it (called once, after the output folder is ready, so
+// a bad folder is reported before a long tokenization) and what a resume compares.
+struct data_source {
+  std::string name = {};  // the data file's absolute path: a resume on other data is refused
+  bool chat = false;
+  std::function<dataset()> load = {};
+
+  // Plain text cut into windows of `seq` (data.hpp's load_text).
+  static data_source from_text(const std::string& file, tokenize_fn tokenize, std::size_t seq, double held_out) {
+    return {std::filesystem::absolute(file).string(), false,
+            [=] { return load_text(file, tokenize, seq, held_out); }};
+  }
+  // Chat JSONL rendered with `form` (the model's template, with the vocabulary's BOS/EOS
+  // texts in `render`), loss on the assistant's tokens (load_chat). The form is copied:
+  // the data is loaded later, when the caller's template text may be gone.
+  static data_source from_chat(const std::string& file, tokenize_fn tokenize, const chat_template& form, std::int32_t pad,
+                               std::size_t seq, double held_out, const chat_render_options& render = {}) {
+    return {std::filesystem::absolute(file).string(), true,
+            [=] { return load_chat(file, tokenize, form, pad, seq, held_out, render); }};
+  }
+  // Windows already made (a notebook's, a test's), under a name of the caller's choice.
+  static data_source from_windows(std::string name, dataset d) {
+    return {std::move(name), false, [d = std::move(d)] { return d; }};
+  }
+};
+
+// The sums over the processes of a data-parallel run (MPI_Allreduce and MPI_Barrier,
+// say); left empty, the run is one process. Each process takes batch / ranks windows.
+struct data_parallel {
+  std::size_t rank = 0, ranks = 1;
+  std::function<void(std::span<double>)> sum = {};       // in place, over the ranks
+  std::function<void(std::span<float>)> sum_floats = {};  // in place, over the ranks
+  std::function<void()> barrier = {};
+  bool lead() const { return rank == 0; }
+};
+
+// What one step did.
+struct step_report {
+  std::size_t step = 0, total = 0;  // after this step, of the run's total
+  double loss = 0;                  // mean over the global batch's counted targets
+  double held_out = NAN;            // measured at this step (the eval cadence), else NaN
+  double last_held_out = NAN;       // the latest measured in this run
+  double lr = 0, grad_norm = 0;     // grad_norm: before clipping
+  double tokens_per_s = 0, eta_seconds = 0;
+  bool stopping = false;            // the stop flag was seen: done() is now true
+};
+
+// What finish() did.
+struct finish_report {
+  bool saved = false;                // a checkpoint was written (no step ran: none)
+  std::string checkpoint = {};       // its path
+  double save_seconds = 0;
+  bool exported = false;             // the run reached its total: model.gguf written
+  std::filesystem::path model = {};
+};
+
+// Where the trainer reports; every member may be left empty.
+struct trainer_hooks {
+  std::function<void(const std::string&)> warn = {};       // "warning: ...", "note: ...", what was removed
+  std::function<void(const step_report&)> on_step = {};    // after each step, before its checkpoint
+  const std::atomic<bool>* stop = nullptr;              // read between steps: stop after this one
+  const std::atomic<bool>* abandon_save = nullptr;      // read during a checkpoint write: abandon it
+  data_parallel group = {};
+};
+
+// A checkpoint write abandoned through trainer_hooks::abandon_save; the previous
+// checkpoint stays the committed one.
+struct save_abandoned : error {
+  using error::error;
+};
+
+namespace detail {
+
+// Makes `out` ready before anything slow happens: the folder exists and takes a file (an
+// unwritable folder used to surface at the first checkpoint, a hundred steps in), an
+// earlier run in it is neither resumed nor deleted by accident, and what killed runs
+// left there (temporary files, uncommitted or half checkpoint pairs) is removed.
+inline void prepare_out(const trainer_options& o, const std::function<void(const std::string&)>& warn) {
+  namespace fs = std::filesystem;
+  const fs::path& out = o.out;
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec || !fs::is_directory(out))
+    throw error(fmt::format("--out {}: cannot create the folder: {}; give a folder you can write to",
+                            out.string(), ec ? ec.message() : std::string("a file of that name is in the way")));
+  const fs::path probe = out / fmt::format(".write-probe.tmp-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 || ::write(fd, "x", 1) != 1) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd), fs::remove(probe, ec);
+    throw error(fmt::format("--out {}: cannot write a file in the folder: {}; give a folder you can write to", out.string(), std::strerror(err)));
+  }
+  ::close(fd);
+  fs::remove(probe, ec);
+
+  if (!o.resume) {
+    std::vector<std::string> found;  // what a new run would destroy
+    const std::string committed = latest_checkpoint(out);
+    if (!committed.empty()) found.push_back(committed);
+    if (fs::exists(out / "model.gguf")) found.push_back("model.gguf");
+    if (!found.empty() && !o.overwrite) {
+      std::string list;
+      for (const auto& f : found) list += (list.empty() ? "" : ", ") + f;
+      throw error(fmt::format("--out {} holds an earlier run ({}); continue it with --resume, replace it with --overwrite, "
+                              "or give another --out", out.string(), list));
+    }
+    if (o.overwrite) {  // the pointer first: from then on nothing here is a committed checkpoint
+      for (const char* name : {"checkpoint", "model.gguf", "loss.csv", "loss.svg"}) fs::remove(out / name, ec);
+    }
+  }
+  const std::vector<std::string> removed = prune_checkpoints(out, o.keep_checkpoints);
+  if (!removed.empty() && warn) {
+    std::string list;
+    for (const auto& f : removed) list += (list.empty() ? "" : ", ") + f;
+    warn(fmt::format("removed from {} what earlier runs left: {}", out.string(), list));
+  }
+}
+
+}  // namespace detail
+
+template <LlamaConfig C>
+class trainer {
+ public:
+  using weights = trainable<C, float>;
+
+  // Readies the output folder, loads the data, and takes the weights from the newest
+  // checkpoint (o.resume), from `source` (fine-tuning; it must outlive the trainer, whose
+  // checkpoints and export copy its metadata), or from o.seed.
+  trainer(trainer_options o, const data_source& data, const gguf::file* source = nullptr, trainer_hooks hooks = {})
+      : o_(std::move(o)), hooks_(std::move(hooks)), source_(source) {
+    namespace fs = std::filesystem;
+    if (o_.config.empty()) {
+      o_.config = std::string(type_name<C>());
+      if (o_.config.starts_with("tlm::")) o_.config.erase(0, 5);
+    }
+    if ((o_.steps == 0) == (o_.epochs == 0)) throw error("give exactly one of --steps N and --epochs E");
+    const data_parallel& grp = hooks_.group;
+    if (grp.ranks == 0 || grp.rank >= grp.ranks || (grp.ranks > 1 && (!grp.sum || !grp.sum_floats)))
+      throw error(fmt::format("data_parallel: rank {} of {} ranks; more than one rank needs `sum` and `sum_floats`", grp.rank, grp.ranks));
+    if (grp.lead()) detail::prepare_out(o_, hooks_.warn);
+    barrier();  // no rank reads the folder before it is tidied
+    if (o_.batch % grp.ranks != 0)
+      throw error(fmt::format("--batch {} is not a multiple of the {} MPI ranks; each rank takes an equal share of the global batch", o_.batch, grp.ranks));
+    local_ = o_.batch / grp.ranks;
+    if (o_.seq > C::context) throw error(fmt::format("--seq {} is more than the context of {} ({} positions)", o_.seq, o_.config, C::context));
+
+    data_ = data.load();
+    const std::size_t n_train = data_.train.size();
+    const std::size_t steps_per_epoch = (n_train + o_.batch - 1) / o_.batch;
+    total_ = o_.steps ? o_.steps : o_.epochs * steps_per_epoch;
+
+    const adamw_options ao{.lr = o_.lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = o_.weight_decay, .clip = o_.clip,
+                           .warmup = o_.warmup, .total_steps = total_, .min_lr = o_.min_lr};
+    p_ = std::make_unique<weights>();
+    g_ = std::make_unique<weights>();
+    opt_ = std::make_unique<adamw<weights>>(ao);
+    st_ = {.step = 0, .seed = o_.seed, .data_position = 0, .rng_state = 0, .batch = o_.batch, .seq = o_.seq, .threads = o_.threads,
+           .options = ao, .config = o_.config, .data = data.name, .chat = data.chat,
+           .kernels = std::string(kernels::kernel_level_name())};
+    if (o_.resume) {
+      resume(data);
+    } else if (source_) {
+      p_ = to_trainable<float>(bind<C>(*source_));
+    } else {
+      init_weights(*p_, o_.seed);
+    }
+    // A checkpoint at exactly `total` (a run killed between its last checkpoint and the
+    // export) only needs the export; beyond it, the user asked for fewer steps than were run.
+    if (st_.step > total_)
+      throw error(fmt::format("the checkpoint is at step {}, and --steps/--epochs ask for {} in total; ask for more steps", st_.step, total_));
+
+    run_ = std::make_unique<training<C, float>>(training_options{.batch = local_, .seq = o_.seq, .threads = o_.threads});
+    order_ = std::make_unique<window_order>(n_train, o_.seed);
+    x_.resize(local_ * o_.seq);
+    y_.resize(local_ * o_.seq);
+  }
+
+  // True once the run reached its total or the stop flag was seen.
+  bool done() const { return st_.step >= total_ || stopping_; }
+
+  // One optimizer step over the next batch, the held-out loss at its cadence, the report
+  // to the hook, then a checkpoint at its cadence (none when stopping: finish() writes
+  // it). A NaN or infinity in the loss or a gradient throws numeric_error before anything
+  // changes; nothing on disk is touched, so the last checkpoint stays the run's.
+  step_report step() {
+    if (st_.step >= total_) throw error(fmt::format("the run is at its last step ({}); ask for more steps to continue it", total_));
+    const auto t0 = std::chrono::steady_clock::now();
+    if (this_run_ == 0) t_start_ = t0;
+    const data_parallel& grp = hooks_.group;
+    fill(data_.train, [&](std::size_t b) { return order_->at(st_.data_position + grp.rank * local_ + b); });
+    double loss = run_->forward(*p_, x_, y_);
+    zero(*g_);
+    run_->backward(*p_, *g_);
+    if (grp.ranks > 1) {
+      const double counted = static_cast<double>(std::count_if(y_.begin(), y_.end(), [](std::int32_t t) { return t != ignore_target; }));
+      double totals[2] = {loss * counted, counted};  // summed loss and count over the ranks
+      grp.sum(totals);
+      loss = totals[0] / totals[1];
+      all_reduce_gradients(counted / totals[1]);
+    }
+    const adamw_report rep = opt_->step(*p_, *g_);
+    st_.step = opt_->steps();
+    st_.data_position += o_.batch;
+    ++this_run_;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    loss_log_row r{st_.step, loss, NAN, rep.lr, rep.grad_norm, static_cast<double>(o_.batch * o_.seq) / secs};
+    if (grp.lead() && ((o_.eval_every && st_.step % o_.eval_every == 0) || st_.step == total_)) r.held_out = last_held_ = held_out_loss();
+    rows_.push_back(r);
+    const bool asked = (hooks_.stop && hooks_.stop->load()) || (o_.stop_after && this_run_ >= o_.stop_after);
+    stopping_ = any(asked);  // every rank stops at the same step
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+    const step_report report{.step = st_.step, .total = total_, .loss = loss, .held_out = r.held_out, .last_held_out = last_held_,
+                             .lr = rep.lr, .grad_norm = rep.grad_norm, .tokens_per_s = r.tokens_per_s,
+                             .eta_seconds = elapsed / static_cast<double>(this_run_) * static_cast<double>(total_ - st_.step),
+                             .stopping = stopping_};
+    if (hooks_.on_step) hooks_.on_step(report);
+    if (o_.save_every && st_.step % o_.save_every == 0 && st_.step < total_ && !stopping_) save();
+    return report;
+  }
+
+  // Runs step() until done(), then finish().
+  finish_report run() {
+    while (!done()) step();
+    return finish();
+  }
+
+  // Ends this run: a checkpoint of the last step (unless no step ran: a resume of a
+  // finished run has its checkpoint already), and at the total, out/model.gguf.
+  finish_report finish() {
+    finish_report f;
+    if (this_run_ > 0) {
+      save();
+      f.saved = true;
+      f.checkpoint = (o_.out / latest_checkpoint(o_.out)).string();
+      f.save_seconds = save_seconds_;
+    }
+    if (st_.step == total_ && hooks_.group.lead()) {
+      f.model = o_.out / "model.gguf";
+      write_model<C>(f.model, *p_, o_.out_type, source_, st_.step);
+      f.exported = true;
+    }
+    return f;
+  }
+
+  // The mean of batch losses over the held-out windows (cycled to fill the last batch);
+  // NaN without held-out windows.
+  double held_out_loss() {
+    const std::size_t n = data_.held_out.size();
+    if (n == 0) return NAN;
+    double sum = 0;
+    std::size_t batches = 0;
+    for (std::size_t s = 0; s < n; s += local_, ++batches) {
+      fill(data_.held_out, [&](std::size_t b) { return (s + b) % n; });
+      sum += run_->forward(*p_, x_, y_);
+    }
+    return sum / static_cast<double>(batches);
+  }
+
+  const trainer_options& options() const { return o_; }
+  const dataset& data() const { return data_; }
+  const train_state& state() const { return st_; }
+  std::size_t steps() const { return st_.step; }
+  std::size_t total_steps() const { return total_; }
+  std::size_t steps_this_run() const { return this_run_; }
+  const std::string& kernel_level() const { return st_.kernels; }
+  double load_seconds() const { return load_seconds_; }  // of the checkpoint resumed from
+  const std::vector<loss_log_row>& log() const { return rows_; }
+  const weights& parameters() const { return *p_; }
+  weights& parameters() { return *p_; }
+
+ private:
+  void barrier() const {
+    if (hooks_.group.barrier) hooks_.group.barrier();
+  }
+  bool any(bool b) const {
+    if (!hooks_.group.sum) return b;
+    double v = b ? 1 : 0;
+    hooks_.group.sum(std::span(&v, 1));
+    return v > 0;
+  }
+
+  // Loads the newest checkpoint of `out` and checks it against this run: what would make
+  // the data order or the batches differ is refused; the optimizer's options may change
+  // (extending --steps is the common case), with a warning, because the run then differs
+  // from an uninterrupted one with either value.
+  void resume(const data_source& data) {
+    const auto t_load = std::chrono::steady_clock::now();
+    const train_state saved = load_checkpoint<C>(o_.out, *p_, *opt_);
+    load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+    const auto differs = [&](const char* what, const std::string& was, const std::string& now) {
+      if (was != now)
+        throw error(fmt::format("--resume: the checkpoint in {} was made with {} {}, this run has {}; use the same value to resume", o_.out.string(), what, was, now));
+    };
+    differs("config", saved.config, o_.config);
+    differs("--batch", std::to_string(saved.batch), std::to_string(o_.batch));
+    differs("--seq", std::to_string(saved.seq), std::to_string(o_.seq));
+    differs("--seed", std::to_string(saved.seed), std::to_string(o_.seed));
+    differs("--data", saved.data, data.name);
+    differs("--chat", saved.chat ? "on" : "off", data.chat ? "on" : "off");
+    const bool lead = hooks_.group.lead() && hooks_.warn;
+    const adamw_options& ao = st_.options;
+    const auto changed = [&](const char* what, double was, double now) {
+      if (was != now && lead)
+        hooks_.warn(fmt::format("warning: the checkpoint was made with {} {}, this run uses {}; continuing with {} from step {}", what, was, now, now, saved.step));
+    };
+    changed("--lr", saved.options.lr, ao.lr);
+    changed("--min-lr", saved.options.min_lr, ao.min_lr);
+    changed("--warmup", static_cast<double>(saved.options.warmup), static_cast<double>(ao.warmup));
+    changed("--clip", saved.options.clip, ao.clip);
+    changed("--weight-decay", saved.options.weight_decay, ao.weight_decay);
+    changed("total steps (--steps/--epochs)", static_cast<double>(saved.options.total_steps), static_cast<double>(ao.total_steps));
+    if (saved.threads != o_.threads && lead)
+      hooks_.warn(fmt::format("note: the checkpoint was made with --threads {}, this run uses {}; losses will differ in the last bits", saved.threads, o_.threads));
+    if (!saved.kernels.empty() && saved.kernels != st_.kernels && lead)
+      hooks_.warn(fmt::format("note: the checkpoint was made with the {} kernels, this run uses {} (another CPU, or TLM_KERNELS); "
+                              "losses will differ in the last bits",
+                              saved.kernels, st_.kernels));
+    st_.step = saved.step;
+    st_.data_position = saved.data_position;
+    rows_ = read_loss_log(o_.out / "loss.csv", st_.step);
+  }
+
+  // Copies the windows window_of(b), b < local, of `ws` into the batch.
+  template <class F>
+  void fill(const window_set& ws, F window_of) {
+    const std::size_t T = o_.seq;
+    for (std::size_t b = 0; b < local_; ++b) {
+      const std::size_t w = window_of(b);
+      std::copy_n(ws.inputs.begin() + static_cast<std::ptrdiff_t>(w * T), T, x_.begin() + static_cast<std::ptrdiff_t>(b * T));
+      std::copy_n(ws.targets.begin() + static_cast<std::ptrdiff_t>(w * T), T, y_.begin() + static_cast<std::ptrdiff_t>(b * T));
+    }
+  }
+
+  // Averages the ranks' gradients with one all-reduce per bucket of 4M floats (16 MB)
+  // packed along the weight walk. Each rank's gradient is the mean over its own counted
+  // targets, so it is weighted by counted / total_counted: the result is the gradient of
+  // the global batch's mean loss, as one process computes it.
+  void all_reduce_gradients(double weight) {
+    constexpr std::size_t capacity = std::size_t{1} << 22;
+    bucket_.resize(capacity);                             // [capacity]
+    std::vector<std::pair<float*, std::size_t>> pending;  // where the bucket's pieces go back
+    std::size_t used = 0;
+    const auto flush = [&] {
+      hooks_.group.sum_floats(std::span(bucket_.data(), used));
+      std::size_t off = 0;
+      for (const auto& [ptr, n] : pending) {
+        std::copy_n(bucket_.begin() + static_cast<std::ptrdiff_t>(off), n, ptr);
+        off += n;
+      }
+      pending.clear();
+      used = 0;
+    };
+    for_each_tensor(
+        [&](const tensor_name&, auto& t) {
+          float* data = t.data();
+          const std::size_t n = t.values().size();
+          for (std::size_t done = 0; done < n;) {
+            const std::size_t take = std::min(capacity - used, n - done);
+            for (std::size_t i = 0; i < take; ++i) bucket_[used + i] = static_cast<float>(data[done + i] * weight);
+            pending.emplace_back(data + done, take);
+            used += take;
+            done += take;
+            if (used == capacity) flush();
+          }
+        },
+        *g_);
+    if (used) flush();
+  }
+
+  // A checkpoint of the current step, the loss log first: a kill between the two leaves a
+  // log that runs ahead of the checkpoint, which a resume trims; the other order would
+  // lose the rows. Only the lead process writes; the others wait for it.
+  void save() {
+    namespace fs = std::filesystem;
+    st_.rng_state = order_->rng_state();
+    if (hooks_.group.lead()) {
+      const auto t_save = std::chrono::steady_clock::now();
+      write_loss_log(o_.out, rows_);
+      const std::string previous = latest_checkpoint(o_.out);
+      const std::atomic<bool>* abandon = hooks_.abandon_save;
+      const auto abandoned = [abandon] { return abandon && abandon->load(); };
+      try {
+        save_checkpoint<C>(o_.out, *p_, *opt_, st_, source_, o_.keep_checkpoints, abandoned);
+      } catch (const error&) {
+        if (!abandoned()) throw;
+        throw save_abandoned(fmt::format("a second Ctrl-C abandoned the checkpoint of step {}; {}", st_.step,
+                                         previous.empty() ? "no checkpoint was written, so a new run starts from step 0"
+                                                          : fmt::format("{} is intact: continue with --resume", (o_.out / previous).string())));
+      }
+      save_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_save).count();
+    }
+    barrier();  // no rank runs ahead of a checkpoint it might be asked to resume from
+  }
+
+  trainer_options o_;
+  trainer_hooks hooks_;
+  const gguf::file* source_;
+  std::size_t local_ = 0;  // windows per step on this rank
+  std::size_t total_ = 0;
+  dataset data_;
+  std::unique_ptr<weights> p_, g_;
+  std::unique_ptr<adamw<weights>> opt_;
+  train_state st_;
+  std::unique_ptr<training<C, float>> run_;
+  std::unique_ptr<window_order> order_;
+  std::vector<std::int32_t> x_, y_;  // [B / ranks, T] each
+  std::vector<float> bucket_;        // [4M] the all-reduce's, with more than one rank
+  std::vector<loss_log_row> rows_;
+  std::size_t this_run_ = 0;
+  bool stopping_ = false;
+  double last_held_ = NAN;
+  double load_seconds_ = 0, save_seconds_ = 0;
+  std::chrono::steady_clock::time_point t_start_;
+};
+
+}  // namespace tlm

@@ -1,0 +1,180 @@
+// tlm::trainer driven from C++, as a notebook or another front end would: steps lower
+// the loss; a stopped run resumed from its checkpoint equals an uninterrupted one bit for
+// bit; the stop flag ends the run after the step that sees it; a NaN is refused and the
+// last checkpoint stays intact; an earlier run in the folder is refused, a changed option
+// on resume is warned about through the hook.
+#include <doctest/doctest.h>
+
+#include <tlm/train/trainer.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace {
+
+using C = tlm::tiny_train;
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  const auto dir = fs::path(TLM_BINARY_DIR) / "test_train_trainer" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// A small corpus with structure to learn (a repeated sentence with a counter), in a file,
+// so the windows come from the same loader as examples/train's.
+std::string corpus() {
+  static const std::string path = [] {
+    const auto dir = fs::path(TLM_BINARY_DIR) / "test_train_trainer";
+    fs::create_directories(dir);
+    const auto p = dir / "corpus.txt";
+    std::ofstream out(p);
+    for (int i = 0; i < 200; ++i) out << "the cat sat on mat " << i % 7 << ".\n";
+    return p.string();
+  }();
+  return path;
+}
+
+tlm::data_source data() { return tlm::data_source::from_text(corpus(), tlm::byte_tokens, 16, 0.1); }
+
+tlm::trainer_options options(const fs::path& out) {
+  return {.steps = 12, .batch = 4, .seq = 16, .lr = 3e-3, .warmup = 2, .eval_every = 4, .save_every = 4, .out = out, .threads = 1, .seed = 3};
+}
+
+std::string bytes_of(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+TEST_CASE("trainer: steps lower the training and the held-out loss; finish writes the checkpoint and the model") {
+  const auto dir = fresh_dir("learns");
+  tlm::trainer<C> t(options(dir), data());
+  CHECK(t.total_steps() == 12);
+  CHECK(t.data().train.size() > 0);
+  const double held_before = t.held_out_loss();
+  std::vector<double> losses;
+  while (!t.done()) losses.push_back(t.step().loss);
+  REQUIRE(losses.size() == 12);
+  CHECK(losses.back() < losses.front() - 0.5);
+  CHECK(t.held_out_loss() < held_before - 0.5);
+  CHECK(tlm::latest_checkpoint(dir) == "checkpoint-8");  // the cadence's, below the total
+  const tlm::finish_report f = t.finish();
+  CHECK(f.saved);
+  CHECK(f.exported);
+  CHECK(tlm::latest_checkpoint(dir) == "checkpoint-12");
+  CHECK(fs::exists(dir / "model.gguf"));
+  CHECK(fs::exists(dir / "loss.csv"));
+  CHECK(t.log().size() == 12);
+  CHECK(!std::isnan(t.log()[3].held_out));  // step 4: the eval cadence
+  CHECK(std::isnan(t.log()[4].held_out));
+  CHECK_THROWS_WITH(t.step(), doctest::Contains("the run is at its last step (12)"));
+}
+
+TEST_CASE("trainer: a run stopped after 5 steps and resumed equals an uninterrupted one bit for bit") {
+  const auto full_dir = fresh_dir("full"), split_dir = fresh_dir("split");
+  tlm::trainer<C> full(options(full_dir), data());
+  full.run();
+
+  auto first = options(split_dir);
+  first.stop_after = 5;
+  {
+    tlm::trainer<C> t(first, data());
+    const tlm::finish_report f = t.run();
+    CHECK(t.steps() == 5);
+    CHECK(f.saved);
+    CHECK(!f.exported);
+  }
+  auto second = options(split_dir);
+  second.resume = true;
+  std::vector<std::string> warnings;
+  tlm::trainer<C> resumed(second, data(), nullptr, {.warn = [&](const std::string& w) { warnings.push_back(w); }});
+  CHECK(resumed.steps() == 5);
+  resumed.run();
+  CHECK(warnings.empty());
+  bool same_weights = true;
+  tlm::for_each_tensor([&](const tlm::tensor_name&, const auto& x, const auto& y) { same_weights = same_weights && std::ranges::equal(x.values(), y.values()); },
+                       resumed.parameters(), full.parameters());
+  CHECK(same_weights);
+  REQUIRE(resumed.log().size() == full.log().size());
+  for (std::size_t i = 0; i < full.log().size(); ++i) {
+    CHECK(resumed.log()[i].loss == full.log()[i].loss);
+    CHECK((resumed.log()[i].held_out == full.log()[i].held_out || (std::isnan(resumed.log()[i].held_out) && std::isnan(full.log()[i].held_out))));
+  }
+  CHECK(bytes_of(split_dir / "model.gguf") == bytes_of(full_dir / "model.gguf"));
+}
+
+TEST_CASE("trainer: the stop flag ends the run after the step that sees it, with a checkpoint of that step") {
+  const auto dir = fresh_dir("stop");
+  std::atomic<bool> stop{false};
+  tlm::trainer_hooks hooks{.stop = &stop};
+  hooks.on_step = [&](const tlm::step_report& r) {
+    CHECK(r.stopping == (r.step == 4));  // the flag set at step 3's report is read after step 4
+    if (r.step == 3) stop = true;
+  };
+  tlm::trainer<C> t(options(dir), data(), nullptr, hooks);
+  while (!t.done()) t.step();
+  CHECK(t.steps() == 4);
+  CHECK(tlm::latest_checkpoint(dir).empty());  // step 4's cadence save is left to finish()
+  const tlm::finish_report f = t.finish();
+  CHECK(f.saved);
+  CHECK(!f.exported);
+  CHECK(tlm::latest_checkpoint(dir) == "checkpoint-4");
+}
+
+TEST_CASE("trainer: a NaN in the weights is refused by the step; the last checkpoint stays intact and resumes") {
+  const auto dir = fresh_dir("nan");
+  auto o = options(dir);
+  o.stop_after = 4;
+  {
+    tlm::trainer<C> t(o, data());
+    t.run();  // checkpoint-4
+  }
+  const std::string weights_before = bytes_of(dir / "checkpoint-4.gguf"), optim_before = bytes_of(dir / "checkpoint-4.optim.gguf");
+  o.stop_after = 0;
+  o.resume = true;
+  {
+    tlm::trainer<C> t(o, data());
+    t.parameters().layers[0].attn_q.values()[5] = NAN;
+    CHECK_THROWS_AS(t.step(), tlm::numeric_error);
+    CHECK(t.steps() == 4);  // nothing advanced
+  }
+  CHECK(tlm::latest_checkpoint(dir) == "checkpoint-4");
+  CHECK(bytes_of(dir / "checkpoint-4.gguf") == weights_before);
+  CHECK(bytes_of(dir / "checkpoint-4.optim.gguf") == optim_before);
+  tlm::trainer<C> again(o, data());
+  CHECK(again.steps() == 4);
+  CHECK(std::isfinite(again.step().loss));
+}
+
+TEST_CASE("trainer: an earlier run is refused without resume or overwrite; a changed option on resume is a warning") {
+  const auto dir = fresh_dir("policy");
+  auto o = options(dir);
+  o.steps = 2;
+  tlm::trainer<C>(o, data()).run();
+  CHECK_THROWS_WITH(tlm::trainer<C>(o, data()), doctest::Contains("holds an earlier run (checkpoint-2, model.gguf); continue it with --resume"));
+  o.resume = true;
+  o.steps = 3;
+  o.lr = 1e-3;
+  std::vector<std::string> warnings;
+  tlm::trainer<C> t(o, data(), nullptr, {.warn = [&](const std::string& w) { warnings.push_back(w); }});
+  REQUIRE(warnings.size() == 2);
+  CHECK(warnings[0] == "warning: the checkpoint was made with --lr 0.003, this run uses 0.001; continuing with 0.001 from step 2");
+  CHECK(warnings[1].starts_with("warning: the checkpoint was made with total steps (--steps/--epochs) 2, this run uses 3"));
+  o.seed = 4;
+  CHECK_THROWS_WITH(tlm::trainer<C>(o, data()), doctest::Contains("was made with --seed 3, this run has 4"));
+  o.seed = 3;
+  o.resume = false;
+  o.overwrite = true;
+  tlm::trainer<C> anew(o, data());
+  CHECK(anew.steps() == 0);
+  CHECK(tlm::latest_checkpoint(dir).empty());
+}

@@ -53,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "tlm/strings.hpp"
 #include "tlm/error.hpp"
 
 namespace tlm {
@@ -148,8 +149,6 @@ inline std::string python_strip(std::string_view s) {
   }
   return std::string(s.substr(a, b - a));
 }
-
-inline bool contains(std::string_view t, std::string_view part) { return t.find(part) != std::string_view::npos; }
 
 // What a renderer reads besides the messages.
 struct form_context {

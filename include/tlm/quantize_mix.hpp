@@ -17,6 +17,7 @@
 //    Q4_K_S) gives the first four attn_v and the first eighth of ffn_down Q5_K;
 //  - a matrix whose rows are not a multiple of the chosen type's block falls back:
 //    Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16 if even that does not fit.
+#include <tlm/strings.hpp>
 #include <tlm/encoding.hpp>
 #include <tlm/error.hpp>
 
@@ -97,8 +98,6 @@ struct tensor_desc {
 };
 
 namespace detail {
-
-inline bool contains(std::string_view s, std::string_view part) { return s.find(part) != std::string_view::npos; }
 
 // llama.cpp's use_more_bits: the first and last eighth of the layers, and every third
 // layer between, are the ones whose errors cost the most perplexity.

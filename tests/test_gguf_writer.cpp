@@ -135,7 +135,10 @@ TEST_CASE("tensors the writer cannot write are rejected when added") {
   CHECK_THROWS_AS(w.add_tensor("t", {32, 0}, tlm::encoding::q8_0, raw), tlm::shape_error);
   CHECK_THROWS_AS(w.add_tensor("", {32}, tlm::encoding::q8_0, raw), tlm::format_error);
   CHECK_THROWS_AS(w.add_tensor_f32("t", {32}, tlm::encoding::q8_0, std::vector<float>(31)), tlm::shape_error);
-  CHECK_THROWS_AS(w.add_tensor_f32("t", {256}, tlm::encoding::q4_k, std::vector<float>(256)), tlm::shape_error);
+  // Q8_K is an activation encoding (llama.cpp's, for the K-quants' products): no file stores it.
+  CHECK_THROWS_AS(w.add_tensor_f32("t", {256}, tlm::encoding::q8_k, std::vector<float>(256)), tlm::shape_error);
+  // Q4_K is written, but only in whole blocks of 256.
+  CHECK_THROWS_AS(w.add_tensor_f32("t", {128}, tlm::encoding::q4_k, std::vector<float>(128)), tlm::shape_error);
   w.add_tensor("t", {32}, tlm::encoding::q8_0, raw);
   CHECK_THROWS_AS(w.add_tensor("t", {32}, tlm::encoding::q8_0, raw), tlm::format_error);
   CHECK_THROWS_AS(w.set_alignment(48), tlm::format_error);

@@ -10,7 +10,8 @@ that file, for a fixed prompt:
      (ref_forward.RefModel on the same file): max|tlm - ref| / max|ref| <= 1e-4 at every
      position and the same argmax (the bound check_forward.py uses);
   2. llama.cpp (llama-cpp-python, logits_all) against the same reference: the argmax
-     agrees at every position for f32 (75% for the others), and max|llama - ref| /
+     agrees at every position for f32 (75% for the others, 60% for q5_0), every parting is
+     a near-tie within llama.cpp's own error at that position, and max|llama - ref| /
      max|ref| is within the type's tolerance (llama.cpp rounds activations to Q8 for quantized matrices and keeps its KV
      cache in f16, so its error is larger than tlm's; the figures are printed).
 Then a tiny_train model trained from scratch on bytes (20 steps): llama.cpp loads it,
@@ -44,11 +45,14 @@ PROMPT = [504, 3458, 282, 253, 1345, 30, 378, 314, 3237, 1745, 282, 2754, 7]
 # and the share of positions whose argmax must agree. Measured (13 positions) on AMD Zen 4:
 # f32 1.4e-3, f16 2.0e-3, bf16 2.1e-2, q8_0 4.7e-2 (12/13 argmax), q4_1 6.7e-2 (12/13); on
 # an Intel Xeon (llama.cpp built without AMX): f16 3.0e-3 with 12/13 (ggml's f16 product
-# rounds the activations to f16, so a near-tie flips), q5_0 7.8e-2 (10/13); the source
+# rounds the activations to f16, so a near-tie flips), q5_0 7.8e-2 (10/13, then 9/13 once
+# Q5_0 was rounded as llama.cpp's quantizer rounds it); the source
 # Q4_1 model itself shows up to 9.0e-2 and 227/231 argmax (fixtures/forward/
 # llamacpp_agreement.md): llama.cpp rounds activations to Q8 (or bf16), so a near-tie flips.
+# With 13 positions a share is coarse: besides it, every parting must be a near-tie that
+# llama.cpp's own error at that position explains (unexplained_partings).
 LLAMA_TOL = {"f32": (5e-3, 1.0), "f16": (5e-3, 0.75), "bf16": (5e-2, 0.75), "q8_0": (1e-1, 0.75), "q4_1": (1.5e-1, 0.75),
-             "q5_0": (1.5e-1, 0.75)}
+             "q5_0": (1.5e-1, 0.6)}
 
 
 def main() -> int:
@@ -89,10 +93,26 @@ def main() -> int:
                 failures.append(f"{out_type}: tlm's logits differ from the float64 reference ({err_ours:.2e}, argmax {arg_ours:.0%})")
             if err_llama > tol or arg_llama < agree:
                 failures.append(f"{out_type}: llama.cpp's logits differ from the float64 reference ({err_llama:.2e}, argmax {arg_llama:.0%})")
+            for pos in unexplained_partings(ref, theirs):
+                failures.append(f"{out_type}: at position {pos} llama.cpp's top token is not a near-tie of the reference's "
+                                f"within llama.cpp's own error there")
         failures += check_from_scratch(build, Path(tmp), Llama)
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0
+
+
+def unexplained_partings(ref: np.ndarray, theirs: np.ndarray) -> list[int]:
+    """Positions where llama.cpp's argmax differs from the reference's by more than its
+    own error explains: the reference's logit of llama.cpp's choice is more than twice
+    llama.cpp's largest error at that position below the reference's top. A near-tie may
+    flip under llama.cpp's Q8 activations; any other parting is a wrong model."""
+    out = []
+    for pos in range(ref.shape[0]):
+        a, b = ref[pos].argmax(), theirs[pos].argmax()
+        if a != b and ref[pos, a] - ref[pos, b] > 2 * np.abs(theirs[pos] - ref[pos]).max():
+            out.append(pos)
+    return out
 
 
 def check_from_scratch(build: Path, tmp: Path, Llama) -> list[str]:

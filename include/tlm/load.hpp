@@ -129,8 +129,11 @@ std::vector<std::string> hyperparameter_problems(const gguf::file& f) {
   }
   const std::string want_type = linear ? "linear" : "none";
   if (type != want_type) {
+    const bool known_type = type == "none" || type == "linear";
     out.push_back(type_key + ": expected \"" + want_type + "\" (" + std::string(type_name<C>()) + "), found " +
-                  (f.has(type_key) ? "\"" + type + "\"" : "no key") + "; declare the scaling the file has in the config's rope_scaling");
+                  (f.has(type_key) ? "\"" + type + "\"" : "no key") +
+                  (known_type ? "; declare the scaling the file has in the config's rope_scaling"
+                              : "; tlm implements RoPE scaling none, linear and llama3 (rope_freqs) only"));
   }
   // A factor of 1 scales nothing, and llama.cpp reads 0 as "not set".
   const double want_factor = linear ? scaling.factor : 1.0;

@@ -31,6 +31,7 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import argparse
+import hashlib
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,40 @@ def synth(build: Path, config: str, vocab: Path, enc: str) -> Path:
     return path
 
 
+def reference(path: Path, config: str, prompt: list[int]):
+    """The float64 reference's results on `path`: (hp, problems, logits [T, vocab], greedy
+    ids, margins). Cached next to the file, keyed by the file's size and mtime, the prompt
+    and the text of ref_forward.py and this script, so that a CI run after the first
+    skips the minute of dequantizing to float64 while a change to the file or the
+    reference recomputes."""
+    key = hashlib.sha256()
+    st = path.stat()
+    key.update(f"{st.st_size}:{st.st_mtime_ns}:{prompt}".encode())
+    for src in (HERE / "ref_forward.py", Path(__file__)):
+        key.update(src.read_bytes())
+    cache = path.with_suffix(f".ref-{key.hexdigest()[:16]}.npz")
+    model = rf.RefModel(str(path)) if not cache.exists() else None
+    if model is None:
+        z = np.load(cache, allow_pickle=False)
+        return (tuple(int(v) for v in z["shape"]), z["arch"].item(), [str(p) for p in z["problems"]], z["logits"],
+                [int(v) for v in z["ids"]], [float(v) for v in z["margins"]], int(z["vocab"]))
+    hp = model.hp
+    problems = []
+    if config == "llama32_1b":
+        want = rf.llama3_divisors(hp.rope_base, hp.n_rot, 32.0, 1.0, 4.0, 8192)
+        if model.rope_freqs is None:
+            problems.append("the file has no rope_freqs")
+        elif np.max(np.abs(model.rope_freqs - want) / want) > 1e-7:
+            problems.append(f"rope_freqs differ from Llama 3's divisors by {np.max(np.abs(model.rope_freqs - want) / want):.2e}")
+    elif hp.arch != "qwen2" or model.layers[0].bq is None:
+        problems.append(f"expected a qwen2 file with biases (arch {hp.arch})")
+    ids, margins, logits = model.greedy(prompt, N_GREEDY)
+    shape = (hp.dim, hp.n_head, hp.n_kv_head, hp.n_layer)
+    np.savez(cache, shape=np.array(shape), arch=np.array(hp.arch), problems=np.array(problems, dtype=str),
+             logits=logits, ids=np.array(ids), margins=np.array(margins), vocab=np.array(hp.n_vocab))
+    return shape, hp.arch, problems, logits, list(ids), list(margins), hp.n_vocab
+
+
 def llama_cpp_greedy(path: Path, prompt: list[int], n: int, ours: list[int]):
     """llama.cpp's free-running greedy ids, its teacher-forced choices along `ours` (its
     argmax at each of our steps), and its prompt logits [T, vocab]."""
@@ -91,39 +126,27 @@ def check(build: Path, config: str, vocab_name: str, shape, prompt: list[int], e
     failures = []
     label = f"{config} (2 layers, {enc})"
     path = synth(build, config, VOCAB_DIR / vocab_name, enc)
-    model = rf.RefModel(str(path))
-    hp = model.hp
-    if (hp.dim, hp.n_head, hp.n_kv_head, hp.n_layer) != (*shape, 2):
-        return [f"{label}: the file has shape {(hp.dim, hp.n_head, hp.n_kv_head, hp.n_layer)}, expected {(*shape, 2)}"]
-    if config == "llama32_1b":
-        want = rf.llama3_divisors(hp.rope_base, hp.n_rot, 32.0, 1.0, 4.0, 8192)
-        if model.rope_freqs is None:
-            failures.append(f"{label}: the file has no rope_freqs")
-        elif np.max(np.abs(model.rope_freqs - want) / want) > 1e-7:
-            failures.append(f"{label}: rope_freqs differ from Llama 3's divisors by "
-                            f"{np.max(np.abs(model.rope_freqs - want) / want):.2e}")
-    else:
-        if hp.arch != "qwen2" or model.layers[0].bq is None:
-            failures.append(f"{label}: expected a qwen2 file with biases (arch {hp.arch})")
+    shape_found, _, problems, ref, ref_ids, margins, vocab = reference(path, config, prompt)
+    if shape_found != (*shape, 2):
+        return [f"{label}: the file has shape {shape_found}, expected {(*shape, 2)}"]
+    failures += [f"{label}: {p}" for p in problems]
     with tempfile.TemporaryDirectory() as td:
         dump = Path(td) / "logits.f32"
         r = subprocess.run([str(build / "tests" / "layers_probe"), "--config", config, "--greedy", str(N_GREEDY), str(path),
                             str(dump), ",".join(map(str, prompt))], capture_output=True, text=True)
         if r.returncode != 0:
             return failures + [f"{label}: layers_probe exited {r.returncode}: {r.stderr}"]
-        ours = np.fromfile(dump, dtype="<f4").astype(np.float64).reshape(2, len(prompt), hp.n_vocab)
+        ours = np.fromfile(dump, dtype="<f4").astype(np.float64).reshape(2, len(prompt), vocab)
         ours_greedy = [int(x) for x in r.stdout.split()]
-    ref_ids, margins, ref = model.greedy(prompt, N_GREEDY)
     for name, got in (("batched prefill", ours[0]), ("token by token", ours[1])):
         rel = np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)
-        print(f"{label}, {name}: logits over {len(prompt)} x {hp.n_vocab}: worst {rel.max():.3e}, "
+        print(f"{label}, {name}: logits over {len(prompt)} x {vocab}: worst {rel.max():.3e}, "
               f"median {np.median(rel):.3e} (tolerance {REL_TOL:g}); max|ref| {np.max(np.abs(ref)):.3f}")
         if rel.max() > REL_TOL:
             failures.append(f"{label}, {name}, position {int(np.argmax(rel))}: relative logit error {rel.max():.3e}")
         bad = np.nonzero(np.argmax(got, axis=1) != np.argmax(ref, axis=1))[0]
         if bad.size:
             failures.append(f"{label}, {name}: argmax differs from float64 at positions {bad.tolist()}")
-    del model
     try:
         lcpp, forced, lcpp_prompt = llama_cpp_greedy(path, prompt, N_GREEDY, ours_greedy)
     except Exception as e:  # noqa: BLE001 - any failure of llama.cpp is this check's failure

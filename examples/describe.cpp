@@ -8,6 +8,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -21,6 +22,14 @@ void describe(std::string_view name, bool tensors) {
              C::vocab);
   fmt::print("  context {}, rms_eps {:g}, rope_theta {:g}, embeddings {}\n", C::context, C::rms_eps, C::rope_theta,
              C::tied_embeddings ? "tied (token_embd is also the output)" : "separate output.weight");
+  constexpr tlm::rope_scaling_params s = tlm::rope_scaling_v<C>;
+  const std::string scaling =
+      s.type == tlm::rope_scaling_type::none     ? std::string("none")
+      : s.type == tlm::rope_scaling_type::linear ? fmt::format("linear (factor {:g})", s.factor)
+                                                 : fmt::format("llama3 (factor {:g}, low {:g}, high {:g}, original context {})",
+                                                               s.factor, s.low_freq_factor, s.high_freq_factor, s.original_context);
+  fmt::print("  architecture {}, rope scaling {}, attention biases {}\n", tlm::architecture_name_v<C>, scaling,
+             tlm::attention_bias_v<C> ? "q/k/v" : "none");
   const tlm::model_weights<C> weights;
   if (tensors) {
     tlm::for_each_tensor(

@@ -25,6 +25,7 @@
 #include <tlm/hyperparameters.hpp>
 #include <tlm/quant.hpp>
 #include <tlm/tokenizer.hpp>
+#include <tlm/ops/rope.hpp>
 #include <tlm/weights.hpp>
 
 #include <fmt/core.h>
@@ -162,9 +163,18 @@ int synthesize(const options& o) {
         std::vector<std::uint64_t> dims = is_vec ? std::vector<std::uint64_t>{cols} : std::vector<std::uint64_t>{cols, rows};
         const std::uint64_t seed = tensor_seed(o.seed, n);
         const float std_dev = o.std_dev;
+        if (name.member == "rope_freqs") {
+          // Llama 3's per-pair divisors, as llama.cpp's converter writes them: not random.
+          const auto d = tlm::rope_divisors<C>();
+          std::vector<float> values(d.begin(), d.end());
+          w.add_tensor_f32(n, std::move(dims), enc, values);
+          return;
+        }
+        // Norm gains near 1; biases, like matrices, centred on 0.
+        const bool is_gain = is_vec && !name.is_bias();
         w.add_tensor_generated(n, std::move(dims), enc, [=](std::span<std::byte> out) {
           std::mt19937_64 rng(seed);
-          std::normal_distribution<float> dist(is_vec ? 1.0f : 0.0f, is_vec ? 0.1f : std_dev);
+          std::normal_distribution<float> dist(is_gain ? 1.0f : 0.0f, is_gain ? 0.1f : std_dev);
           std::vector<float> row(cols);
           const std::size_t rb = tlm::row_bytes(enc, cols);
           for (std::size_t r = 0; r < rows; ++r) {

@@ -4,8 +4,9 @@
 // twice: from one batched prefill, and from feeding the tokens one at a time (the
 // decode path).
 //
-//   layers_probe [--config smollm2_1_7b|smollm2_360m] FILE.gguf OUT.f32 ID,ID,...
-//                                               OUT: float32 [2, n, vocab]
+//   layers_probe [--config smollm2_1_7b|smollm2_360m|llama32_1b|qwen25_0_5b] [--greedy N]
+//                FILE.gguf OUT.f32 ID,ID,...    OUT: float32 [2, n, vocab]
+//   --greedy N also prints the N greedy ids that continue the prompt, one a line.
 //
 // The cut type lives here, not in the library: smollm2_1_7b itself must refuse a file
 // with two blocks, and check_synthetic.py checks that it does.
@@ -13,6 +14,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -29,6 +31,14 @@ struct smollm2_1_7b_first2 : tlm::smollm2_1_7b {
 struct smollm2_360m_first2 : tlm::smollm2_360m {
   static constexpr std::size_t layers = 2;
 };
+// The new families' shapes with their traits (check_families.py): Llama 3.2 1B (llama3
+// RoPE scaling, rope_freqs) and Qwen2.5 0.5B (qwen2: biases, half-split pairing).
+struct llama32_1b_first2 : tlm::llama32_1b {
+  static constexpr std::size_t layers = 2;
+};
+struct qwen25_0_5b_first2 : tlm::qwen25_0_5b {
+  static constexpr std::size_t layers = 2;
+};
 
 std::vector<std::int32_t> parse_ids(const std::string& s) {
   std::vector<std::int32_t> ids;
@@ -42,7 +52,7 @@ std::vector<std::int32_t> parse_ids(const std::string& s) {
 }
 
 template <class C>
-int probe(const char* file, const char* out_path, const char* id_list) {
+int probe(const char* file, const char* out_path, const char* id_list, std::size_t greedy) {
   const auto ids = parse_ids(id_list);
   auto m = tlm::model<C>::load(file, {.threads = 2});
   std::vector<float> batched;  // [n, vocab]
@@ -58,6 +68,16 @@ int probe(const char* file, const char* out_path, const char* id_list) {
       stepped.insert(stepped.end(), logits.begin(), logits.end());
     }
   }
+  if (greedy > 0) {
+    // Greedy continuation of the prompt (argmax of each step's logits), one id a line.
+    tlm::kv_cache<C> cache(ids.size() + greedy);
+    auto logits = m.prefill(ids, cache);
+    for (std::size_t i = 0; i < greedy; ++i) {
+      const auto next = static_cast<std::int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      fmt::print("{}\n", next);
+      if (i + 1 < greedy) logits = m.forward(next, cache);
+    }
+  }
   std::ofstream out(out_path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(batched.data()), static_cast<std::streamsize>(batched.size() * sizeof(float)));
   out.write(reinterpret_cast<const char*>(stepped.data()), static_cast<std::streamsize>(stepped.size() * sizeof(float)));
@@ -70,18 +90,25 @@ int probe(const char* file, const char* out_path, const char* id_list) {
 
 int run(int argc, char** argv) {
   std::string config = "smollm2_1_7b";
-  if (argc == 6 && std::string(argv[1]) == "--config") {
-    config = argv[2];
+  std::size_t greedy = 0;
+  while (argc > 4 && std::string(argv[1]).starts_with("--")) {
+    const std::string opt = argv[1];
+    if (opt == "--config") config = argv[2];
+    else if (opt == "--greedy") greedy = std::stoul(argv[2]);
+    else break;
     argv += 2;
     argc -= 2;
   }
   if (argc != 4) {
-    fmt::print(stderr, "usage: layers_probe [--config smollm2_1_7b|smollm2_360m] FILE.gguf OUT.f32 ID,ID,...\n");
+    fmt::print(stderr, "usage: layers_probe [--config NAME] [--greedy N] FILE.gguf OUT.f32 ID,ID,...\n");
     return 2;
   }
-  if (config == "smollm2_1_7b") return probe<smollm2_1_7b_first2>(argv[1], argv[2], argv[3]);
-  if (config == "smollm2_360m") return probe<smollm2_360m_first2>(argv[1], argv[2], argv[3]);
-  fmt::print(stderr, "layers_probe: no cut shape for --config {}; known: smollm2_1_7b, smollm2_360m\n", config);
+  if (config == "smollm2_1_7b") return probe<smollm2_1_7b_first2>(argv[1], argv[2], argv[3], greedy);
+  if (config == "smollm2_360m") return probe<smollm2_360m_first2>(argv[1], argv[2], argv[3], greedy);
+  if (config == "llama32_1b") return probe<llama32_1b_first2>(argv[1], argv[2], argv[3], greedy);
+  if (config == "qwen25_0_5b") return probe<qwen25_0_5b_first2>(argv[1], argv[2], argv[3], greedy);
+  fmt::print(stderr, "layers_probe: no cut shape for --config {}; known: smollm2_1_7b, smollm2_360m, llama32_1b, qwen25_0_5b\n",
+             config);
   return 2;
 }
 

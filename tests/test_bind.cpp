@@ -78,18 +78,23 @@ TEST_CASE("head sizes other than head_dim are refused") {
         }).empty());
 }
 
-TEST_CASE("RoPE scaling is refused unless it scales nothing") {
-  for (const char* type : {"linear", "yarn", "longrope"}) {
-    const auto p = problems_after([&](auto& w) { w.set("llama.rope.scaling.type", type); });
-    REQUIRE(p.size() == 1);
-    CHECK(p[0] == std::string("llama.rope.scaling.type: \"") + type + "\", but tlm implements unscaled RoPE only; use a file converted without it");
-  }
-  auto p = problems_after([](auto& w) { w.set("llama.rope.scaling.factor", 2.0f); });
+TEST_CASE("RoPE scaling is refused on a config that declares none, unless it scales nothing") {
+  auto p = problems_after([&](auto& w) { w.set("llama.rope.scaling.type", "linear"); });
   REQUIRE(p.size() == 1);
-  CHECK(p[0].starts_with("llama.rope.scaling.factor: 2.0"));
+  CHECK(p[0] == "llama.rope.scaling.type: expected \"none\" (tiny_gqa), found \"linear\"; declare the scaling the file has in "
+                "the config's rope_scaling");
+  for (const char* type : {"yarn", "longrope"}) {
+    p = problems_after([&](auto& w) { w.set("llama.rope.scaling.type", type); });
+    REQUIRE(p.size() == 1);
+    CHECK(p[0] == std::string("llama.rope.scaling.type: expected \"none\" (tiny_gqa), found \"") + type +
+                      "\"; tlm implements RoPE scaling none, linear and llama3 (rope_freqs) only");
+  }
+  p = problems_after([](auto& w) { w.set("llama.rope.scaling.factor", 2.0f); });
+  REQUIRE(p.size() == 1);
+  CHECK(p[0] == "llama.rope.scaling.factor: expected 1.000000 (tiny_gqa), found 2.000000");
   p = problems_after([](auto& w) { w.set("llama.rope.scale_linear", 4.0f); });
   REQUIRE(p.size() == 1);
-  CHECK(p[0].starts_with("llama.rope.scale_linear: 4.0"));
+  CHECK(p[0] == "llama.rope.scale_linear: expected 1.000000 (tiny_gqa), found 4.000000");
   p = problems_after([](auto& w) { w.set("llama.rope.scaling.attn_factor", 0.5f); });
   REQUIRE(p.size() == 1);
   CHECK(p[0].starts_with("llama.rope.scaling.attn_factor: 0.5"));

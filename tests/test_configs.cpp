@@ -56,19 +56,23 @@ TEST_CASE("each name maps to the config type of that name") {
 
 TEST_CASE("the shipped names are the published configs and tiny_train, in order; all adds the test configs") {
   const auto& names = tlm::config_names();
-  REQUIRE(names.size() == 4);
+  constexpr std::string_view shipped =
+      "smollm2_135m, smollm2_360m, smollm2_1_7b, llama32_1b, llama32_3b, qwen25_0_5b, qwen25_1_5b, tinyllama_1_1b, "
+      "mistral_7b, tiny_train";
+  REQUIRE(names.size() == 10);
   CHECK(names[0] == "smollm2_135m");
-  CHECK(names[1] == "smollm2_360m");
-  CHECK(names[2] == "smollm2_1_7b");
-  CHECK(names[3] == "tiny_train");
-  CHECK(tlm::config_names_text() == "smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train");
+  CHECK(names[3] == "llama32_1b");
+  CHECK(names[9] == "tiny_train");
+  CHECK(tlm::config_names_text() == shipped);
   CHECK(tlm::config_names_text<tlm::all_configs>() ==
-        "smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train, tiny_gqa, tiny_untied");
+        std::string(shipped) + ", tiny_gqa, tiny_untied, tiny_qwen2, tiny_llama3, tiny_traits");
 }
 
 TEST_CASE("an unknown name throws tlm::error listing the known names") {
   CHECK_THROWS_WITH_AS(sizes_of<tlm::shipped_configs>("llama3"),
-                       "unknown config 'llama3'; known: smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train", tlm::error);
+                       "unknown config 'llama3'; known: smollm2_135m, smollm2_360m, smollm2_1_7b, llama32_1b, llama32_3b, "
+                       "qwen25_0_5b, qwen25_1_5b, tinyllama_1_1b, mistral_7b, tiny_train",
+                       tlm::error);
   // A test config is not among the shipped ones, and the namespace is not part of a name.
   CHECK_THROWS_AS(sizes_of<tlm::shipped_configs>("tiny_gqa"), tlm::error);
   CHECK_THROWS_AS(sizes_of<tlm::shipped_configs>("tlm::smollm2_135m"), tlm::error);

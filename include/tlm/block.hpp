@@ -158,6 +158,27 @@ void for_rows(thread_pool* pool, std::size_t n, F&& f) {
   else body(0, n);
 }
 
+// x[i] += b for every row: an attention bias (mapped f32 or owned values).   x: [n, N]  b: [N]
+template <std::size_t N, class T, Storage S>
+void add_bias(rows<N, T>& x, const vec<N, S>& b, thread_pool* pool) {
+  const auto bv = gain_values(b);
+  for_rows(pool, x.count(), [&](std::size_t i) {
+    const std::span<T, N> r = x.row(i);
+    for (std::size_t j = 0; j < N; ++j) r[j] += static_cast<T>(bv[j]);
+  });
+}
+
+// The backward of add_bias: db += the sum of d's rows, on one thread in row order
+// so the sum does not depend on the thread count.   d: [n, N]  db: [N]
+template <std::size_t N, class T, class G>
+void add_bias_backward(const rows<N, T>& d, G& db) {
+  T* g = db.data();
+  for (std::size_t i = 0; i < d.count(); ++i) {
+    const auto r = d.row(i);
+    for (std::size_t j = 0; j < N; ++j) g[j] += r[j];
+  }
+}
+
 template <std::size_t N, class T>
 void add_rows(rows<N, T>& x, const rows<N, T>& d, thread_pool* pool) {
   for_rows(pool, x.count(), [&](std::size_t i) { add_to<N, T>(x.row(i), d.row(i)); });
@@ -183,6 +204,12 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
     rmsnorm<D, T, typename decltype(g1)::value_type>(a.x.row(i), g1, C::rms_eps, a.xn1.row(i));
   });
   matmul_shared(a.xn1, pool, ctx.precision, into(w.attn_q, a.q), into(w.attn_k, a.k), into(w.attn_v, a.v));
+  if constexpr (attention_bias_v<C>) {
+    // Qwen2: the biases add to the projections, before RoPE rotates q and k.
+    detail::add_bias(a.q, w.attn_q_bias, pool);
+    detail::add_bias(a.k, w.attn_k_bias, pool);
+    detail::add_bias(a.v, w.attn_v_bias, pool);
+  }
   const std::size_t period = ctx.layout.length;
   detail::for_rows(pool, n, [&](std::size_t i) {
     rope<C, D, T>(a.q.row(i), ctx.angles[i % period], ctx.pairing);
@@ -284,6 +311,12 @@ void block_backward(const W& w, const block_activations<C, T>& a, const block_co
     rope_backward<C, D, T>(s.dq.row(i), ctx.angles[i % b.length], ctx.pairing);
     rope_backward<C, K, T>(s.dk.row(i), ctx.angles[i % b.length], ctx.pairing);
   });
+  if constexpr (attention_bias_v<C>) {
+    // dq, dk are now gradients of the projections before RoPE, where the biases add.
+    detail::add_bias_backward(s.dq, dw.attn_q_bias);
+    detail::add_bias_backward(s.dk, dw.attn_k_bias);
+    detail::add_bias_backward(s.dv, dw.attn_v_bias);
+  }
   s.dxn.zero();
   matmul_backward(w.attn_q, a.xn1, s.dq, dw.attn_q, s.dxn, pool);
   matmul_backward(w.attn_k, a.xn1, s.dk, dw.attn_k, s.dxn, pool);

@@ -48,7 +48,8 @@ struct config_list {
 
 // The configs of published files, and tiny_train: the config examples/train writes
 // from scratch, so generate, serve and Python can read back what it trains.
-using shipped_configs = config_list<smollm2_135m, smollm2_360m, smollm2_1_7b, tiny_train>;
+using shipped_configs = config_list<smollm2_135m, smollm2_360m, smollm2_1_7b, llama32_1b, llama32_3b, qwen25_0_5b,
+                                    qwen25_1_5b, tinyllama_1_1b, mistral_7b, tiny_train>;
 
 template <class A, class B>
 struct concat_config_lists;
@@ -57,9 +58,10 @@ struct concat_config_lists<config_list<As...>, config_list<Bs...>> {
   using type = config_list<As..., Bs...>;
 };
 
-// The shipped configs and the tiny ones of the tests (GQA, an untied output): what
-// synth_model writes files of and describe describes.
-using all_configs = concat_config_lists<shipped_configs, config_list<tiny_gqa, tiny_untied>>::type;
+// The shipped configs and the tiny ones of the tests (GQA, an untied output, the
+// qwen2 / llama3 traits): what synth_model writes files of and describe describes.
+using all_configs =
+    concat_config_lists<shipped_configs, config_list<tiny_gqa, tiny_untied, tiny_qwen2, tiny_llama3, tiny_traits>>::type;
 
 // The names of a list's configs, in its order, for help texts and messages.
 template <class List = shipped_configs>

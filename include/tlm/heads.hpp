@@ -54,13 +54,7 @@ constexpr void join_heads(const std::array<std::span<T, head_dim<C>>, H>& parts,
     for (std::size_t i = 0; i < head_dim<C>; ++i) out[h * head_dim<C> + i] = parts[h][i];
 }
 
-// RoPE rotates pairs of elements within a head. Where the pairs are depends on
-// where the weights came from:
-//   GGUF (llama.cpp converter) pairs adjacent elements (2i, 2i+1);
-//   Hugging Face pairs the two halves (i, i + E/2).
-// Pair i of either layout rotates by angle pos * theta^(-2i/E).
-enum class rope_pairing { adjacent, half_split };
-
+// rope_pairing (config.hpp): where the two elements RoPE rotates together sit in a head.
 struct pair_slot {
   std::size_t pair;  // i < E/2
   std::size_t side;  // 0: first of the pair, 1: second

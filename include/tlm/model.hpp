@@ -39,8 +39,9 @@ namespace tlm {
 struct model_options {
   // Threads for the matrix kernels, the calling thread included; 0 takes every core.
   std::size_t threads = 0;
-  // RoPE pairing of the q and k rows: adjacent for GGUF files converted by
-  // llama.cpp's tools, half_split for weights in the Hugging Face layout.
+  // RoPE pairing of the q and k rows: adjacent for `llama` GGUF files converted by
+  // llama.cpp's tools, half_split for weights in the Hugging Face layout. A config
+  // whose architecture fixes the pairing (qwen2: half_split) overrides this.
   rope_pairing pairing = rope_pairing::adjacent;
   // exact: f32 activations times the decoded weights (logits within ~3e-6 of
   // float64). fast: activations quantized to int8 per 32-value block and integer
@@ -73,11 +74,18 @@ class model {
   }
 
   model(gguf::file f, model_options opt = {})
-      : file_(std::move(f)), weights_(bind<C>(file_)), opt_(opt), pool_(std::make_unique<thread_pool>(thread_count(opt))) {
+      : file_(std::move(f)), weights_(bind<C>(file_)), opt_(with_pairing_of_architecture(opt)), pool_(std::make_unique<thread_pool>(thread_count(opt))) {
     reserve(1);
   }
 
   const model_weights<C>& weights() const { return weights_; }
+
+  // qwen2 files keep Hugging Face's q/k row order (llama.cpp rotates them with its
+  // NEOX rope), so the architecture, not the caller, decides their pairing.
+  static model_options with_pairing_of_architecture(model_options o) {
+    if constexpr (file_pairing_v<C> != rope_pairing::adjacent) o.pairing = file_pairing_v<C>;
+    return o;
+  }
   const gguf::file& file() const { return file_; }
   const model_options& options() const { return opt_; }
   std::size_t threads() const { return pool_->size(); }

@@ -22,6 +22,20 @@ struct absent {};
 template <LlamaConfig C, Storage S>
 using output_matrix = std::conditional_t<C::tied_embeddings, absent, mat<C::vocab, dim<C>, S>>;
 
+// The q/k/v biases of a config with attention_bias (Qwen2), else absent: a config
+// without them has no bias members to name, load, count, train or write.   [N]
+template <LlamaConfig C, std::size_t N, Storage S>
+using attention_bias = std::conditional_t<attention_bias_v<C>, vec<N, S>, absent>;
+
+// Llama 3's per-pair RoPE divisors as llama.cpp's converter stores them (the
+// rope_freqs tensor), for a config with llama3 scaling, else absent. A constant, not
+// a parameter: the forward uses the divisors computed from the config
+// (rope_divisors), which binding checks this tensor against; training leaves it as
+// it is (its gradient is zero, and AdamW does not decay vectors).   [E/2]
+template <LlamaConfig C, Storage S>
+using rope_freqs_vector =
+    std::conditional_t<rope_scaling_v<C>.type == rope_scaling_type::llama3, vec<C::half_head, S>, absent>;
+
 // Layers move between models only within one config.
 template <class A, class B>
 concept layers_of_same_config = std::same_as<A, B>;
@@ -37,6 +51,9 @@ struct layer_weights {
     (mat<dim<C>, dim<C>, S>, attn_q),          // [D, D] query projection, H heads of E rows
     (mat<kv_dim<C>, dim<C>, S>, attn_k),       // [K, D] key projection, G heads of E rows
     (mat<kv_dim<C>, dim<C>, S>, attn_v),       // [K, D] value projection
+    (attention_bias<C, dim<C>, S>, attn_q_bias),     // [D] query bias, or absent (file name attn_q.bias)
+    (attention_bias<C, kv_dim<C>, S>, attn_k_bias),  // [K] key bias, or absent
+    (attention_bias<C, kv_dim<C>, S>, attn_v_bias),  // [K] value bias, or absent
     (mat<dim<C>, dim<C>, S>, attn_output),     // [D, D] joins the H heads back into the stream
     (vec<dim<C>, S>, ffn_norm),                // [D]    RMSNorm gain before the MLP
     (mat<C::ffn, dim<C>, S>, ffn_gate),        // [F, D] SwiGLU gate
@@ -60,7 +77,8 @@ struct model_weights {
     (mat<C::vocab, dim<C>, S>, token_embd),               // [V, D] embedding rows; also the output when tied
     (std::array<layer_weights<C, S>, C::layers>, layers), // L layers, file names blk.N.*
     (vec<dim<C>, S>, output_norm),                        // [D]    final RMSNorm gain
-    (output_matrix<C, S>, output));                       // [V, D] separate output, or absent when tied
+    (output_matrix<C, S>, output),                        // [V, D] separate output, or absent when tied
+    (rope_freqs_vector<C, S>, rope_freqs));               // [E/2]  Llama 3 RoPE divisors, or absent
 
   model_weights() = default;
 };
@@ -87,16 +105,27 @@ template <class M, class W>
 concept moments_of = trainable_weights<W> && std::same_as<std::remove_cvref_t<M>, std::remove_cvref_t<W>>;
 
 // The name a tensor has in a GGUF file: "blk.<layer>.<member>.weight", or
-// "<member>.weight" outside the layers. Cheap to pass; str() builds the string.
+// "<member>.weight" outside the layers. A member named "<stem>_bias" is the bias of
+// <stem>, "<stem>.bias" in the file (blk.0.attn_q.bias): the one place that rule
+// lives. Cheap to pass; str() builds the string.
 struct tensor_name {
   std::string_view member;
   int layer = -1;
 
+  static constexpr std::string_view bias_suffix = "_bias";
+
+  constexpr bool is_bias() const { return member.ends_with(bias_suffix); }
+
   std::string str() const {
     std::string s;
     if (layer >= 0) s = "blk." + std::to_string(layer) + ".";
-    s.append(member);
-    s += ".weight";
+    if (is_bias()) {
+      s.append(member.substr(0, member.size() - bias_suffix.size()));
+      s += ".bias";
+    } else {
+      s.append(member);
+      s += ".weight";
+    }
     return s;
   }
 };

@@ -18,6 +18,14 @@ reproduces Hugging Face's rotation of half-split pairs (x[i], x[i + d/2]).
 the half-split rotation; `python ref_forward.py --check-hf` shows that both
 give the same logits, which validates the pairing fact.
 
+Other Llama-family files: `qwen2` files are not permuted (llama.cpp rotates
+them with its NEOX rope, the half-split pairing), so their native pairing is
+half-split; they carry q/k/v biases (blk.N.attn_{q,k,v}.bias, added after the
+products). RoPE frequency scaling divides pair i's frequency by divisor[i]:
+`rope.scaling.type = linear` with its factor, or the `rope_freqs` tensor
+(Llama 3's per-pair divisors, as llama.cpp's converter writes them), whose
+values `llama3_divisors` recomputes from the published formula.
+
 Usage as a script:
     python ref_forward.py --model M.gguf [--prompt-ids 1,2,3 | --text "..."] [-n 32]
     python ref_forward.py --model M.gguf --check-hf
@@ -55,6 +63,7 @@ class Hparams:
     bos_id: int | None
     eos_id: int | None
     add_bos: bool | None
+    rope_linear_factor: float = 1.0   # rope.scaling.type = linear: every frequency / factor
 
     @property
     def group(self) -> int:
@@ -76,8 +85,8 @@ def _field(reader: gguf.GGUFReader, key: str, default=None, required=True):
 
 def read_hparams(reader: gguf.GGUFReader) -> Hparams:
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"architecture is '{arch}', this reference implements 'llama' only")
+    if arch not in ("llama", "qwen2"):
+        raise ValueError(f"architecture is '{arch}', this reference implements 'llama' and 'qwen2' only")
     p = arch + "."
     n_head = int(_field(reader, p + "attention.head_count"))
     dim = int(_field(reader, p + "embedding_length"))
@@ -107,7 +116,29 @@ def read_hparams(reader: gguf.GGUFReader) -> Hparams:
         bos_id=_field(reader, "tokenizer.ggml.bos_token_id", required=False),
         eos_id=_field(reader, "tokenizer.ggml.eos_token_id", required=False),
         add_bos=_field(reader, "tokenizer.ggml.add_bos_token", required=False),
+        rope_linear_factor=_linear_factor(reader, p),
     )
+
+
+def _linear_factor(reader: gguf.GGUFReader, p: str) -> float:
+    kind = _field(reader, p + "rope.scaling.type", required=False)
+    if kind in (None, "none"):
+        return 1.0
+    if kind != "linear":
+        raise ValueError(f"rope.scaling.type '{kind}' is not implemented by this reference")
+    return float(_field(reader, p + "rope.scaling.factor"))
+
+
+def llama3_divisors(base: float, n_rot: int, factor: float, low: float, high: float, original_context: int) -> np.ndarray:
+    """Llama 3.1's per-pair RoPE divisors (Meta's reference code, also llama.cpp's
+    converter): by wavelength 2*pi/freq, short ones kept, long ones divided by
+    `factor`, a linear blend in original_context/wavelength between.  -> [n_rot/2]"""
+    freq = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    wavelength = 2 * np.pi / freq
+    smooth = (original_context / wavelength - low) / (high - low)
+    blended = 1.0 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelength < original_context / high, 1.0,
+                    np.where(wavelength > original_context / low, factor, blended))
 
 
 # --------------------------------------------------------------------------
@@ -123,16 +154,18 @@ def silu(g: np.ndarray) -> np.ndarray:
     return g * np.exp(-np.logaddexp(0.0, -g))
 
 
-def rope_angles(positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
-    """[T] positions -> [T, n_rot/2] angles pos * base^(-2i/n_rot)."""
+def rope_angles(positions: np.ndarray, n_rot: int, base: float, divisors=None) -> np.ndarray:
+    """[T] positions -> [T, n_rot/2] angles pos * base^(-2i/n_rot) / divisors[i]."""
     i = np.arange(n_rot // 2, dtype=np.float64)
     inv_freq = base ** (-2.0 * i / n_rot)
+    if divisors is not None:
+        inv_freq = inv_freq / divisors
     return positions.astype(np.float64)[:, None] * inv_freq[None, :]
 
 
-def rope_adjacent(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+def rope_adjacent(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, divisors=None) -> np.ndarray:
     """GGUF/llama.cpp pairing: rotate (x[2i], x[2i+1]).  x: [T, heads, d]."""
-    ang = rope_angles(positions, n_rot, base)[:, None, :]      # [T, 1, n_rot/2]
+    ang = rope_angles(positions, n_rot, base, divisors)[:, None, :]      # [T, 1, n_rot/2]
     c, s = np.cos(ang), np.sin(ang)
     out = x.copy()
     x0 = x[..., 0:n_rot:2]
@@ -142,9 +175,9 @@ def rope_adjacent(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float)
     return out
 
 
-def rope_halfsplit(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float) -> np.ndarray:
+def rope_halfsplit(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, divisors=None) -> np.ndarray:
     """Hugging Face pairing: rotate (x[i], x[i + n_rot/2]).  x: [T, heads, d]."""
-    ang = rope_angles(positions, n_rot, base)[:, None, :]
+    ang = rope_angles(positions, n_rot, base, divisors)[:, None, :]
     c, s = np.cos(ang), np.sin(ang)
     h = n_rot // 2
     out = x.copy()
@@ -192,6 +225,9 @@ class LayerWeights:
     w_gate: np.ndarray      # [ffn, dim]
     w_up: np.ndarray        # [ffn, dim]
     w_down: np.ndarray      # [dim, ffn]
+    bq: np.ndarray | None = None  # [dim]     qwen2's biases, else None
+    bk: np.ndarray | None = None  # [kv_dim]
+    bv: np.ndarray | None = None  # [kv_dim]
 
 
 class KVCache:
@@ -224,6 +260,7 @@ class RefModel:
             self.hp = _shared.hp
             self.encodings = _shared.encodings
             self.tok_embd, self.output, self.output_norm = _shared.tok_embd, _shared.output, _shared.output_norm
+            self.rope_freqs = _shared.rope_freqs
             self.layers = [dataclasses.replace(lw) for lw in _shared.layers]
             if _shared.pairing != "gguf":
                 raise ValueError("share from a gguf-pairing model")
@@ -236,7 +273,11 @@ class RefModel:
             self.tok_embd = self._load("token_embd.weight", (hp.n_vocab, hp.dim))        # [vocab, dim]
             self.output = self.tok_embd if hp.tied else self._load("output.weight", (hp.n_vocab, hp.dim))
             self.output_norm = self._load("output_norm.weight", (hp.dim,))               # [dim]
+            # Llama 3: per-pair divisors of the RoPE frequencies, [n_rot/2], or None.
+            self.rope_freqs = (self._load("rope_freqs.weight", (hp.n_rot // 2,))
+                               if "rope_freqs.weight" in self._tensors else None)
             self.layers = []
+            has_bias = f"blk.0.attn_q.bias" in self._tensors
             for l in range(hp.n_layer):
                 b = f"blk.{l}."
                 self.layers.append(LayerWeights(
@@ -249,10 +290,15 @@ class RefModel:
                     w_gate=self._load(b + "ffn_gate.weight", (hp.ffn, hp.dim)),
                     w_up=self._load(b + "ffn_up.weight", (hp.ffn, hp.dim)),
                     w_down=self._load(b + "ffn_down.weight", (hp.dim, hp.ffn)),
+                    bq=self._load(b + "attn_q.bias", (hp.dim,)) if has_bias else None,
+                    bk=self._load(b + "attn_k.bias", (hp.kv_dim,)) if has_bias else None,
+                    bv=self._load(b + "attn_v.bias", (hp.kv_dim,)) if has_bias else None,
                 ))
             del self._tensors
         if pairing in ("hf", "hf_adjacent"):
             hp = self.hp
+            if hp.arch != "llama":
+                raise ValueError("the HF pairing check applies to llama files (qwen2 files are in the HF order already)")
             if hp.n_rot != hp.head_dim:
                 raise ValueError("the HF pairing check assumes rope.dimension_count == head_dim")
             pq = gguf_to_hf_rows(hp.n_head, hp.head_dim)
@@ -285,10 +331,21 @@ class RefModel:
             raise ValueError(f"capacity {capacity} exceeds context_length {self.hp.n_ctx}")
         return KVCache(self.hp, capacity)
 
+    def rope_divisors(self):
+        """[n_rot/2] divisors of the RoPE frequencies, or None (unscaled)."""
+        d = self.rope_freqs
+        if self.hp.rope_linear_factor != 1.0:
+            d = (np.ones(self.hp.n_rot // 2) if d is None else d) * self.hp.rope_linear_factor
+        return d
+
     def _rope(self, x, positions):
-        if self.pairing in ("gguf", "hf_adjacent"):
-            return rope_adjacent(x, positions, self.hp.n_rot, self.hp.rope_base)
-        return rope_halfsplit(x, positions, self.hp.n_rot, self.hp.rope_base)
+        # A file's native pairing: adjacent for llama (converter-permuted rows),
+        # half-split (NEOX) for qwen2.
+        native_adjacent = self.hp.arch == "llama"
+        args = (positions, self.hp.n_rot, self.hp.rope_base, self.rope_divisors())
+        if (self.pairing == "gguf" and native_adjacent) or self.pairing == "hf_adjacent":
+            return rope_adjacent(x, *args)
+        return rope_halfsplit(x, *args)
 
     def forward(self, tokens, cache: KVCache, trace: dict | None = None,
                 trace_layers=(), rms_log: list | None = None) -> np.ndarray:
@@ -324,6 +381,8 @@ class RefModel:
             q = self._mm(n, w.wq)  # [T, H*d]
             k = self._mm(n, w.wk)  # [T, G*d]
             v = self._mm(n, w.wv)  # [T, G*d]
+            if w.bq is not None:   # qwen2: biases after the products, before RoPE
+                q, k, v = q + w.bq, k + w.bk, v + w.bv
             qr = self._rope(q.reshape(T, H, d), pos)       # [T, H, d]
             kr = self._rope(k.reshape(T, G, d), pos)       # [T, G, d]
             cache.k[l, p0:S] = kr

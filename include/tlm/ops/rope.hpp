@@ -3,6 +3,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <numbers>
 #include <span>
 #include <type_traits>
 
@@ -11,8 +12,46 @@
 
 namespace tlm {
 
-// The rotation angles of one position: pair i turns by pos * theta^(-2i/E).
-// Computed in double once per position and shared by every head of q and k.
+// The unscaled frequency of pair i: theta^(-2i/E) radians per position.
+template <LlamaConfig C>
+double rope_frequency(std::size_t i, double theta = C::rope_theta) {
+  return std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim<C>));
+}
+
+// What pair i's frequency is divided by under C's RoPE scaling (config.hpp): 1
+// without scaling, `factor` for linear; for llama3 (llama.cpp's and Hugging Face's
+// formula) by the pair's wavelength 2π/freq: shorter than original_context /
+// high_freq_factor keeps its frequency (divisor 1), longer than original_context /
+// low_freq_factor is divided by `factor`, and between the two the inverse divisor
+// blends linearly in original_context / wavelength.   [E/2]
+template <LlamaConfig C>
+std::array<double, C::half_head> rope_divisors(double theta = C::rope_theta) {
+  constexpr rope_scaling_params s = rope_scaling_v<C>;
+  std::array<double, C::half_head> d{};
+  for (std::size_t i = 0; i < C::half_head; ++i) {
+    if constexpr (s.type == rope_scaling_type::none) {
+      d[i] = 1.0;
+    } else if constexpr (s.type == rope_scaling_type::linear) {
+      d[i] = s.factor;
+    } else {
+      const double ctx = static_cast<double>(s.original_context);
+      const double wavelength = 2.0 * std::numbers::pi / rope_frequency<C>(i, theta);
+      if (wavelength < ctx / s.high_freq_factor) {
+        d[i] = 1.0;
+      } else if (wavelength > ctx / s.low_freq_factor) {
+        d[i] = s.factor;
+      } else {
+        const double smooth = (ctx / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        d[i] = 1.0 / ((1.0 - smooth) / s.factor + smooth);
+      }
+    }
+  }
+  return d;
+}
+
+// The rotation angles of one position: pair i turns by pos * theta^(-2i/E) /
+// divisor[i] (rope_divisors). Computed in double once per position and shared by
+// every head of q and k.
 template <LlamaConfig C, class T = float>
 struct rope_angles {
   std::array<T, C::half_head> cos{};
@@ -20,8 +59,9 @@ struct rope_angles {
 
   rope_angles() = default;
   explicit rope_angles(std::size_t pos, double theta = C::rope_theta) {
+    const std::array<double, C::half_head> divisor = rope_divisors<C>(theta);
     for (std::size_t i = 0; i < C::half_head; ++i) {
-      const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim<C>));
+      const double freq = rope_frequency<C>(i, theta) / divisor[i];
       const double a = static_cast<double>(pos) * freq;
       cos[i] = static_cast<T>(std::cos(a));
       sin[i] = static_cast<T>(std::sin(a));

@@ -158,6 +158,8 @@ class training {
       throw capacity_error("training: sequences of " + std::to_string(o.seq) + " tokens exceed the model's context of " +
                            std::to_string(C::context) + "; use a shorter --seq");
     }
+    // As in model_options: a qwen2 config's weights keep Hugging Face's q/k row order.
+    if constexpr (file_pairing_v<C> != rope_pairing::adjacent) o.pairing = file_pairing_v<C>;
     return o;
   }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../config.hpp"
+#include "../ops/rope.hpp"
 #include "../quant.hpp"
 #include "../shape.hpp"
 #include "../weights.hpp"
@@ -92,7 +93,8 @@ class normal_rng {
 };
 
 // Initialisation for training from scratch, as GPT-2 and Llama reference code do it:
-// norm gains 1; matrices N(0, std²) with std = 0.02, except the two projections that
+// norm gains 1; biases 0; Llama 3's rope_freqs the divisors of the config (a
+// constant, weights.hpp); matrices N(0, std²) with std = 0.02, except the two projections that
 // write into the residual stream (attn_output, ffn_down), scaled by 1/sqrt(2 L) so
 // the stream's variance does not grow with depth. The seed fixes every value.
 template <class W>
@@ -105,7 +107,12 @@ void init_weights(W& w, std::uint64_t seed, double std_dev = 0.02) {
       [&](const tensor_name& name, auto& t) {
         using U = std::remove_cvref_t<decltype(t)>;
         if constexpr (U::rank == 1) {
-          std::fill(t.values().begin(), t.values().end(), 1);
+          if (name.member == "rope_freqs") {
+            const auto d = rope_divisors<C>();
+            std::copy(d.begin(), d.end(), t.values().begin());
+          } else {
+            std::fill(t.values().begin(), t.values().end(), name.is_bias() ? 0 : 1);
+          }
         } else {
           const bool residual = name.member == "attn_output" || name.member == "ffn_down";
           const double s = residual ? residual_std : std_dev;

@@ -136,30 +136,60 @@ inline pcre2_code_ptr compile_regex(std::string_view pattern) {
   return pcre2_code_ptr(c);
 }
 
+// The patterns below write {L} and {N} inside a class for what Hugging Face counts as a
+// letter and as a number; expand_classes spells them out for PCRE2. HF's regex engine
+// and Rust follow a newer Unicode than PCRE2 10.42 (14.0): they know the letters and
+// digits added in Unicode 15.0-17.0 (CJK Extension H, Kawi, Kaktovik numerals, Garay,
+// Sunuwar, Tulu-Tigalari, ...), which PCRE2 has unassigned. The extra ranges are exactly
+// the code points of planes 0-3 and 14 that Unicode 14 leaves unassigned and HF's Split
+// takes as a letter (next to "a", one pre-token) or as a number; for the code points
+// Unicode 14 assigns, HF and PCRE2 agree on every one. Without them a pre-token boundary
+// next to such a letter differed (check_tokenizer_families.py --seed 1450893593 found
+// a Qwen2 text; a scan of lone code points cannot see it, a lone character encodes the
+// same either way). A newer PCRE2 already knows these characters, and the union stays
+// correct.
+inline constexpr std::string_view newer_letters =
+    R"(\x{1C89}-\x{1C8A}\x{A7CB}-\x{A7CD}\x{A7DA}-\x{A7DC}\x{105C0}-\x{105F3}\x{10D4A}-\x{10D65})"
+    R"(\x{10D6F}-\x{10D85}\x{10EC2}-\x{10EC4}\x{1123F}-\x{11240}\x{11380}-\x{11389}\x{1138B}\x{1138E})"
+    R"(\x{11390}-\x{113B5}\x{113B7}\x{113D1}\x{113D3}\x{11BC0}-\x{11BE0}\x{11F02}\x{11F04}-\x{11F10})"
+    R"(\x{11F12}-\x{11F33}\x{1342F}\x{13441}-\x{13446}\x{13460}-\x{143FA}\x{16100}-\x{1611D})"
+    R"(\x{16D40}-\x{16D6C}\x{18CFF}\x{1B132}\x{1B155}\x{1DF25}-\x{1DF2A}\x{1E030}-\x{1E06D})"
+    R"(\x{1E4D0}-\x{1E4EB}\x{1E5D0}-\x{1E5ED}\x{1E5F0}\x{2B739}\x{2EBF0}-\x{2EE5D}\x{31350}-\x{323AF})";
+inline constexpr std::string_view newer_numbers =
+    R"(\x{10D40}-\x{10D49}\x{116D0}-\x{116E3}\x{11BF0}-\x{11BF9}\x{11DE0}-\x{11DE9}\x{11F50}-\x{11F59})"
+    R"(\x{16130}-\x{16139}\x{16D70}-\x{16D79}\x{16FF4}-\x{16FF6}\x{1CCF0}-\x{1CCF9}\x{1D2C0}-\x{1D2D3})"
+    R"(\x{1E4F0}-\x{1E4F9}\x{1E5F1}-\x{1E5FA})";
+
+// `pattern` with each {L} and {N} replaced by the class contents above.
+inline std::string expand_classes(std::string_view pattern) {
+  std::string out;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    const std::string_view rest = pattern.substr(i);
+    if (rest.starts_with("{L}")) {
+      out += R"(\p{L})";
+      out += newer_letters;
+      i += 2;
+    } else if (rest.starts_with("{N}")) {
+      out += R"(\p{N})";
+      out += newer_numbers;
+      i += 2;
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
 // GPT-2's pattern, in PCRE2 terms. Oniguruma's \s is the Unicode White_Space property;
 // PCRE2's \s (with UCP) also has U+180E, so the pattern names \p{White_Space} instead.
 // Possessive repeats where nothing follows in the alternative give the same matches as
 // greedy ones but keep PCRE2's JIT stack flat on long runs (a 300k-character run of
 // punctuation otherwise exceeds it).
 inline constexpr std::string_view gpt2_pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}++| ?\p{N}++| ?[^\p{White_Space}\p{L}\p{N}]++)"
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?[{L}]++| ?[{N}]++| ?[^\p{White_Space}{L}{N}]++)"
     R"(|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+)";
-// Digits(individual_digits) uses Rust's char::is_numeric, which follows a newer Unicode
-// than PCRE2 10.42 (14.0): the Rust that built tokenizers 0.23.3 already knows the
-// digits added in Unicode 15.0-17.0 (Kawi, Kaktovik, Nag Mundari, Garay, Sunuwar,
-// Gurung Khema, Kirat Rai, Ol Onal, outlined digits, ...). The extra ranges are exactly
-// the differences found by tests/reference/check_tokenizer.py's scan of every code point
-// in planes 0-3 and 14 against HF; with them that scan finds none. A newer PCRE2
-// already knows these characters, and the union stays correct. Letters need the same and
-// do not have it yet (a known defect): HF classes the letters of Unicode 15 and later
-// (U+3228D of CJK Extension H, for one) as \p{L}, PCRE2 10.42 as unassigned, so next to
-// punctuation a pre-token boundary differs. A scan of code points one at a time cannot
-// see it (a lone character encodes the same either way); check_tokenizer_families.py
-// --seed 1450893593 shows it on a Qwen2 text.
-inline constexpr std::string_view numeric_pattern =
-    R"([\p{N}\x{10D40}-\x{10D49}\x{116D0}-\x{116E3}\x{11BF0}-\x{11BF9}\x{11DE0}-\x{11DE9}\x{11F50}-\x{11F59})"
-    R"(\x{16130}-\x{16139}\x{16D70}-\x{16D79}\x{16FF4}-\x{16FF6}\x{1CCF0}-\x{1CCF9}\x{1D2C0}-\x{1D2D3})"
-    R"(\x{1E4F0}-\x{1E4F9}\x{1E5F1}-\x{1E5FA}])";
+// Digits(individual_digits) uses Rust's char::is_numeric: {N} as above.
+inline constexpr std::string_view numeric_pattern = "[{N}]";
 
 // SentencePiece's stand-in for a space, U+2581 LOWER ONE EIGHTH BLOCK.
 inline constexpr std::string_view spm_space = "\xE2\x96\x81";
@@ -170,13 +200,13 @@ inline constexpr std::string_view spm_space = "\xE2\x96\x81";
 // of up to three; punctuation keeps its trailing newlines. The contractions are
 // case-insensitive here, unlike GPT-2's.
 inline constexpr std::string_view llama3_pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+)"
-    R"(| ?[^\p{White_Space}\p{L}\p{N}]++[\r\n]*+|\p{White_Space}*[\r\n]++)"
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n{L}{N}]?+[{L}]++|[{N}]{1,3}+)"
+    R"(| ?[^\p{White_Space}{L}{N}]++[\r\n]*+|\p{White_Space}*[\r\n]++)"
     R"(|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+)";
 // Qwen2's: Llama 3's with every digit a pre-token of its own.
 inline constexpr std::string_view qwen2_pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N})"
-    R"(| ?[^\p{White_Space}\p{L}\p{N}]++[\r\n]*+|\p{White_Space}*[\r\n]++)"
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n{L}{N}]?+[{L}]++|[{N}])"
+    R"(| ?[^\p{White_Space}{L}{N}]++[\r\n]*+|\p{White_Space}*[\r\n]++)"
     R"(|\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+)";
 
 // Open-addressing map from a pair of token ids to (rank, merged id).
@@ -430,8 +460,8 @@ class tokenizer {
     const std::string_view pattern = s->pre == pre_tokenizer::llama3  ? detail::llama3_pattern
                                      : s->pre == pre_tokenizer::qwen2 ? detail::qwen2_pattern
                                                                       : detail::gpt2_pattern;
-    s->split_re = detail::compile_regex(pattern);
-    s->numeric_re = detail::compile_regex(detail::numeric_pattern);
+    s->split_re = detail::compile_regex(detail::expand_classes(pattern));
+    s->numeric_re = detail::compile_regex(detail::expand_classes(detail::numeric_pattern));
     return tokenizer(std::move(s));
   }
 

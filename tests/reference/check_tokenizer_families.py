@@ -173,6 +173,9 @@ def check_vocab(name, args, rng, binary):
     # 2. Random texts, with and without parse_special.
     specials = [t for t, ty in zip(md["tokens"], md["types"]) if ty in (3, 4)][:64]
     texts = [random_text(rng, specials) for _ in range(args.count)]
+    # Letters Unicode 15+ added (CJK Extension H, Kawi, Garay) next to punctuation, where
+    # PCRE2 10.42 alone would cut the pre-tokens elsewhere (a random seed found the first).
+    texts += ["\U0003228d#]g;\U0003228d[PAD151679]", "x\U0003228d[x", "!\U00011f05,\U00010d50.", "\u1c89?\U0001e5d0)"]
     # Long runs, where a pattern's backtracking or PCRE2's JIT stack would show.
     texts += ["!" * 20000, " " * 20000 + "a", "\n" * 20000, "7" * 20000, "a" * 20000, " \n" * 10000 + "x",
               "\t \r\n" * 5000, "\u00e9" * 10000, "\U0001F600" * 5000, "a " * 10000, "x" + " " * 20000 + "\n" + " " * 9999]

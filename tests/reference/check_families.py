@@ -43,6 +43,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import ref_forward as rf  # noqa: E402
+from llamacpp_ref import llama_greedy  # noqa: E402
 
 REL_TOL = 3.5e-6  # the bound claimed for every model (check_forward.py)
 N_GREEDY = 32
@@ -107,13 +108,7 @@ def llama_cpp_greedy(path: Path, prompt: list[int], n: int, ours: list[int]):
     # logits_all: scores of every evaluated position (without it only the last batch's row is
     # kept, and scores[n_tokens - 1] after a multi-token eval is not the last position's).
     llm = Llama(model_path=str(path), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
-    llm.eval(prompt)
-    out = []
-    for i in range(n):
-        t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        out.append(t)
-        if i + 1 < n:
-            llm.eval([t])
+    out = llama_greedy(llm, prompt, n)
     llm.reset()
     llm.eval(prompt + ours[:-1])
     scores = np.array(llm.scores[:len(prompt) + len(ours) - 1], dtype=np.float64)

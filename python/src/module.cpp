@@ -338,6 +338,13 @@ class py_model {
   std::size_t context() const { return m_->context(); }
   std::string config() const { return m_->config_name(); }
   std::int32_t eos() const { return m_->tokenizer().eos(); }
+  std::int32_t bos() const { return m_->tokenizer().bos(); }
+  // A list, not only eos: a Llama 3 reply ends at <|eot_id|> while the file's EOS is
+  // <|end_of_text|>, so a caller stopping its own loop needs the whole set.
+  std::vector<std::int32_t> end_of_generation() const {
+    const auto ids = m_->tokenizer().end_of_generation();
+    return {ids.begin(), ids.end()};
+  }
 
  private:
   std::shared_ptr<model_base> m_;
@@ -485,5 +492,8 @@ NB_MODULE(_tlm, m) {
       .def_prop_ro("vocab_size", &py_model::vocab)
       .def_prop_ro("context", &py_model::context)
       .def_prop_ro("config", &py_model::config)
-      .def_prop_ro("eos", &py_model::eos);
+      .def_prop_ro("eos", &py_model::eos, "The file's end-of-sequence id (-1 if it has none).")
+      .def_prop_ro("bos", &py_model::bos, "The file's beginning-of-sequence id (-1 if it has none).")
+      .def_prop_ro("end_of_generation", &py_model::end_of_generation,
+                   "The sorted ids that end a generated reply (EOS and the file's end-of-turn tokens).");
 }

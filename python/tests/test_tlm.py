@@ -46,6 +46,14 @@ def test_special_markers_are_text_by_default(model):
     assert model.tokenize("<|im_start|>", special=True) == [1]
 
 
+def test_special_ids_come_from_the_file(model):
+    # SmolLM2-135M-Instruct: BOS <|im_start|> (1), EOS <|im_end|> (2); <|endoftext|> (0)
+    # also ends a reply, so a loop stopping at eos alone would run past it.
+    assert (model.bos, model.eos) == (1, 2)
+    assert model.end_of_generation == [0, 2]
+    assert model.detokenize([0]) == "<|endoftext|>"
+
+
 @pytest.mark.parametrize("prompt,n", [("The capital of France is", 16), ("def fibonacci(n):", 24)])
 def test_generate_equals_cpp(model, prompt, n):
     # generate --print-ids prints the prompt and continuation, a newline, the ids and a newline.

@@ -101,7 +101,7 @@ int run(int argc, char** argv) {
   // Last, in this order, as llama.cpp's gguf_set_* moves a key it sets to the end: the
   // two headers are then the same bytes.
   w.set("general.quantization_version", std::uint32_t{2});
-  w.set("general.file_type", type->llama_file_type);
+  w.set("general.file_type", type->llama_file_type());
 
   tlm::thread_pool pool(threads);
   const bool tty = ::isatty(STDERR_FILENO) != 0;

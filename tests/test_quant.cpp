@@ -14,6 +14,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -494,6 +495,13 @@ TEST_CASE("quantize_mix: llama.cpp's choices for SmolLM2-135M (checked against i
   CHECK(q8[2] == tlm::encoding::q4_1);
   CHECK(tlm::find_quant_type("q3_k") == nullptr);
   CHECK(tlm::quant_type_list() == "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, q5_k_m");
+  // general.file_type as llama.cpp's llama_ftype numbers them (llama.h): plain types
+  // from the encoding table, the _S mixes as their encoding, the _M mixes their own.
+  const std::pair<const char*, std::uint32_t> file_types[] = {{"f32", 0},  {"f16", 1},     {"bf16", 32},   {"q8_0", 7},
+                                                              {"q4_0", 2}, {"q4_1", 3},    {"q5_0", 8},    {"q5_1", 9},
+                                                              {"q4_k", 14}, {"q5_k", 16},  {"q6_k", 18},   {"q4_k_m", 15},
+                                                              {"q5_k_m", 17}};
+  for (const auto& [type, number] : file_types) CHECK_MESSAGE(tlm::find_quant_type(type)->llama_file_type() == number, type);
   // Rows no fallback can hold are an error naming the tensor.
   const std::vector<tlm::tensor_desc> odd{{"blk.0.attn_q.weight", 2, 100, tlm::encoding::f32}};
   CHECK_THROWS_WITH_AS(tlm::choose_encodings(*tlm::find_quant_type("q8_0"), odd), doctest::Contains("blk.0.attn_q.weight"),

@@ -39,30 +39,36 @@ struct quant_type {
   std::string_view name;  // lower case, as a command line takes it
   encoding base;
   mix variant;
-  std::uint32_t llama_file_type;  // general.file_type (llama.cpp's llama_ftype)
+  int mix_file_type = -1;  // llama.cpp's llama_ftype of a _M mix; the others take their
+                           // encoding's number from encoding_table, which holds it once
+
+  // general.file_type of a file quantized to this type.
+  constexpr std::uint32_t llama_file_type() const {
+    return static_cast<std::uint32_t>(variant == mix::k_m ? mix_file_type : encoding_table[encoding_index(base)].llama_file_type);
+  }
 };
 
 inline constexpr std::array<quant_type, 13> quant_types{{
-    {"f32", encoding::f32, quant_type::mix::plain, 0},
-    {"f16", encoding::f16, quant_type::mix::plain, 1},
-    {"bf16", encoding::bf16, quant_type::mix::plain, 32},
-    {"q8_0", encoding::q8_0, quant_type::mix::plain, 7},
-    {"q4_0", encoding::q4_0, quant_type::mix::plain, 2},
-    {"q4_1", encoding::q4_1, quant_type::mix::plain, 3},
-    {"q5_0", encoding::q5_0, quant_type::mix::plain, 8},
-    {"q5_1", encoding::q5_1, quant_type::mix::plain, 9},
-    {"q4_k", encoding::q4_k, quant_type::mix::k_s, 14},  // llama.cpp's Q4_K_S
-    {"q5_k", encoding::q5_k, quant_type::mix::k_s, 16},  // llama.cpp's Q5_K_S
-    {"q6_k", encoding::q6_k, quant_type::mix::plain, 18},
+    {"f32", encoding::f32, quant_type::mix::plain},
+    {"f16", encoding::f16, quant_type::mix::plain},
+    {"bf16", encoding::bf16, quant_type::mix::plain},
+    {"q8_0", encoding::q8_0, quant_type::mix::plain},
+    {"q4_0", encoding::q4_0, quant_type::mix::plain},
+    {"q4_1", encoding::q4_1, quant_type::mix::plain},
+    {"q5_0", encoding::q5_0, quant_type::mix::plain},
+    {"q5_1", encoding::q5_1, quant_type::mix::plain},
+    {"q4_k", encoding::q4_k, quant_type::mix::k_s},  // llama.cpp's Q4_K_S
+    {"q5_k", encoding::q5_k, quant_type::mix::k_s},  // llama.cpp's Q5_K_S
+    {"q6_k", encoding::q6_k, quant_type::mix::plain},
     {"q4_k_m", encoding::q4_k, quant_type::mix::k_m, 15},
     {"q5_k_m", encoding::q5_k, quant_type::mix::k_m, 17},
 }};
 
 // Every name above must be a writable encoding's or a mix of one: a type the table
-// cannot write would fail only when a file is quantized.
+// cannot write would fail only when a file is quantized. And every file type is set.
 consteval bool quant_types_writable() {
   for (const auto& t : quant_types)
-    if (!writable(t.base)) return false;
+    if (!writable(t.base) || (t.variant == quant_type::mix::k_m) != (t.mix_file_type >= 0)) return false;
   return true;
 }
 static_assert(quant_types_writable(), "quant_types names an encoding quant.hpp cannot write");

@@ -109,7 +109,12 @@ TEST_CASE("a file no config fits: its hyperparameters, the nearest config, the f
   CHECK(m.find("  - rope_scaling: the file has llama3 (factor 8, low 1, high 4, original context 1024), tiny_train none") !=
         std::string::npos);
   CHECK(m.find("Pass --config NAME") != std::string::npos);
-  CHECK(m.find("`examples/describe " + f.name() + "` prints the struct to paste") != std::string::npos);
+  CHECK(m.find("or add a config type for it: this struct binds the file (`examples/describe " + f.name() +
+               "` prints it as a header to include):\nstruct my_model {\n  static constexpr std::size_t kv_heads = 2;\n") !=
+        std::string::npos);
+  CHECK(m.ends_with("  static constexpr auto rope_scaling = tlm::rope_llama3(8, 1, 4, 1024);\n"
+                    "  static constexpr bool attention_bias = false;\n"
+                    "  static constexpr auto arch = tlm::architecture::llama;\n};"));
 }
 
 TEST_CASE("two configs that fit one file alike are both named, never one picked silently") {

@@ -239,37 +239,6 @@ std::vector<config_comparison> compare_configs(const file_config& file, config_l
   return {config_comparison{config_name<Cs>(), config_differences(file, file_config_of<Cs>(), config_name<Cs>())}...};
 }
 
-// The name of the one config of `List` whose hyperparameters and traits are the file's.
-// None: a no_matching_config that gives the file's hyperparameters, the nearest config
-// and how it differs, and what to do; two or more: one that names them.
-template <class List = shipped_configs>
-std::string match_config(const gguf::file& f) {
-  const file_config file = read_file_config(f);
-  const std::vector<config_comparison> all = compare_configs(file, List{});
-  std::vector<std::string_view> fits;
-  for (const auto& c : all)
-    if (c.differences.empty()) fits.push_back(c.name);
-  if (fits.size() == 1) return std::string(fits.front());
-  if (fits.size() > 1) {
-    std::string names;
-    for (const auto n : fits) names += (names.empty() ? "" : ", ") + std::string(n);
-    throw no_matching_config(f.name() + ": the file's hyperparameters fit " + std::to_string(fits.size()) +
-                             " configs alike (" + names + "); pass --config NAME to choose one");
-  }
-  const auto nearest = std::min_element(all.begin(), all.end(), [](const config_comparison& a, const config_comparison& b) {
-    return a.differences.size() < b.differences.size();
-  });
-  std::string msg = f.name() + ": no config of tlm fits this file, which has " + describe_file_config(file) + ".";
-  if (nearest != all.end()) {
-    msg += "\nThe nearest config is " + std::string(nearest->name) + ", which differs in " +
-           std::to_string(nearest->differences.size()) + ":";
-    for (const auto& d : nearest->differences) msg += "\n  - " + d;
-  }
-  msg += "\nPass --config NAME to bind the file to a config anyway (binding lists every mismatch), or add a config type for it: "
-         "`examples/describe " + f.name() + "` prints the struct to paste.";
-  throw no_matching_config(msg);
-}
-
 // The C++ config struct named `name` that binds a file of config `c`: every field
 // of config.hpp and every trait, spelled out even where it is plain Llama's. A shape
 // no config type can express (heads not a multiple of kv heads, an odd head
@@ -309,6 +278,44 @@ inline std::string config_struct_text(const file_config& c, std::string_view nam
   s += fmt::format("  static constexpr bool attention_bias = {};\n", c.attention_bias ? "true" : "false");
   s += fmt::format("  static constexpr auto arch = tlm::architecture::{};\n", info_of(c.arch).name);
   return s + "};\n";
+}
+
+// The name of the one config of `List` whose hyperparameters and traits are the file's.
+// None: a no_matching_config that gives the file's hyperparameters, the nearest config
+// and how it differs, and what to do (--config, or the struct to add); two or more: one
+// that names them.
+template <class List = shipped_configs>
+std::string match_config(const gguf::file& f) {
+  const file_config file = read_file_config(f);
+  const std::vector<config_comparison> all = compare_configs(file, List{});
+  std::vector<std::string_view> fits;
+  for (const auto& c : all)
+    if (c.differences.empty()) fits.push_back(c.name);
+  if (fits.size() == 1) return std::string(fits.front());
+  if (fits.size() > 1) {
+    std::string names;
+    for (const auto n : fits) names += (names.empty() ? "" : ", ") + std::string(n);
+    throw no_matching_config(f.name() + ": the file's hyperparameters fit " + std::to_string(fits.size()) +
+                             " configs alike (" + names + "); pass --config NAME to choose one");
+  }
+  const auto nearest = std::min_element(all.begin(), all.end(), [](const config_comparison& a, const config_comparison& b) {
+    return a.differences.size() < b.differences.size();
+  });
+  std::string msg = f.name() + ": no config of tlm fits this file, which has " + describe_file_config(file) + ".";
+  if (nearest != all.end()) {
+    msg += "\nThe nearest config is " + std::string(nearest->name) + ", which differs in " +
+           std::to_string(nearest->differences.size()) + ":";
+    for (const auto& d : nearest->differences) msg += "\n  - " + d;
+  }
+  msg += "\nPass --config NAME to bind the file to a config anyway (binding lists every mismatch), or add a config type for it";
+  try {
+    std::string text = config_struct_text(file, "my_model");
+    text.pop_back();  // the message's last line needs no newline
+    msg += ": this struct binds the file (`examples/describe " + f.name() + "` prints it as a header to include):\n" + text;
+  } catch (const model_mismatch& e) {
+    msg += std::string(", though no config type can describe this file: ") + e.what();
+  }
+  throw no_matching_config(msg);
 }
 
 }  // namespace tlm

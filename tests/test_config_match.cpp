@@ -68,6 +68,14 @@ struct tiny_gqa_twin : tlm::tiny_gqa {};
 struct tiny_linear : tlm::tiny_gqa {
   static constexpr auto rope_scaling = tlm::rope_linear(4.0);
 };
+// Llama 3.1's published scaling, which no config of the registry has, and one nobody
+// published.
+struct tiny_llama31 : tlm::tiny_gqa {
+  static constexpr auto rope_scaling = tlm::rope_llama3(8.0, 1.0, 4.0, 8192);
+};
+struct tiny_llama3_odd : tlm::tiny_gqa {
+  static constexpr auto rope_scaling = tlm::rope_llama3(16.0, 1.0, 4.0, 1024);
+};
 
 }  // namespace
 
@@ -94,6 +102,19 @@ TEST_CASE("a file of each traits config is read back as that config and matched 
   CHECK(c.rope_scaling.type == tlm::rope_scaling_type::linear);
   CHECK(c.rope_scaling.factor == 4.0);
   CHECK(tlm::config_differences(c, tlm::file_config_of<tiny_linear>(), "tiny_linear").empty());
+}
+
+TEST_CASE("a llama3 scaling is recognised from rope_freqs among the known ones, and an unknown one is refused") {
+  const tlm::gguf::file llama31(write_file<tiny_llama31>("tiny_llama31.gguf"));
+  const tlm::file_config c = tlm::read_file_config(llama31);
+  CHECK(tlm::config_differences(c, tlm::file_config_of<tiny_llama31>(), "tiny_llama31").empty());
+
+  const tlm::gguf::file odd(write_file<tiny_llama3_odd>("tiny_llama3_odd.gguf"));
+  const std::string m = message_of<tlm::model_mismatch>([&] { (void)tlm::read_file_config(odd); });
+  INFO(m);
+  CHECK(m.starts_with("rope_freqs.weight: " + odd.name() + "'s divisors (1 ... 16) are not those of a llama3 scaling tlm knows "
+                      "(llama3 (factor 8, low 1, high 4, original context 8192); llama3 (factor 32, low 1, high 4, original "
+                      "context 8192); llama3 (factor 8, low 1, high 4, original context 1024)); write the config's rope_scaling"));
 }
 
 TEST_CASE("a file no config fits: its hyperparameters, the nearest config, the fields that differ, what to do") {

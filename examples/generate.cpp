@@ -1,5 +1,6 @@
-// Generates text with a SmolLM2 model (SmolLM2-135M by default; --config binds the
-// file to another shipped config type), streaming the continuation token by token.
+// Generates text with a model of a shipped config type, streaming the continuation token
+// by token. The config is the one whose hyperparameters the --model file has (said on
+// stderr), SmolLM2-135M's for the default file, or --config's.
 //
 //   generate [--model PATH] [--config NAME] [--prompt TEXT | TEXT] [-n N] [--threads T] [--ctx N]
 //            [--kv-type f32|q8] [--chat] [--chat-template NAME] [--context-shift] [--keep N] [--system TEXT] [--special] [--temperature X] [--top-k K] [--top-p P] [--min-p P]
@@ -10,6 +11,7 @@
 // It is a thin layer over tlm/generate.hpp: the decoding loop is the library's.
 // `--chat` without a prompt starts an interactive chat on the terminal.
 #include <tlm/chat.hpp>
+#include <tlm/config_match.hpp>
 #include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
 #include <tlm/json_schema.hpp>
@@ -47,7 +49,8 @@ constexpr std::size_t max_threads = 1024;
 // {configs} stands for tlm's list of config names, so a config added there is offered here.
 constexpr std::string_view usage_format = R"(usage: generate [options] [TEXT]
   --model PATH        GGUF file (default: $TLM_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)
-  --config NAME       the config type to bind the file to (default smollm2_135m):
+  --config NAME       the config type to bind the file to (default: the one whose hyperparameters
+                      --model's file has; smollm2_135m for the default file):
                       {configs}
                       (tiny_train: a model trained from scratch by examples/train --config tiny_train)
   --prompt TEXT       the prompt (or give it as the last argument)
@@ -100,7 +103,8 @@ std::string usage() {
 
 struct options {
   std::string model;
-  std::string config = "smollm2_135m";
+  std::string config;  // --config; empty: chosen from the file (chosen_config)
+  bool model_given = false;
   std::optional<std::string> prompt;
   std::optional<std::vector<std::int32_t>> token_ids;
   std::optional<std::string> system;
@@ -201,7 +205,10 @@ options parse(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       fmt::print("{}", usage());
       std::exit(0);
-    } else if (a == "--model") o.model = value();
+    } else if (a == "--model") {
+      o.model = value();
+      o.model_given = true;
+    }
     else if (a == "--config") o.config = value();
     else if (a == "--prompt") o.prompt = value();
     else if (a == "-n") {
@@ -277,7 +284,7 @@ options parse(int argc, char** argv) {
   if (!o.prompt && !o.token_ids && !o.chat) o.prompt = "The capital of France is";
   if (o.chat && !o.prompt && !o.token_ids && !o.n_given) o.n = 512;  // an interactive reply
   // Every option is checked here, before the file is mapped or a token computed.
-  if (!tlm::shipped_configs::contains(o.config))
+  if (!o.config.empty() && !tlm::shipped_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
   if (o.threads > max_threads) fail(fmt::format("--threads {} is more than {}; give 0 for every core", o.threads, max_threads));
   if (o.sampling.temperature < 0.0f) fail(fmt::format("--temperature {} is negative; give 0 (greedy) or more", o.sampling.temperature));
@@ -564,10 +571,21 @@ int run(const options& o) {
 
 }  // namespace
 
+// --config's, else the shipped config whose hyperparameters the --model file has (its
+// header read here, so an unknown file is a clear error before anything is loaded), else
+// smollm2_135m: the default file (models/ or $TLM_MODEL) is SmolLM2-135M's, as before.
+std::string chosen_config(const options& o) {
+  if (!o.config.empty()) return o.config;
+  if (!o.model_given) return "smollm2_135m";
+  std::string name = tlm::match_config(tlm::gguf::file(o.model));
+  fmt::print(stderr, "config: {} (from the file's hyperparameters)\n", name);
+  return name;
+}
+
 int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
-    return tlm::with_config(o.config, [&](auto c) { return run<typename decltype(c)::type>(o); });
+    return tlm::with_config(chosen_config(o), [&](auto c) { return run<typename decltype(c)::type>(o); });
   } catch (const std::exception& e) {  // tlm::error and usage_error: both say what to do
     fmt::print(stderr, "generate: {}\n", e.what());
     return 1;

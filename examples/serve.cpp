@@ -12,6 +12,7 @@
 // forward pass reuses its workspace and so serves one sequence at a time. Requests
 // beyond the slots wait in a bounded queue; beyond that they get 503.
 #include <tlm/chat.hpp>
+#include <tlm/config_match.hpp>
 #include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
 #include <tlm/json_schema.hpp>
@@ -61,7 +62,8 @@ using json = nlohmann::ordered_json;  // keeps the order of a schema's propertie
 // {configs} stands for tlm's list of config names, so a config added there is offered here.
 constexpr std::string_view usage_format = R"(usage: serve [options]
   --model PATH       GGUF file (default: $TLM_MODEL or models/SmolLM2-135M-Instruct.Q4_1.gguf)
-  --config NAME      config type to bind the file to (default smollm2_135m):
+  --config NAME      config type to bind the file to (default: the one whose hyperparameters
+                     --model's file has; smollm2_135m for the default file):
                      {configs}
   --host ADDR        address to listen on (default 127.0.0.1: this machine only)
   --port N           TCP port (default 8080; 0 picks a free one, printed on the first line)
@@ -100,7 +102,8 @@ struct usage_error : std::runtime_error {
 [[noreturn]] void fail(const std::string& msg) { throw usage_error(msg); }
 
 struct options {
-  std::string model, config = "smollm2_135m", host = "127.0.0.1", api_key, name;
+  std::string model, config, host = "127.0.0.1", api_key, name;  // config empty: chosen from the file
+  bool model_given = false;
   std::string chat_template;  // --chat-template; empty: the file's
   std::vector<std::string> cors;
   std::size_t port = 8080, slots = 2, threads = 0, queue = 32, ctx = 4096, max_tokens = 1024, max_body = 1 << 20,
@@ -133,7 +136,10 @@ options parse(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       fmt::print("{}", usage());
       std::exit(0);
-    } else if (a == "--model") o.model = value();
+    } else if (a == "--model") {
+      o.model = value();
+      o.model_given = true;
+    }
     else if (a == "--config") o.config = value();
     else if (a == "--host") o.host = value();
     else if (a == "--port") o.port = to_whole(a, value(), 0, 65535);
@@ -158,7 +164,7 @@ options parse(int argc, char** argv) {
     else if (a == "--read-timeout") o.read_timeout = to_whole(a, value(), 1, 3600);
     else fail(fmt::format("unknown option '{}'\n{}", a, usage()));
   }
-  if (!tlm::shipped_configs::contains(o.config))
+  if (!o.config.empty() && !tlm::shipped_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
   if (o.threads == 0) o.threads = std::max<std::size_t>(1, std::thread::hardware_concurrency() / o.slots);
   if (o.name.empty()) o.name = std::filesystem::path(o.model).stem().string();
@@ -1147,12 +1153,22 @@ int run(const options& o) {
   return 0;
 }
 
+// --config's, else the shipped config whose hyperparameters the --model file has (said on
+// stderr), else smollm2_135m: the default file is SmolLM2-135M's. As generate chooses.
+std::string chosen_config(const options& o) {
+  if (!o.config.empty()) return o.config;
+  if (!o.model_given) return "smollm2_135m";
+  std::string name = tlm::match_config(tlm::gguf::file(o.model));
+  fmt::print(stderr, "config: {} (from the file's hyperparameters)\n", name);
+  return name;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
-    return tlm::with_config(o.config, [&](auto c) { return run<typename decltype(c)::type>(o); });
+    return tlm::with_config(chosen_config(o), [&](auto c) { return run<typename decltype(c)::type>(o); });
   } catch (const std::exception& e) {
     fmt::print(stderr, "serve: {}\n", e.what());
     return 1;

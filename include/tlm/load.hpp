@@ -72,30 +72,25 @@ std::vector<std::string> hyperparameter_problems(const gguf::file& f) {
   std::vector<std::string> out;
   const std::string arch(architecture_name_v<C>);
   auto check_uint = [&](std::string_view key, std::size_t want, bool required = true) {
-    if (!f.has(key)) {
+    const key_reading r = read_key(f, key, false);
+    if (!r.present) {
       if (required) out.push_back(std::string(key) + ": missing; expected " + std::to_string(want));
       return;
     }
-    try {
-      const auto got = f.get_uint(key);
-      if (got != want) out.push_back(std::string(key) + ": expected " + std::to_string(want) + ", found " + std::to_string(got));
-    } catch (const error& e) {
-      out.push_back(std::string(key) + ": " + e.what());
-    }
+    if (!r.problem.empty()) out.push_back(std::string(key) + ": " + r.problem);
+    else if (r.integer != want) out.push_back(std::string(key) + ": expected " + std::to_string(want) + ", found " + std::to_string(r.integer));
   };
   auto check_float = [&](std::string_view key, double want, bool required, double fallback) {
-    double got = fallback;
-    if (f.has(key)) {
-      try {
-        got = f.get_float(key);
-      } catch (const error& e) {
-        out.push_back(std::string(key) + ": " + e.what());
-        return;
-      }
-    } else if (required) {
+    const key_reading r = read_key(f, key, true);
+    if (!r.problem.empty()) {
+      out.push_back(std::string(key) + ": " + r.problem);
+      return;
+    }
+    if (!r.present && required) {
       out.push_back(std::string(key) + ": missing; expected " + std::to_string(want));
       return;
     }
+    const double got = r.present ? r.value : fallback;
     // The file stores these as f32: compare at f32 precision.
     if (static_cast<float>(got) != static_cast<float>(want)) {
       out.push_back(std::string(key) + ": expected " + std::to_string(want) + ", found " + std::to_string(got));

@@ -7,6 +7,7 @@
 // whoever waits for it polls a give-up test, so a dropped stream or Ctrl-C does not
 // wait for another call to finish.
 #include <tlm/chat.hpp>
+#include <tlm/config_match.hpp>
 #include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
 #include <tlm/json_schema.hpp>
@@ -169,7 +170,9 @@ class model_impl final : public model_base {
 
 std::shared_ptr<model_base> load(const std::string& path, const std::string& config, std::size_t threads) {
   if (threads > 1024) throw tlm::error("threads=" + std::to_string(threads) + " is more than 1024; give 0 for every core");
-  return tlm::with_config(config, [&](auto c) -> std::shared_ptr<model_base> {
+  // No config: the shipped config whose hyperparameters the file has (Model.config says which).
+  const std::string name = config.empty() ? tlm::match_config(tlm::gguf::file(path)) : config;
+  return tlm::with_config(name, [&](auto c) -> std::shared_ptr<model_base> {
     return std::make_shared<model_impl<typename decltype(c)::type>>(path, threads);
   });
 }
@@ -437,8 +440,10 @@ NB_MODULE(_tlm, m) {
       .def("__iter__", [](nb::handle self) { return self; })
       .def("__next__", &text_stream::next);
 
-  nb::class_<py_model>(m, "Model", "A GGUF file bound to one of tlm's config types.")
-      .def(nb::init<const std::string&, const std::string&, std::size_t>(), "path"_a, "config"_a = "smollm2_135m",
+  nb::class_<py_model>(m, "Model",
+                        "A GGUF file bound to one of tlm's config types: config=NAME, or by default the shipped "
+                        "config whose hyperparameters the file has (Model.config names it).")
+      .def(nb::init<const std::string&, const std::string&, std::size_t>(), "path"_a, "config"_a = "",
            "threads"_a = 2)
       .def("tokenize", &py_model::tokenize, "text"_a, "special"_a = false,
            "Token ids of the text, without a BOS token; special=True makes markers like <|im_start|> tokens.")

@@ -257,8 +257,20 @@ def test_json_schema(model):
     json.loads(model.generate("Some JSON:", max_tokens=40, json_schema=True, temperature=1.0, seed=5))
 
 
+def test_config_from_the_file(tmp_path):
+    """Without config=, the model is bound to the shipped config its file's hyperparameters fit."""
+    assert tlm.Model(MODEL, threads=1).config == "smollm2_135m"
+    other = tmp_path / "tiny_llama3.gguf"
+    subprocess.run([str(EXAMPLES / "synth_model"), "--config", "tiny_llama3", "--out", str(other)], check=True,
+                   capture_output=True)
+    with pytest.raises(tlm.Error, match="no config of tlm fits this file(.|\n)*nearest config is tiny_train"):
+        tlm.Model(str(other))
+
+
 def test_errors_carry_the_cpp_message(model):
     with pytest.raises(tlm.Error, match="tiny.gguf does not fit smollm2_135m"):
+        tlm.Model(str(TINY), config="smollm2_135m")
+    with pytest.raises(tlm.Error, match="tiny.gguf: cannot tell which config the file needs"):
         tlm.Model(str(TINY))
     with pytest.raises(tlm.Error, match="nonexistent.gguf: cannot open"):
         tlm.Model(str(ROOT / "nonexistent.gguf"))

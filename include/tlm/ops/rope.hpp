@@ -24,28 +24,25 @@ double rope_frequency(std::size_t i, double theta = C::rope_theta) {
 // high_freq_factor keeps its frequency (divisor 1), longer than original_context /
 // low_freq_factor is divided by `factor`, and between the two the inverse divisor
 // blends linearly in original_context / wavelength.   [E/2]
+//
+// For a scaling known at run time (a file's rope_freqs, read by config_match.hpp): the
+// same formula, so a config type and a file's description give the same doubles.
+inline double rope_divisor(const rope_scaling_params& s, double theta, std::size_t i, std::size_t head_width) {
+  if (s.type == rope_scaling_type::none) return 1.0;
+  if (s.type == rope_scaling_type::linear) return s.factor;
+  const double ctx = static_cast<double>(s.original_context);
+  const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_width));
+  const double wavelength = 2.0 * std::numbers::pi / freq;
+  if (wavelength < ctx / s.high_freq_factor) return 1.0;
+  if (wavelength > ctx / s.low_freq_factor) return s.factor;
+  const double smooth = (ctx / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  return 1.0 / ((1.0 - smooth) / s.factor + smooth);
+}
+
 template <LlamaConfig C>
 std::array<double, C::half_head> rope_divisors(double theta = C::rope_theta) {
-  constexpr rope_scaling_params s = rope_scaling_v<C>;
   std::array<double, C::half_head> d{};
-  for (std::size_t i = 0; i < C::half_head; ++i) {
-    if constexpr (s.type == rope_scaling_type::none) {
-      d[i] = 1.0;
-    } else if constexpr (s.type == rope_scaling_type::linear) {
-      d[i] = s.factor;
-    } else {
-      const double ctx = static_cast<double>(s.original_context);
-      const double wavelength = 2.0 * std::numbers::pi / rope_frequency<C>(i, theta);
-      if (wavelength < ctx / s.high_freq_factor) {
-        d[i] = 1.0;
-      } else if (wavelength > ctx / s.low_freq_factor) {
-        d[i] = s.factor;
-      } else {
-        const double smooth = (ctx / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-        d[i] = 1.0 / ((1.0 - smooth) / s.factor + smooth);
-      }
-    }
-  }
+  for (std::size_t i = 0; i < C::half_head; ++i) d[i] = rope_divisor(rope_scaling_v<C>, theta, i, head_dim<C>);
   return d;
 }
 

@@ -1,7 +1,7 @@
 """tlm: typed Llama models (header-only C++20), from Python.
 
     import tlm
-    model = tlm.Model("SmolLM2-135M-Instruct.Q4_1.gguf", config="smollm2_135m", threads=2)
+    model = tlm.Model("SmolLM2-135M-Instruct.Q4_1.gguf", threads=2)   # model.config: 'smollm2_135m', from the file
     model.generate("The capital of France is", max_tokens=8)          # ' Paris.\\n\\nThe answer is:'
     for piece in model.generate("Once upon a time", max_tokens=32, stream=True):
         print(piece, end="")

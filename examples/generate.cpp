@@ -284,7 +284,7 @@ options parse(int argc, char** argv) {
   if (!o.prompt && !o.token_ids && !o.chat) o.prompt = "The capital of France is";
   if (o.chat && !o.prompt && !o.token_ids && !o.n_given) o.n = 512;  // an interactive reply
   // Every option is checked here, before the file is mapped or a token computed.
-  if (!o.config.empty() && !tlm::shipped_configs::contains(o.config))
+  if (!o.config.empty() && !tlm::program_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
   if (o.threads > max_threads) fail(fmt::format("--threads {} is more than {}; give 0 for every core", o.threads, max_threads));
   if (o.sampling.temperature < 0.0f) fail(fmt::format("--temperature {} is negative; give 0 (greedy) or more", o.sampling.temperature));

@@ -164,7 +164,7 @@ options parse(int argc, char** argv) {
     else if (a == "--read-timeout") o.read_timeout = to_whole(a, value(), 1, 3600);
     else fail(fmt::format("unknown option '{}'\n{}", a, usage()));
   }
-  if (!o.config.empty() && !tlm::shipped_configs::contains(o.config))
+  if (!o.config.empty() && !tlm::program_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
   if (o.threads == 0) o.threads = std::max<std::size_t>(1, std::thread::hardware_concurrency() / o.slots);
   if (o.name.empty()) o.name = std::filesystem::path(o.model).stem().string();

@@ -284,7 +284,7 @@ inline std::string config_struct_text(const file_config& c, std::string_view nam
 // None: a no_matching_config that gives the file's hyperparameters, the nearest config
 // and how it differs, and what to do (--config, or the struct to add); two or more: one
 // that names them.
-template <class List = shipped_configs>
+template <class List = program_configs>
 std::string match_config(const gguf::file& f) {
   const file_config file = read_file_config(f);
   const std::vector<config_comparison> all = compare_configs(file, List{});

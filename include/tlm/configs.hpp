@@ -51,6 +51,18 @@ struct config_list {
 using shipped_configs = config_list<smollm2_135m, smollm2_360m, smollm2_1_7b, llama32_1b, llama32_3b, qwen25_0_5b,
                                     qwen25_1_5b, tinyllama_1_1b, mistral_7b, tiny_train>;
 
+// The configs a program chooses from by name or from a file (generate, serve, the
+// Python module): every shipped config, unless the build defines TLM_PROGRAM_CONFIGS as
+// a comma-separated list of config types (CMake: -DTLM_PROGRAM_CONFIGS=smollm2_135m;...).
+// Each config is one more instantiation of the model, generator and chat session, the
+// bulk of those programs' compile time, so a build that runs few of them (the
+// sanitizer build of the test suite) names only those.
+#ifdef TLM_PROGRAM_CONFIGS
+using program_configs = config_list<TLM_PROGRAM_CONFIGS>;
+#else
+using program_configs = shipped_configs;
+#endif
+
 template <class A, class B>
 struct concat_config_lists;
 template <class... As, class... Bs>
@@ -64,13 +76,13 @@ using all_configs =
     concat_config_lists<shipped_configs, config_list<tiny_gqa, tiny_untied, tiny_qwen2, tiny_llama3, tiny_traits>>::type;
 
 // The names of a list's configs, in its order, for help texts and messages.
-template <class List = shipped_configs>
+template <class List = program_configs>
 constexpr const auto& config_names() {
   return List::names;
 }
 
 // "a, b, c": the names of a list's configs, as a message or help text names them.
-template <class List = shipped_configs>
+template <class List = program_configs>
 std::string config_names_text() {
   std::string out;
   for (const auto name : List::names) {
@@ -103,7 +115,7 @@ decltype(auto) with_config_in(std::string_view name, F& f, config_list<Cs...> li
 // Calls f(std::type_identity<C>{}) for the config C of `List` named `name`, and returns
 // what f returns (the same type for every config). A name not in the list throws
 // tlm::error naming every config that is.
-template <class List = shipped_configs, class F>
+template <class List = program_configs, class F>
 decltype(auto) with_config(std::string_view name, F&& f) {
   return detail::with_config_in(name, f, List{});
 }

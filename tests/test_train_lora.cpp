@@ -7,11 +7,15 @@
 #include <tlm/quant.hpp>
 #include <tlm/train/adamw.hpp>
 #include <tlm/train/lora.hpp>
+#include <tlm/train/lora_file.hpp>
 #include <tlm/train/step.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <set>
@@ -440,4 +444,119 @@ TEST_CASE("lora: AdamW steps change only the adapter, and lower the loss of a fi
   CHECK(last < first - 0.5);
   // The base's bytes (what the mapped weights view) are exactly as they were.
   CHECK(mb.bytes == bytes_before);
+}
+
+namespace {
+
+std::filesystem::path lora_dir(const std::string& name) {
+  const auto dir = std::filesystem::path(TLM_BINARY_DIR) / "test_train_lora" / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::vector<std::byte> file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  const std::vector<char> c((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> b(c.size());
+  std::memcpy(b.data(), c.data(), c.size());
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("lora file: llama.cpp's adapter format, written and read back bit for bit") {
+  using C = tlm::tiny_qwen2;
+  using A = tlm::lora<C, 4, all_seven>;
+  auto ad = random_adapter<A>(81);
+  ad->alpha = 12;
+  const auto path = lora_dir("roundtrip") / "adapter.gguf";
+  tlm::write_lora(path, *ad);
+
+  const tlm::gguf::file f(path);
+  CHECK(f.get_string("general.type") == "adapter");
+  CHECK(f.get_string("adapter.type") == "lora");
+  CHECK(f.get_string("general.architecture") == "qwen2");
+  REQUIRE(f.find("adapter.lora.alpha") != nullptr);
+  CHECK(f.find("adapter.lora.alpha")->type == tlm::gguf::value_type::f32);  // llama.cpp reads it with gguf_get_val_f32
+  CHECK(f.get_float("adapter.lora.alpha") == 12.0);
+  CHECK(f.tensors().size() == tlm::tensor_count(*ad));
+  // llama.cpp's shape checks: lora_a ne = [in, r], lora_b ne = [r, out].
+  const auto* qa = f.find_tensor("blk.0.attn_q.weight.lora_a");
+  const auto* kb = f.find_tensor("blk.1.attn_k.weight.lora_b");
+  const auto* da = f.find_tensor("blk.1.ffn_down.weight.lora_a");
+  REQUIRE(qa != nullptr);
+  REQUIRE(kb != nullptr);
+  REQUIRE(da != nullptr);
+  CHECK((qa->n_dims == 2 && qa->dims[0] == tlm::dim<C> && qa->dims[1] == 4));
+  CHECK((kb->n_dims == 2 && kb->dims[0] == 4 && kb->dims[1] == tlm::kv_dim<C>));
+  CHECK((da->n_dims == 2 && da->dims[0] == C::ffn && da->dims[1] == 4));
+
+  auto back = std::make_unique<A>();
+  tlm::read_lora(path, *back);
+  CHECK(back->alpha == 12.0);
+  std::size_t differ = 0;
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name&, const auto& x, const auto& y) {
+        differ += std::memcmp(x.data(), y.data(), x.values().size() * sizeof(float)) != 0;
+      },
+      *ad, *back);
+  CHECK(differ == 0);
+}
+
+TEST_CASE("lora file: a damaged or mismatched adapter is rejected, naming its tensor") {
+  using C = tlm::tiny_qwen2;
+  using A = tlm::lora<C, 4, all_seven>;
+  auto ad = random_adapter<A>(82);
+  const auto dir = lora_dir("damaged");
+  const auto path = dir / "adapter.gguf";
+  tlm::write_lora(path, *ad);
+  auto bytes = file_bytes(path);
+  auto check_throws = [](auto&& read, const std::string& fragment) {
+    std::string message;
+    try {
+      read();
+    } catch (const tlm::format_error& e) {
+      message = e.what();
+    }
+    INFO(message);
+    CHECK(message.find(fragment) != std::string::npos);
+  };
+
+  SUBCASE("a flipped byte in one tensor's data: its checksum names it") {
+    const auto probe = tlm::gguf::file::from_memory(bytes, "adapter.gguf");
+    const auto* t = probe.find_tensor("blk.1.ffn_up.weight.lora_b");
+    REQUIRE(t != nullptr);
+    const std::size_t at = static_cast<std::size_t>(t->data.data() - bytes.data()) + 13;
+    bytes[at] ^= std::byte{0x40};
+    const auto damaged = tlm::gguf::file::from_memory(bytes, "adapter.gguf");
+    auto into = std::make_unique<A>();
+    check_throws([&] { tlm::read_lora(damaged, *into); }, "tensor 'blk.1.ffn_up.weight.lora_b' fails its checksum");
+  }
+  SUBCASE("a NaN written into a tensor") {
+    ad->layers[0].attn_v_lora_a.data()[5] = std::nanf("");
+    tlm::write_lora(dir / "nan.gguf", *ad);
+    auto into = std::make_unique<A>();
+    check_throws([&] { tlm::read_lora(dir / "nan.gguf", *into); },
+                 "tensor 'blk.0.attn_v.weight.lora_a' holds a NaN at index 5");
+  }
+  SUBCASE("read into an adapter of another rank") {
+    auto into = std::make_unique<tlm::lora<C, 2, all_seven>>();
+    check_throws([&] { tlm::read_lora(path, *into); }, "tensor 'blk.0.attn_q.weight.lora_a' has dims [32, 4], expected [32, 2]");
+  }
+  SUBCASE("read into an adapter with fewer targets") {
+    auto into = std::make_unique<tlm::lora<C, 4>>();
+    check_throws([&] { tlm::read_lora(path, *into); }, "tensor 'blk.0.ffn_gate.weight.lora_a' is not one of this adapter type's");
+  }
+  SUBCASE("read into an adapter with more targets") {
+    using Few = tlm::lora<C, 4>;
+    auto few = random_adapter<Few>(83);
+    tlm::write_lora(dir / "few.gguf", *few);
+    auto into = std::make_unique<A>();
+    check_throws([&] { tlm::read_lora(dir / "few.gguf", *into); }, "tensor 'blk.0.ffn_gate.weight.lora_a' is missing");
+  }
+  SUBCASE("an adapter of another architecture") {
+    auto into = std::make_unique<tlm::lora<tlm::tiny_gqa, 4, all_seven>>();
+    check_throws([&] { tlm::read_lora(path, *into); }, "an adapter for architecture \"qwen2\", not \"llama\"");
+  }
 }

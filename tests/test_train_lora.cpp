@@ -28,31 +28,10 @@ namespace {
 
 using tlm::lora_target;
 using tlm_test::random_batch;
+using tlm_test::mapped_base;
 using tlm_test::random_params;
 
 constexpr lora_target all_seven = tlm::all_layer_matrices;
-
-// A model's weights in a file's encodings, mapped (bound) onto bytes this struct
-// owns: matrices in `enc`, vectors F32 (as binding requires). Made from owned float
-// weights, so the dequantized copy (to_trainable) is the function the base computes.
-template <tlm::LlamaConfig C>
-struct mapped_base {
-  tlm::model_weights<C, tlm::mapped> w;
-  std::vector<std::vector<std::byte>> bytes;
-
-  mapped_base(const tlm::trainable<C, float>& src, tlm::encoding enc) {
-    tlm::for_each_tensor(
-        [&](const tlm::tensor_name& name, auto& dst, const auto& t) {
-          using U = std::remove_cvref_t<decltype(t)>;
-          const tlm::encoding e = U::rank == 1 ? tlm::encoding::f32 : enc;
-          const std::size_t rb = tlm::row_bytes(e, U::cols);
-          auto& b = bytes.emplace_back(rb * U::rows);
-          for (std::size_t r = 0; r < U::rows; ++r) tlm::quantize_row(e, t.data() + r * U::cols, b.data() + r * rb, U::cols);
-          dst.bind(e, b, name.str());
-        },
-        w, src);
-  }
-};
 
 // An adapter with every value random (B too, unlike the initialisation, so that A's
 // gradient is not zero) and alpha / r = 2, so the scale is exercised.

@@ -1,9 +1,11 @@
 // Hot paths allocate nothing in steady state: decoding a token, and a training step
-// (forward, backward, zeroing gradients, AdamW) after the first.
+// (forward, backward, zeroing gradients, AdamW) after the first, in full and with a
+// low-rank adapter over a mapped quantized base.
 #include <doctest/doctest.h>
 
 #include <tlm/model.hpp>
 #include <tlm/sampler.hpp>
+#include <tlm/train/lora.hpp>
 
 #include <filesystem>
 #include <vector>
@@ -27,6 +29,31 @@ TEST_CASE("a training step allocates nothing after the first") {
     };
     INFO(threads << " thread(s)");  // doctest's context stack allocates on first use: before counting
     step();
+    const std::size_t before = tlm_test::allocations.load();
+    for (int i = 0; i < 5; ++i) step();
+    CHECK(tlm_test::allocations.load() - before == 0);
+  }
+}
+
+TEST_CASE("a LoRA step over a mapped Q4_1 base allocates nothing after the first") {
+  using C = tlm::tiny_untied;
+  using A = tlm::lora<C, 4, tlm::all_layer_matrices>;
+  auto p = tlm_test::random_params<C, float>(3);
+  const tlm_test::mapped_base<C> base(*p, tlm::encoding::q4_1);
+  auto ad = std::make_unique<A>(), g = std::make_unique<A>();
+  tlm::init_lora(*ad, 4);
+  const auto data = tlm_test::random_batch(3, 8, C::vocab, 5);
+  for (std::size_t threads : {1, 2}) {
+    tlm::training<C, float> run({.batch = 3, .seq = 8, .threads = threads});
+    tlm::adamw<A> opt({.lr = 1e-3, .weight_decay = 0.1, .clip = 1.0});
+    auto step = [&] {
+      run.forward(base.w, *ad, data.tokens, data.targets);
+      tlm::zero(*g);
+      run.backward(base.w, *ad, *g);
+      opt.step(*ad, *g, &run.pool());
+    };
+    INFO(threads << " thread(s)");
+    step();  // the adapter's scratch and the per-thread decode tile take their size
     const std::size_t before = tlm_test::allocations.load();
     for (int i = 0; i < 5; ++i) step();
     CHECK(tlm_test::allocations.load() - before == 0);

@@ -1,6 +1,7 @@
 #pragma once
 // Shared by the training tests: random parameters scaled for gradient checks, and
 // random batches.
+#include <tlm/quant.hpp>
 #include <tlm/train/adamw.hpp>
 #include <tlm/train/step.hpp>
 #include <tlm/train/weights.hpp>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 namespace tlm_test {
@@ -51,5 +53,28 @@ inline batch random_batch(std::size_t b, std::size_t t, std::size_t vocab, std::
   if (b * t > 3) out.targets[b * t / 2] = tlm::ignore_target;
   return out;
 }
+
+// A model's weights in a file's encodings, mapped (bound) onto bytes this struct
+// owns: matrices in `enc`, vectors F32 (as binding requires). Made from owned float
+// weights, so the dequantized copy (to_trainable) is the function the base computes.
+template <tlm::LlamaConfig C>
+struct mapped_base {
+  tlm::model_weights<C, tlm::mapped> w;
+  std::vector<std::vector<std::byte>> bytes;
+
+  mapped_base(const mapped_base&) = delete;  // w views this object's bytes
+  mapped_base(const tlm::trainable<C, float>& src, tlm::encoding enc) {
+    tlm::for_each_tensor(
+        [&](const tlm::tensor_name& name, auto& dst, const auto& t) {
+          using U = std::remove_cvref_t<decltype(t)>;
+          const tlm::encoding e = U::rank == 1 ? tlm::encoding::f32 : enc;
+          const std::size_t rb = tlm::row_bytes(e, U::cols);
+          auto& b = bytes.emplace_back(rb * U::rows);
+          for (std::size_t r = 0; r < U::rows; ++r) tlm::quantize_row(e, t.data() + r * U::cols, b.data() + r * rb, U::cols);
+          dst.bind(e, b, name.str());
+        },
+        w, src);
+  }
+};
 
 }  // namespace tlm_test

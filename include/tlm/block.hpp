@@ -186,12 +186,22 @@ void add_rows(rows<N, T>& x, const rows<N, T>& d, thread_pool* pool) {
 
 }  // namespace detail
 
+// No low-rank adapter: the block as inference and full training run it. The hooks
+// of an adapter (train/lora.hpp: lora_block_forward) add to a product's output.
+struct no_adapter {
+  template <lora_target, std::size_t N, std::size_t M, class T>
+  void add(const rows<N, T>&, rows<M, T>&) const {}
+};
+
 // The forward pass of one block. a.x holds the n input rows; `out` receives the
-// block's output rows (it may be a.x itself). Every other member of `a` is written.
-template <LlamaConfig C, Storage S, Element T, class KV>
+// block's output rows (it may be a.x itself). Every other member
+// of `a` is written. `ad.add<t>(x, y)` adds an adapter's low-rank path to the
+// product y = W_t x of target t (no_adapter adds nothing); it reads only inputs that
+// `a` keeps, so the backward can recompute it.
+template <LlamaConfig C, Storage S, Element T, class KV, class Adapter = no_adapter>
   requires multiplies<S, T>
 void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, rows<dim<C>, T>& out,
-                   const block_context<C, T>& ctx, const KV& kv, thread_pool* pool) {
+                   const block_context<C, T>& ctx, const KV& kv, thread_pool* pool, const Adapter& ad = {}) {
   constexpr std::size_t D = dim<C>, F = C::ffn, H = heads<C>, E = head_dim<C>;
   const std::size_t n = a.x.count();
   if (n != ctx.layout.rows()) {
@@ -204,6 +214,9 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
     rmsnorm<D, T, typename decltype(g1)::value_type>(a.x.row(i), g1, C::rms_eps, a.xn1.row(i));
   });
   matmul_shared(a.xn1, pool, ctx.precision, into(w.attn_q, a.q), into(w.attn_k, a.k), into(w.attn_v, a.v));
+  ad.template add<lora_target::q>(a.xn1, a.q);
+  ad.template add<lora_target::k>(a.xn1, a.k);
+  ad.template add<lora_target::v>(a.xn1, a.v);
   if constexpr (attention_bias_v<C>) {
     // Qwen2: the biases add to the projections, before RoPE rotates q and k.
     detail::add_bias(a.q, w.attn_q_bias, pool);
@@ -241,6 +254,7 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
   else attend_rows(0, n * H / nq);
 
   matmul(w.attn_output, a.o, a.x_mid, pool, ctx.precision);
+  ad.template add<lora_target::o>(a.o, a.x_mid);
   detail::add_rows(a.x_mid, a.x, pool);
   const auto g2 = detail::gain_values(w.ffn_norm);
   a.xn2.resize(n);
@@ -248,20 +262,44 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
     rmsnorm<D, T, typename decltype(g2)::value_type>(a.x_mid.row(i), g2, C::rms_eps, a.xn2.row(i));
   });
   matmul_shared(a.xn2, pool, ctx.precision, into(w.ffn_gate, a.gate), into(w.ffn_up, a.up));
+  ad.template add<lora_target::gate>(a.xn2, a.gate);
+  ad.template add<lora_target::up>(a.xn2, a.up);
   a.h.resize(n);
   detail::for_rows(pool, n, [&](std::size_t i) { swiglu<F, T>(a.gate.row(i), a.up.row(i), a.h.row(i)); });
   matmul(w.ffn_down, a.h, out, pool, ctx.precision);
+  ad.template add<lora_target::down>(a.h, out);
   detail::add_rows(out, a.x_mid, pool);
 }
 
-// The backward pass of one training block (attention within each sequence of the
-// batch). The forward's weights and saved activations, then the output's
-// gradient, then the gradients: on entry dx holds d(loss)/d(out); on return it
-// holds d(loss)/d(x). Weight gradients are accumulated into dw with +=.
-template <class W, class G, LlamaConfig C = typename W::config, Element T = storage_value_t<typename W::storage>>
-  requires trainable_weights<W> && gradient_of<G, W>
-void block_backward(const W& w, const block_activations<C, T>& a, const block_context<C, T>& ctx, rows<dim<C>, T>& dx,
-                    G& dw, block_scratch<C, T>& s, thread_pool* pool) {
+namespace detail {
+
+// Where the backward's gradients go in full training: every parameter of the layer.
+template <class G>
+struct full_gradients {
+  G& dw;
+  thread_pool* pool;
+
+  template <lora_target t, class W, std::size_t N, std::size_t M, class T>
+  void product(const W& w, const rows<N, T>& x, const rows<M, T>& dy, rows<N, T>& dx) const {
+    matmul_backward(W::template matrix<t>(w), x, dy, G::template matrix<t>(dw), dx, pool);
+  }
+  auto* attn_norm_gradient() const { return dw.attn_norm.data(); }
+  auto* ffn_norm_gradient() const { return dw.ffn_norm.data(); }
+  template <class R1, class R2, class R3>
+  void biases(const R1& dq, const R2& dk, const R3& dv) const {
+    add_bias_backward(dq, dw.attn_q_bias);
+    add_bias_backward(dk, dw.attn_k_bias);
+    add_bias_backward(dv, dw.attn_v_bias);
+  }
+};
+
+// The backward of one block, once for both uses. `g` says where gradients go:
+// g.product<t>(w, x, dy, dx) is the backward of the product of target t (dx += and
+// the weight's or the adapter's gradient +=), g.*_norm_gradient() the gains'
+// gradient (null: frozen), g.biases(dq, dk, dv) the biases'.
+template <LlamaConfig C, Storage S, Element T, class Grads>
+void block_backward(const layer_weights<C, S>& w, const block_activations<C, T>& a, const block_context<C, T>& ctx,
+                    rows<dim<C>, T>& dx, block_scratch<C, T>& s, thread_pool* pool, const Grads& g) {
   constexpr std::size_t D = dim<C>, K = kv_dim<C>, F = C::ffn, H = heads<C>, E = head_dim<C>;
   const std::size_t n = a.x.count();
   if (dx.count() != n) throw shape_error("block_backward: the output gradient has another row count than the forward");
@@ -277,53 +315,74 @@ void block_backward(const W& w, const block_activations<C, T>& a, const block_co
     r->resize(n);
     r->zero();
   }
+  const auto g1 = gain_values(w.attn_norm);
+  const auto g2 = gain_values(w.ffn_norm);
+  using G1 = typename decltype(g1)::value_type;
+  using G2 = typename decltype(g2)::value_type;
 
   // out = x_mid + W_down h: dx passes on to x_mid unchanged (the residual).
-  matmul_backward(w.ffn_down, a.h, dx, dw.ffn_down, s.dh, pool);
-  detail::for_rows(pool, n, [&](std::size_t i) {
+  g.template product<lora_target::down>(w, a.h, dx, s.dh);
+  for_rows(pool, n, [&](std::size_t i) {
     swiglu_backward<F, T>(a.gate.row(i), a.up.row(i), s.dh.row(i), s.dgate.row(i), s.dup.row(i));
   });
-  matmul_backward(w.ffn_gate, a.xn2, s.dgate, dw.ffn_gate, s.dxn, pool);
-  matmul_backward(w.ffn_up, a.xn2, s.dup, dw.ffn_up, s.dxn, pool);
+  g.template product<lora_target::gate>(w, a.xn2, s.dgate, s.dxn);
+  g.template product<lora_target::up>(w, a.xn2, s.dup, s.dxn);
   // The gain's gradient sums over rows: done on one thread, in row order.
   for (std::size_t i = 0; i < n; ++i)
-    rmsnorm_backward<D, T, T>(a.x_mid.row(i), w.ffn_norm.values(), C::rms_eps, s.dxn.row(i), dx.row(i),
-                              dw.ffn_norm.data());
+    rmsnorm_backward<D, T, G2>(a.x_mid.row(i), g2, C::rms_eps, s.dxn.row(i), dx.row(i), g.ffn_norm_gradient());
 
   // x_mid = x + W_o o.
-  matmul_backward(w.attn_output, a.o, dx, dw.attn_output, s.d_o, pool);
+  g.template product<lora_target::o>(w, a.o, dx, s.d_o);
   const batch_layout& b = ctx.layout;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(E)));
   // One task per (sequence, kv head): it owns that kv head's dk and dv.
   auto attend_back = [&](std::size_t t0, std::size_t t1) {
     for (std::size_t t = t0; t < t1; ++t) {
-      const std::size_t seq = t / C::kv_heads, g = t % C::kv_heads, r0 = seq * b.length;
-      const std::size_t h0 = first_query_of<C>(g);
+      const std::size_t seq = t / C::kv_heads, kg = t % C::kv_heads, r0 = seq * b.length;
+      const std::size_t h0 = first_query_of<C>(kg);
       attention_backward<T>(b.length, E, C::group, scale, a.q.data() + r0 * D + h0 * E, a.o.data() + r0 * D + h0 * E,
                             s.d_o.data() + r0 * D + h0 * E, s.dq.data() + r0 * D + h0 * E, D,
-                            a.k.data() + r0 * K + g * E, a.v.data() + r0 * K + g * E, s.dk.data() + r0 * K + g * E,
-                            s.dv.data() + r0 * K + g * E, K, a.lse.data() + r0 * H + h0, H);
+                            a.k.data() + r0 * K + kg * E, a.v.data() + r0 * K + kg * E, s.dk.data() + r0 * K + kg * E,
+                            s.dv.data() + r0 * K + kg * E, K, a.lse.data() + r0 * H + h0, H);
     }
   };
   if (pool) pool->parallel_for(b.sequences * C::kv_heads, 1, attend_back);
   else attend_back(0, b.sequences * C::kv_heads);
-  detail::for_rows(pool, n, [&](std::size_t i) {
+  for_rows(pool, n, [&](std::size_t i) {
     rope_backward<C, D, T>(s.dq.row(i), ctx.angles[i % b.length], ctx.pairing);
     rope_backward<C, K, T>(s.dk.row(i), ctx.angles[i % b.length], ctx.pairing);
   });
-  if constexpr (attention_bias_v<C>) {
-    // dq, dk are now gradients of the projections before RoPE, where the biases add.
-    detail::add_bias_backward(s.dq, dw.attn_q_bias);
-    detail::add_bias_backward(s.dk, dw.attn_k_bias);
-    detail::add_bias_backward(s.dv, dw.attn_v_bias);
-  }
+  // dq, dk are now gradients of the projections before RoPE, where the biases add.
+  if constexpr (attention_bias_v<C>) g.biases(s.dq, s.dk, s.dv);
   s.dxn.zero();
-  matmul_backward(w.attn_q, a.xn1, s.dq, dw.attn_q, s.dxn, pool);
-  matmul_backward(w.attn_k, a.xn1, s.dk, dw.attn_k, s.dxn, pool);
-  matmul_backward(w.attn_v, a.xn1, s.dv, dw.attn_v, s.dxn, pool);
+  g.template product<lora_target::q>(w, a.xn1, s.dq, s.dxn);
+  g.template product<lora_target::k>(w, a.xn1, s.dk, s.dxn);
+  g.template product<lora_target::v>(w, a.xn1, s.dv, s.dxn);
   for (std::size_t i = 0; i < n; ++i)
-    rmsnorm_backward<D, T, T>(a.x.row(i), w.attn_norm.values(), C::rms_eps, s.dxn.row(i), dx.row(i),
-                              dw.attn_norm.data());
+    rmsnorm_backward<D, T, G1>(a.x.row(i), g1, C::rms_eps, s.dxn.row(i), dx.row(i), g.attn_norm_gradient());
+}
+
+}  // namespace detail
+
+// The backward pass of one training block (attention within each sequence of the
+// batch). The forward's weights and saved activations, then the output's
+// gradient, then the gradients: on entry dx holds d(loss)/d(out); on return it
+// holds d(loss)/d(x). Weight gradients are accumulated into dw with +=.
+template <class W, class G, LlamaConfig C = typename W::config, Element T = storage_value_t<typename W::storage>>
+  requires trainable_weights<W> && gradient_of<G, W>
+void block_backward(const W& w, const block_activations<C, T>& a, const block_context<C, T>& ctx, rows<dim<C>, T>& dx,
+                    G& dw, block_scratch<C, T>& s, thread_pool* pool) {
+  detail::block_backward(w, a, ctx, dx, s, pool, detail::full_gradients<G>{dw, pool});
+}
+
+// The same backward over a frozen base (mapped or owned weights, no gradient) under
+// an adapter: `ad` is the adapter's sink (train/lora.hpp, lora_block_backward), which
+// takes the gradients of its factors; dx flows through W and the low-rank path.
+template <LlamaConfig C, Storage S, Element T, class AdapterGrads>
+  requires multiplies<S, T>
+void block_backward(const layer_weights<C, S>& w, const block_activations<C, T>& a, const block_context<C, T>& ctx,
+                    rows<dim<C>, T>& dx, block_scratch<C, T>& s, thread_pool* pool, const AdapterGrads& ad) {
+  detail::block_backward(w, a, ctx, dx, s, pool, ad);
 }
 
 }  // namespace tlm

@@ -3,14 +3,17 @@
 // matmul(mat<R, C>, rows<C>) -> rows<R> are the only ways to multiply by a weight,
 // so a product whose shapes disagree does not compile. The types guard the call;
 // the loops live in plain kernels with run-time sizes.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "kernels.hpp"
 #include "kernels/gemm.hpp"
+#include "quant.hpp"
 #include "shape.hpp"
 #include "thread_pool.hpp"
 
@@ -149,6 +152,46 @@ void matmul_backward(const mat<R, C, owned<T>>& w, const rows<N, T>& x, const ro
   } else {
     kernels::gemm_reference<T>(transpose::no, transpose::no, n, C, R, dy.data(), R, w.data(), C, dx.data(), C, true);
     kernels::gemm_reference<T>(transpose::yes, transpose::no, R, C, n, dy.data(), R, x.data(), C, dw.data(), C, true);
+  }
+}
+
+// The input half of matmul's backward, for a frozen weight that has no gradient (the
+// base under a low-rank adapter): the forward's weight, the output's gradient, then
+// the input's gradient, accumulated:
+//   dX += dY W      w [R, C]  dy [n, R]  dx [n, C]
+// A mapped weight stays in its file encoding: it is decoded tile by tile (a few rows
+// at a time, with dequantize_row, the reference every kernel is tested against) into
+// a per-thread buffer, and each tile adds its rows' part, dX += dY[:, tile] W[tile],
+// so a quantized base never exists whole as floats (a 1.7B base would not fit).
+template <std::size_t R, std::size_t C, Storage S, class T, std::size_t N, std::size_t M>
+  requires inner_dims_match<C, N> && output_gradient_matches<R, M> && multiplies<S, T>
+void matmul_backward_input(const mat<R, C, S>& w, const rows<M, T>& dy, rows<N, T>& dx, thread_pool* pool = nullptr) {
+  detail::require_bound(w);
+  const std::size_t n = dy.count();
+  if (dx.count() != n) {
+    throw shape_error("matmul_backward_input: " + std::to_string(n) + " output-gradient rows and " +
+                      std::to_string(dx.count()) + " input-gradient rows; both must be the forward's batch");
+  }
+  if (n == 0) return;
+  using kernels::transpose;
+  if constexpr (is_owned_v<S>) {
+    if constexpr (std::same_as<T, float>)
+      kernels::gemm(transpose::no, transpose::no, n, C, R, dy.data(), R, w.data(), C, dx.data(), C, true, pool);
+    else
+      kernels::gemm_reference<T>(transpose::no, transpose::no, n, C, R, dy.data(), R, w.data(), C, dx.data(), C, true);
+  } else {
+    // 64 rows per tile: enough depth for the GEMM's blocking, small enough to stay in
+    // cache (64 x 1536 floats is 384 KB at 135M's widest). Grows once per thread.
+    constexpr std::size_t tile = R < 64 ? R : 64;
+    thread_local std::vector<float> buf;
+    if (buf.size() < tile * C) buf.resize(tile * C);
+    const std::size_t rb = row_bytes(w.enc(), C);
+    const std::byte* base = w.bytes().data();
+    for (std::size_t r0 = 0; r0 < R; r0 += tile) {
+      const std::size_t t = std::min(tile, R - r0);
+      for (std::size_t r = 0; r < t; ++r) dequantize_row(w.enc(), base + (r0 + r) * rb, buf.data() + r * C, C);
+      kernels::gemm(transpose::no, transpose::no, n, C, t, dy.data() + r0, R, buf.data(), C, dx.data(), C, true, pool);
+    }
   }
 }
 

@@ -40,6 +40,29 @@ using rope_freqs_vector =
 template <class A, class B>
 concept layers_of_same_config = std::same_as<A, B>;
 
+// The seven matrices of a layer, as bits: what a low-rank adapter may target
+// (train/lora.hpp). Every Llama-family config has all seven; a set of targets is
+// one value of this type, usable as a template argument.
+enum class lora_target : unsigned {
+  none = 0,
+  q = 1u << 0,     // attn_q       [D, D]
+  k = 1u << 1,     // attn_k       [K, D]
+  v = 1u << 2,     // attn_v       [K, D]
+  o = 1u << 3,     // attn_output  [D, D]
+  gate = 1u << 4,  // ffn_gate     [F, D]
+  up = 1u << 5,    // ffn_up       [F, D]
+  down = 1u << 6,  // ffn_down     [D, F]
+};
+constexpr lora_target operator|(lora_target a, lora_target b) {
+  return static_cast<lora_target>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
+}
+// Whether every target of `set` is in `of` (a single target: whether `of` holds it).
+constexpr bool lora_targets_contain(lora_target of, lora_target set) {
+  return (static_cast<unsigned>(of) & static_cast<unsigned>(set)) == static_cast<unsigned>(set);
+}
+inline constexpr lora_target all_layer_matrices = lora_target::q | lora_target::k | lora_target::v | lora_target::o |
+                                                 lora_target::gate | lora_target::up | lora_target::down;
+
 // Member names are the GGUF tensor names, so a tensor's file name is derived from
 // its member and never written down twice.
 template <LlamaConfig C, Storage S = mapped>
@@ -61,6 +84,21 @@ struct layer_weights {
     (mat<dim<C>, C::ffn, S>, ffn_down));       // [D, F] back to the stream
 
   layer_weights() = default;
+
+  // The matrix a target names: the one place a target maps to a member.
+  template <lora_target T, class Self>
+  static auto& matrix(Self& w) {
+    if constexpr (T == lora_target::q) return w.attn_q;
+    else if constexpr (T == lora_target::k) return w.attn_k;
+    else if constexpr (T == lora_target::v) return w.attn_v;
+    else if constexpr (T == lora_target::o) return w.attn_output;
+    else if constexpr (T == lora_target::gate) return w.ffn_gate;
+    else if constexpr (T == lora_target::up) return w.ffn_up;
+    else {
+      static_assert(T == lora_target::down, "tlm lora rule: a target names exactly one of the seven layer matrices");
+      return w.ffn_down;
+    }
+  }
 
   // A layer of another config is another type, even where the shapes happen to
   // agree. This candidate exists only so that "no match" names the rule.
@@ -113,13 +151,21 @@ struct tensor_name {
   int layer = -1;
 
   static constexpr std::string_view bias_suffix = "_bias";
+  // A low-rank adapter's factors of <stem> (train/lora.hpp): members "<stem>_lora_a"
+  // and "<stem>_lora_b", in the file "<stem>.weight.lora_a" / ".lora_b" as llama.cpp
+  // names them (blk.0.attn_q.weight.lora_a).
+  static constexpr std::string_view lora_a_suffix = "_lora_a", lora_b_suffix = "_lora_b";
 
   constexpr bool is_bias() const { return member.ends_with(bias_suffix); }
+  constexpr bool is_lora() const { return member.ends_with(lora_a_suffix) || member.ends_with(lora_b_suffix); }
 
   std::string str() const {
     std::string s;
     if (layer >= 0) s = "blk." + std::to_string(layer) + ".";
-    if (is_bias()) {
+    if (is_lora()) {
+      s.append(member.substr(0, member.size() - lora_a_suffix.size()));
+      s += member.ends_with(lora_a_suffix) ? ".weight.lora_a" : ".weight.lora_b";
+    } else if (is_bias()) {
       s.append(member.substr(0, member.size() - bias_suffix.size()));
       s += ".bias";
     } else {

@@ -9,6 +9,11 @@
 //   tlm::zero(grads);
 //   run.backward(params, grads);                          // grads += d loss / d params
 //
+// With a low-rank adapter (lora.hpp) over a frozen base, mapped from its file in its
+// encodings (or owned), the same calls take the base and the adapter:
+//   double loss = run.forward(model.weights(), adapter, tokens, targets);
+//   run.backward(model.weights(), adapter, adapter_grads);   // only the adapter's
+//
 // Memory: every layer's block_activations for B*T rows (about 8.5 K floats per row
 // and layer at 135M), the logits [B*T, V] and their gradient. Attention keeps one
 // log-sum-exp per row and head, never a T x T matrix. Buffers are sized once, in
@@ -32,6 +37,7 @@
 #include "../shape.hpp"
 #include "../thread_pool.hpp"
 #include "../weights.hpp"
+#include "lora.hpp"
 #include "weights.hpp"
 
 namespace tlm {
@@ -46,6 +52,17 @@ struct training_options {
 // Parameters that train for config C in element type T.
 template <class W, class C, class T>
 concept weights_for = trainable_weights<W> && std::same_as<std::remove_cvref_t<W>, trainable<C, T>>;
+
+// A base that stays frozen under an adapter: model weights of config C that
+// multiply T activations (mapped in their file encodings for float, or owned).
+template <class W, class C, class T>
+concept frozen_base_for = is_weight_struct_v<std::remove_cvref_t<W>> &&
+                          std::same_as<std::remove_cvref_t<W>, model_weights<C, typename std::remove_cvref_t<W>::storage>> &&
+                          multiplies<typename std::remove_cvref_t<W>::storage, T>;
+
+// An adapter that trains with config C in element type T.
+template <class A, class C, class T>
+concept adapter_for = adapter_of_config<A, C> && std::same_as<storage_value_t<typename std::remove_cvref_t<A>::storage>, T>;
 
 template <LlamaConfig C, Element T = float>
 class training {
@@ -87,37 +104,22 @@ class training {
   template <class W>
     requires weights_for<W, C, T>
   double forward(const W& p, std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
-    flush_denormals_guard ftz;
-    if (tokens.size() != n_ || targets.size() != n_) {
-      throw shape_error("training::forward: " + std::to_string(tokens.size()) + " tokens and " +
-                        std::to_string(targets.size()) + " targets for a batch of " + std::to_string(opt_.batch) +
-                        " x " + std::to_string(opt_.seq) + " = " + std::to_string(n_) + "; give exactly that many");
-    }
-    std::copy(tokens.begin(), tokens.end(), tokens_.begin());
-    std::copy(targets.begin(), targets.end(), targets_.begin());
+    return run_forward(p, tokens, targets, [](std::size_t) { return no_adapter{}; });
+  }
+
+  // The same over a frozen base with a low-rank adapter: y = W x + (alpha/r) B (A x)
+  // for the adapter's targets.
+  template <class W, class A>
+    requires frozen_base_for<W, C, T> && adapter_for<A, C, T>
+  double forward(const W& base, const A& ad, std::span<const std::int32_t> tokens,
+                 std::span<const std::int32_t> targets) {
+    reserve_lora(A::rank);
+    const std::span<T> u(lora_u_.data(), n_ * A::rank);
+    const T scale = static_cast<T>(ad.scale());
     thread_pool* pool = pool_.get();
-    auto& x0 = acts_[0].x;
-    x0.resize(n_);
-    for (std::size_t i = 0; i < n_; ++i) embed(p.token_embd, tokens_[i], x0.row(i));
-    const block_context<C, T> ctx = context();
-    const kv_in_batch<C, T> kv{opt_.seq};
-    for (std::size_t l = 0; l < C::layers; ++l) {
-      auto& out = l + 1 < C::layers ? acts_[l + 1].x : x_out_;
-      block_forward(p.layers[l], acts_[l], out, ctx, kv, pool);
-    }
-    xf_.resize(n_);
-    detail::for_rows(pool, n_, [&](std::size_t i) {
-      rmsnorm<D, T, T>(x_out_.row(i), p.output_norm.values(), C::rms_eps, xf_.row(i));
+    return run_forward(base, tokens, targets, [&](std::size_t l) {
+      return lora_block_forward<typename A::layer_type, T>{ad.layers[l], scale, u, pool};
     });
-    matmul(output_of(p), xf_, logits_, pool);
-    const double loss = cross_entropy(logits_, std::span<const std::int32_t>(targets_), std::span<T>(lse_), pool);
-    if (!std::isfinite(loss)) {
-      throw numeric_error("training: the loss is " + std::to_string(loss) +
-                          "; the parameters were not changed. Lower the learning rate, enable gradient clipping, or "
-                          "check the data and the initial weights");
-    }
-    forwarded_ = true;
-    return loss;
   }
 
   // Adds d(loss)/d(params) of the last forward() into grads (zero them first for
@@ -126,14 +128,8 @@ class training {
     requires weights_for<W, C, T> && gradient_of<G, W>
   void backward(const W& p, G& grads) {
     flush_denormals_guard ftz;
-    if (!forwarded_) throw error("training::backward: call forward() first; backward uses its saved activations");
     thread_pool* pool = pool_.get();
-    dlogits_.resize(n_);
-    dlogits_.zero();
-    cross_entropy_backward(logits_, std::span<const std::int32_t>(targets_), std::span<const T>(lse_), T(1), dlogits_,
-                           pool);
-    dxf_.resize(n_);
-    dxf_.zero();
+    logits_backward();
     matmul_backward(output_of(p), xf_, dlogits_, output_of(grads), dxf_, pool);
     dx_.resize(n_);
     dx_.zero();
@@ -143,6 +139,33 @@ class training {
     const block_context<C, T> ctx = context();
     for (std::size_t l = C::layers; l-- > 0;) block_backward(p.layers[l], acts_[l], ctx, dx_, grads.layers[l], scratch_, pool);
     for (std::size_t i = 0; i < n_; ++i) embed_backward<V, D, T>(tokens_[i], dx_.row(i), grads.token_embd);
+  }
+
+  // Adds d(loss)/d(adapter) of the last forward(base, ad, ...) into grads. The base
+  // gets no gradient: the stream's gradient flows through its frozen matrices
+  // (matmul_backward_input) down to the first layer's adapter, and stops there (the
+  // embeddings are frozen).
+  template <class W, class A, class G>
+    requires frozen_base_for<W, C, T> && adapter_for<A, C, T> && gradient_of<G, A>
+  void backward(const W& base, const A& ad, G& grads) {
+    flush_denormals_guard ftz;
+    thread_pool* pool = pool_.get();
+    if (lora_u_.size() < n_ * A::rank) throw error("training::backward: call forward(base, adapter, ...) first");
+    logits_backward();
+    matmul_backward_input(output_of(base), dlogits_, dxf_, pool);
+    dx_.resize(n_);
+    dx_.zero();
+    const auto gf = detail::gain_values(base.output_norm);
+    for (std::size_t i = 0; i < n_; ++i)
+      rmsnorm_backward<D, T, typename decltype(gf)::value_type>(x_out_.row(i), gf, C::rms_eps, dxf_.row(i),
+                                                                 dx_.row(i), nullptr);
+    const block_context<C, T> ctx = context();
+    const std::span<T> u(lora_u_.data(), n_ * A::rank), du(lora_du_.data(), n_ * A::rank);
+    const T scale = static_cast<T>(ad.scale());
+    for (std::size_t l = C::layers; l-- > 0;) {
+      const lora_block_backward<typename A::layer_type, T> sink{ad.layers[l], grads.layers[l], scale, u, du, pool};
+      block_backward(base.layers[l], acts_[l], ctx, dx_, scratch_, pool, sink);
+    }
   }
 
   // The logits of the last forward: [B * T, V].
@@ -161,6 +184,66 @@ class training {
     // As in model_options: a qwen2 config's weights keep Hugging Face's q/k row order.
     if constexpr (file_pairing_v<C> != rope_pairing::adjacent) o.pairing = file_pairing_v<C>;
     return o;
+  }
+
+  // The forward of both uses: `adapter_of(l)` gives layer l's hook (no_adapter in
+  // full training).
+  template <class W, class AdapterOf>
+  double run_forward(const W& p, std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                     AdapterOf adapter_of) {
+    flush_denormals_guard ftz;
+    if (tokens.size() != n_ || targets.size() != n_) {
+      throw shape_error("training::forward: " + std::to_string(tokens.size()) + " tokens and " +
+                        std::to_string(targets.size()) + " targets for a batch of " + std::to_string(opt_.batch) +
+                        " x " + std::to_string(opt_.seq) + " = " + std::to_string(n_) + "; give exactly that many");
+    }
+    std::copy(tokens.begin(), tokens.end(), tokens_.begin());
+    std::copy(targets.begin(), targets.end(), targets_.begin());
+    thread_pool* pool = pool_.get();
+    auto& x0 = acts_[0].x;
+    x0.resize(n_);
+    for (std::size_t i = 0; i < n_; ++i) embed(p.token_embd, tokens_[i], x0.row(i));
+    const block_context<C, T> ctx = context();
+    const kv_in_batch<C, T> kv{opt_.seq};
+    for (std::size_t l = 0; l < C::layers; ++l) {
+      auto& out = l + 1 < C::layers ? acts_[l + 1].x : x_out_;
+      block_forward(p.layers[l], acts_[l], out, ctx, kv, pool, adapter_of(l));
+    }
+    xf_.resize(n_);
+    const auto gf = detail::gain_values(p.output_norm);
+    detail::for_rows(pool, n_, [&](std::size_t i) {
+      rmsnorm<D, T, typename decltype(gf)::value_type>(x_out_.row(i), gf, C::rms_eps, xf_.row(i));
+    });
+    matmul(output_of(p), xf_, logits_, pool);
+    const double loss = cross_entropy(logits_, std::span<const std::int32_t>(targets_), std::span<T>(lse_), pool);
+    if (!std::isfinite(loss)) {
+      throw numeric_error("training: the loss is " + std::to_string(loss) +
+                          "; the parameters were not changed. Lower the learning rate, enable gradient clipping, or "
+                          "check the data and the initial weights");
+    }
+    forwarded_ = true;
+    return loss;
+  }
+
+  // d(loss)/d(logits) into dlogits_, and dxf_ zeroed for the output product's backward.
+  void logits_backward() {
+    if (!forwarded_) throw error("training::backward: call forward() first; backward uses its saved activations");
+    thread_pool* pool = pool_.get();
+    dlogits_.resize(n_);
+    dlogits_.zero();
+    cross_entropy_backward(logits_, std::span<const std::int32_t>(targets_), std::span<const T>(lse_), T(1), dlogits_,
+                           pool);
+    dxf_.resize(n_);
+    dxf_.zero();
+  }
+
+  // The adapter's [n, r] scratch, grown on the first adapter step (its rank is the
+  // adapter's, not the config's), then reused.
+  void reserve_lora(std::size_t rank) {
+    if (lora_u_.size() < n_ * rank) {
+      lora_u_.resize(n_ * rank);
+      lora_du_.resize(n_ * rank);
+    }
   }
 
   block_context<C, T> context() const {
@@ -186,6 +269,7 @@ class training {
   std::vector<T> lse_;                       // [n] log-sum-exp of each row's logits
   std::vector<std::int32_t> tokens_, targets_;  // [n] the batch of the last forward
   std::vector<rope_angles<C, T>> angles_;    // [T] angles of positions 0..T-1
+  std::vector<T> lora_u_, lora_du_;          // [n, r] an adapter's low-rank activations and their gradient
   bool forwarded_ = false;
 };
 

@@ -1,0 +1,66 @@
+// The C++ side of tests/reference/check_lora_llamacpp.py: an adapter over a real base,
+// written in llama.cpp's format, and tlm's logits with it and without it.
+//
+//   lora_probe MODEL.gguf OUT_DIR TOKEN_IDS
+//       OUT_DIR/adapter.gguf    rank 8 on q, k, v, o, alpha 16; A as init_lora (seed 5),
+//                               B drawn N(0, 0.1²) (seed 6) so that the adapter matters
+//       OUT_DIR/adapted.f32     [T, V] tlm's logits over the mapped base with the adapter
+//       OUT_DIR/base.f32        [T, V] the same with B = 0 (the base's logits)
+#include <tlm/load.hpp>
+#include <tlm/train/lora_file.hpp>
+#include <tlm/train/step.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using C = tlm::smollm2_135m;
+using A = tlm::lora<C, 8>;
+
+int main(int argc, char** argv) try {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: lora_probe MODEL.gguf OUT_DIR TOKEN_IDS (comma-separated)\n");
+    return 2;
+  }
+  const tlm::gguf::file f(argv[1]);
+  const auto w = tlm::bind<C>(f);
+  const std::filesystem::path out(argv[2]);
+  std::vector<std::int32_t> tokens;
+  std::stringstream ids(argv[3]);
+  for (std::string t; std::getline(ids, t, ',');) tokens.push_back(static_cast<std::int32_t>(std::stol(t)));
+  // Next-token targets (the loss is not compared; a forward needs one that counts).
+  std::vector<std::int32_t> targets(tokens.begin() + 1, tokens.end());
+  targets.push_back(tlm::ignore_target);
+
+  auto ad = std::make_unique<A>();
+  tlm::init_lora(*ad, 5);
+  tlm::normal_rng rng(6);
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name& name, auto& t) {
+        if (name.member.ends_with(tlm::tensor_name::lora_b_suffix))
+          for (auto& v : t.values()) v = static_cast<float>(0.1 * rng.normal());
+      },
+      *ad);
+  ad->alpha = 16;
+  tlm::write_lora(out / "adapter.gguf", *ad);
+
+  tlm::training<C, float> run({.batch = 1, .seq = tokens.size(), .threads = 1});
+  auto dump = [&](const char* name) {
+    std::ofstream o(out / name, std::ios::binary);
+    o.write(reinterpret_cast<const char*>(run.logits().data()),
+            static_cast<std::streamsize>(tokens.size() * C::vocab * sizeof(float)));
+  };
+  run.forward(w, *ad, tokens, targets);
+  dump("adapted.f32");
+  const auto zero = std::make_unique<A>();  // B = 0: the base alone
+  run.forward(w, *zero, tokens, targets);
+  dump("base.f32");
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "lora_probe: %s\n", e.what());
+  return 1;
+}

@@ -61,7 +61,7 @@ TEST_CASE("checkpoint round trip: weights, m, v, step and training state exactly
   trained t;
   tlm::train_state st{.step = 2, .seed = 9, .data_position = 8, .rng_state = 1234, .batch = 4, .seq = 16, .threads = 1,
                       .options = t.opt.options(), .config = "tiny_train", .data = "/x/data.txt", .chat = true,
-                      .kernels = "avx2"};
+                      .kernels = "avx2", .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {}};
   tlm::save_checkpoint<C>(dir, *t.p, t.opt, st, nullptr);
   CHECK(tlm::latest_checkpoint(dir) == "checkpoint-2");
   CHECK(std::filesystem::exists(dir / "checkpoint-2.gguf"));
@@ -108,7 +108,7 @@ TEST_CASE("checkpoint: a weights file and optimizer file of different steps are 
   const auto dir = fresh_dir("mismatch");
   trained t;
   tlm::train_state st{.step = 4, .seed = 1, .data_position = 0, .rng_state = 0, .batch = 1, .seq = 4, .threads = 1,
-                      .options = t.opt.options(), .config = "tiny_train", .data = "", .chat = false, .kernels = ""};
+                      .options = t.opt.options(), .config = "tiny_train", .data = "", .chat = false, .kernels = "", .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {}};
   tlm::save_checkpoint<C>(dir, *t.p, t.opt, st, nullptr);
   std::filesystem::copy_file(dir / "checkpoint-4.gguf", dir / "keep.gguf");
   st.step = 5;
@@ -122,7 +122,7 @@ TEST_CASE("checkpoint: a weights file and optimizer file of different steps are 
 TEST_CASE("optimizer state: a sidecar without a required key is refused by name; without the kernel level it loads") {
   const auto dir = fresh_dir("state_keys");
   tlm::train_state st{.step = 7, .seed = 1, .data_position = 3, .rng_state = 5, .batch = 2, .seq = 4, .threads = 2,
-                      .options = {.lr = 0.5}, .config = "tiny_train", .data = "d.txt", .chat = false, .kernels = "scalar"};
+                      .options = {.lr = 0.5}, .config = "tiny_train", .data = "d.txt", .chat = false, .kernels = "scalar", .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {}};
   // A sidecar written with every key but `skip`.
   const auto without = [&](std::string_view skip) {
     tlm::gguf::writer w;
@@ -170,7 +170,7 @@ TEST_CASE("checkpoint round trip: every optimizer and schedule field at a value 
   const auto dir = fresh_dir("every_option");
   trained t;
   const tlm::train_state st{.step = 2, .seed = 11, .data_position = 6, .rng_state = 77, .batch = 3, .seq = 8, .threads = 2,
-                            .options = want, .config = "tiny_train", .data = "d.txt", .chat = true, .kernels = "avx2"};
+                            .options = want, .config = "tiny_train", .data = "d.txt", .chat = true, .kernels = "avx2", .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {}};
   tlm::save_checkpoint<C>(dir, *t.p, t.opt, st, nullptr);
   auto p = std::make_unique<W>();
   tlm::adamw<W> opt({.lr = 1});
@@ -193,7 +193,7 @@ TEST_CASE("optimizer state: each of the state keys is written, and each required
   const auto dir = fresh_dir("every_key");
   const tlm::train_state st{.step = 7, .seed = 1, .data_position = 3, .rng_state = 5, .batch = 2, .seq = 4, .threads = 2,
                             .options = {.lr = 0.5, .min_lr = 0.25}, .config = "tiny_train", .data = "d.txt", .chat = false,
-                            .kernels = "scalar"};
+                            .kernels = "scalar", .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {}};
   // The keys written out by hand, not taken from walk_state: a key dropped from the
   // walk is then both missing from the file and no longer required, and shows here.
   const std::vector<std::string> required = {
@@ -241,7 +241,7 @@ namespace {
 
 tlm::train_state state_at(const trained& t, std::uint64_t step) {
   return {.step = step, .seed = 1, .data_position = 0, .rng_state = 0, .batch = 1, .seq = 4, .threads = 1,
-          .options = t.opt.options(), .config = "tiny_train", .data = "", .chat = false, .kernels = ""};
+          .options = t.opt.options(), .config = "tiny_train", .data = "", .chat = false, .kernels = "", .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {}};
 }
 
 // Flips one bit of the first data byte of tensor `name` in the GGUF file at `path`.

@@ -6,6 +6,8 @@
 #include <doctest/doctest.h>
 
 #include <tlm/train/trainer.hpp>
+#include <tlm/train/lora.hpp>
+#include <tlm/train/lora_file.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -177,4 +180,82 @@ TEST_CASE("trainer: an earlier run is refused without resume or overwrite; a cha
   tlm::trainer<C> anew(o, data());
   CHECK(anew.steps() == 0);
   CHECK(tlm::latest_checkpoint(dir).empty());
+}
+
+namespace {
+
+// A tiny_train base in Q4_1, written once: what a LoRA run adapts, mapped read-only.
+const tlm::gguf::file& q4_base() {
+  static const tlm::gguf::file f = [] {
+    const auto dir = fs::path(TLM_BINARY_DIR) / "test_train_trainer";
+    fs::create_directories(dir);
+    const auto path = dir / "base-q4_1.gguf";
+    auto w = std::make_unique<tlm::trainable<C, float>>();
+    tlm::init_weights(*w, 11);
+    tlm::write_model<C>(path, *w, tlm::encoding::q4_1, nullptr, 0);
+    return tlm::gguf::file(path);
+  }();
+  return f;
+}
+
+using adapter4 = tlm::lora<C, 4>;  // q, k, v, o
+
+tlm::trainer_options lora_options(const fs::path& out) {
+  auto o = options(out);
+  o.lr = 1e-2;
+  o.lora_alpha = 8;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("trainer with LoRA: the base stays mapped, the adapter learns, a resume is bit-exact, another adapter is refused by name") {
+  const auto full_dir = fresh_dir("lora-full"), split_dir = fresh_dir("lora-split");
+  const tlm::gguf::file& base = q4_base();
+  const std::string base_bytes(reinterpret_cast<const char*>(base.tensors()[0].data.data()), base.tensors()[0].data.size());
+
+  tlm::trainer<C, adapter4> full(lora_options(full_dir), data(), &base);
+  CHECK(full.parameters().alpha == 8);
+  const double held_before = full.held_out_loss();
+  full.run();
+  CHECK(full.log().back().loss < full.log().front().loss - 0.2);
+  CHECK(full.held_out_loss() < held_before - 0.2);
+  CHECK(std::string(reinterpret_cast<const char*>(base.tensors()[0].data.data()), base.tensors()[0].data.size()) == base_bytes);
+  CHECK(fs::exists(full_dir / "adapter.gguf"));
+  CHECK(!fs::exists(full_dir / "model.gguf"));
+  adapter4 back;
+  tlm::read_lora(full_dir / "adapter.gguf", back);
+  CHECK(back.alpha == 8);
+  bool same = true;
+  tlm::for_each_tensor([&](const tlm::tensor_name&, const auto& x, const auto& y) { same = same && std::ranges::equal(x.values(), y.values()); },
+                       back, full.parameters());
+  CHECK(same);
+  tlm::read_lora(full_dir / "checkpoint-12.gguf", back);  // a checkpoint's parameter file is an adapter file too
+
+  auto first = lora_options(split_dir);
+  first.stop_after = 5;
+  tlm::trainer<C, adapter4>(first, data(), &base).run();
+  auto second = lora_options(split_dir);
+  second.resume = true;
+  // Another rank, targets, alpha or kind of run is refused, naming what differs.
+  CHECK_THROWS_WITH((tlm::trainer<C, tlm::lora<C, 8>>(second, data(), &base)), doctest::Contains("was made with --lora 4, this run has 8"));
+  CHECK_THROWS_WITH((tlm::trainer<C, tlm::lora<C, 4, tlm::lora_target::q | tlm::lora_target::v>>(second, data(), &base)),
+                    doctest::Contains("was made with --lora-targets q,k,v,o, this run has q,v"));
+  auto other_alpha = second;
+  other_alpha.lora_alpha = 16;
+  CHECK_THROWS_WITH((tlm::trainer<C, adapter4>(other_alpha, data(), &base)), doctest::Contains("was made with --lora-alpha 8, this run has 16"));
+  CHECK_THROWS_WITH(tlm::trainer<C>(second, data()), doctest::Contains("was made with --lora 4, this run has off (full training)"));
+  const tlm::gguf::file base_copy = [&] {
+    fs::copy_file(TLM_BINARY_DIR "/test_train_trainer/base-q4_1.gguf", split_dir / "other-base.gguf");
+    return tlm::gguf::file(split_dir / "other-base.gguf");
+  }();
+  CHECK_THROWS_WITH((tlm::trainer<C, adapter4>(second, data(), &base_copy)), doctest::Contains("was made with the base model (--model)"));
+  CHECK_THROWS_WITH((tlm::trainer<C, adapter4>(options(fresh_dir("lora-none")), data())), doctest::Contains("give --model FILE.gguf"));
+
+  tlm::trainer<C, adapter4> resumed(second, data(), &base);
+  CHECK(resumed.steps() == 5);
+  resumed.run();
+  REQUIRE(resumed.log().size() == full.log().size());
+  for (std::size_t i = 0; i < full.log().size(); ++i) CHECK(resumed.log()[i].loss == full.log()[i].loss);
+  CHECK(bytes_of(split_dir / "adapter.gguf") == bytes_of(full_dir / "adapter.gguf"));
 }

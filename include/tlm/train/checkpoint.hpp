@@ -71,6 +71,12 @@ struct train_state {
   // differently, so a resume is bit-exact only on the same level (and thread count).
   // Empty in checkpoints written before it was recorded.
   std::string kernels;
+  // A LoRA run's adapter (lora.hpp): the base file it adapts (absolute path), its rank
+  // (0: a full run), alpha and targets ("q,k,v,o"). A resume refuses other values.
+  std::string lora_base;
+  std::uint64_t lora_rank = 0;
+  double lora_alpha = 0;
+  std::string lora_targets;
 };
 
 namespace detail {
@@ -264,6 +270,10 @@ void walk_state(State& s, F&& f) {
   f("tlm.train.data", s.data, true);
   f("tlm.train.chat", s.chat, true);
   f("tlm.train.kernels", s.kernels, false);  // absent from checkpoints written before it was recorded
+  f("tlm.lora.base", s.lora_base, false);     // absent from full runs' checkpoints written before LoRA
+  f("tlm.lora.rank", s.lora_rank, false);
+  f("tlm.lora.alpha", s.lora_alpha, false);
+  f("tlm.lora.targets", s.lora_targets, false);
   auto& o = s.options;
   f("tlm.adamw.lr", o.lr, true);
   f("tlm.adamw.beta1", o.beta1, true);
@@ -419,10 +429,13 @@ inline std::vector<std::string> prune_checkpoints(const std::filesystem::path& d
 // Writes a checkpoint into `dir` (see the top of this file), then keeps only the newest
 // `keep` pairs. The write is abandoned when `cancelled` says so: the files of the new
 // pair are not committed (the pointer still names the previous pair, which is intact).
-template <LlamaConfig C>
-void save_checkpoint(const std::filesystem::path& dir, const trainable<C, float>& w, const adamw<trainable<C, float>>& opt,
-                     const train_state& state, const gguf::file* source, std::size_t keep = 1,
-                     const std::function<bool()>& cancelled = {}) {
+//
+// save_checkpoint_with is the machinery for any trainable parameters W (a model's
+// weights, a LoRA adapter): `write_params(path, cancelled)` writes the parameter file
+// atomically, with tlm.train.step = state.step, loadable by load_checkpoint_with.
+template <class W, class WriteParams>
+void save_checkpoint_with(const std::filesystem::path& dir, const adamw<W>& opt, const train_state& state, std::size_t keep,
+                          const std::function<bool()>& cancelled, WriteParams&& write_params) {
   const std::string stem = "checkpoint-" + std::to_string(state.step);
   gguf::writer side;
   detail::put_state(side, state);
@@ -445,7 +458,7 @@ void save_checkpoint(const std::filesystem::path& dir, const trainable<C, float>
   };
   try {
     side.write(dir / (stem + ".optim.gguf"), cancelled);
-    write_model<C>(dir / (stem + ".gguf"), w, encoding::f32, source, state.step, cancelled);
+    write_params(dir / (stem + ".gguf"), cancelled);
     if (cancelled && cancelled()) throw error((dir / stem).string() + ": checkpoint write cancelled before its commit");
   } catch (...) {
     if (latest_checkpoint(dir) != stem) unfinished();
@@ -455,9 +468,20 @@ void save_checkpoint(const std::filesystem::path& dir, const trainable<C, float>
   prune_checkpoints(dir, keep);
 }
 
-// Loads the newest checkpoint of `dir` into w and opt; returns its training state.
 template <LlamaConfig C>
-train_state load_checkpoint(const std::filesystem::path& dir, trainable<C, float>& w, adamw<trainable<C, float>>& opt) {
+void save_checkpoint(const std::filesystem::path& dir, const trainable<C, float>& w, const adamw<trainable<C, float>>& opt,
+                     const train_state& state, const gguf::file* source, std::size_t keep = 1,
+                     const std::function<bool()>& cancelled = {}) {
+  save_checkpoint_with(dir, opt, state, keep, cancelled, [&](const std::filesystem::path& path, const std::function<bool()>& c) {
+    write_model<C>(path, w, encoding::f32, source, state.step, c);
+  });
+}
+
+// Loads the newest checkpoint of `dir` into opt, and its parameter file through
+// `read_params(const gguf::file&, const train_state&)` (checksums verified, steps
+// matched); returns its training state.
+template <class W, class ReadParams>
+train_state load_checkpoint_with(const std::filesystem::path& dir, adamw<W>& opt, ReadParams&& read_params) {
   const std::string stem = latest_checkpoint(dir);
   if (stem.empty()) {
     throw error((dir / "checkpoint").string() + ": no checkpoint to resume from; run without --resume first, or give the --out folder of an earlier run");
@@ -480,13 +504,7 @@ train_state load_checkpoint(const std::filesystem::path& dir, trainable<C, float
     throw format_error(dir.string() + ": " + stem + ".gguf (step " + std::to_string(model_step) + ") and its .optim.gguf (step " +
                        std::to_string(s.step) + ") do not belong together; restore a matching pair or start again");
   }
-  auto loaded = to_trainable<float>(bind<C>(model_file));
-  for_each_tensor(
-      [&](const tensor_name& name, auto& dst, const auto& src) {
-        std::copy(src.values().begin(), src.values().end(), dst.values().begin());
-        detail::require_finite(model_file.name(), name.str(), dst.values());
-      },
-      w, *loaded);
+  read_params(model_file, s);
   for_each_tensor(
       [&](const tensor_name& name, auto& m, auto& v) {
         using U = std::remove_cvref_t<decltype(m)>;
@@ -496,6 +514,23 @@ train_state load_checkpoint(const std::filesystem::path& dir, trainable<C, float
       opt.m(), opt.v());
   opt.set_steps(s.step);
   return s;
+}
+
+// Loads the newest checkpoint of `dir` into w and opt; returns its training state.
+// `check(state)`, if given, sees the saved state before the weights are read.
+template <LlamaConfig C>
+train_state load_checkpoint(const std::filesystem::path& dir, trainable<C, float>& w, adamw<trainable<C, float>>& opt,
+                            const std::function<void(const train_state&)>& check = {}) {
+  return load_checkpoint_with(dir, opt, [&](const gguf::file& model_file, const train_state& s) {
+    if (check) check(s);
+    auto loaded = to_trainable<float>(bind<C>(model_file));
+    for_each_tensor(
+        [&](const tensor_name& name, auto& dst, const auto& src) {
+          std::copy(src.values().begin(), src.values().end(), dst.values().begin());
+          detail::require_finite(model_file.name(), name.str(), dst.values());
+        },
+        w, *loaded);
+  });
 }
 
 }  // namespace tlm

@@ -35,10 +35,13 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "../block.hpp"
 #include "../config.hpp"
+#include "../error.hpp"
 #include "../kernels/gemm.hpp"
 #include "../linalg.hpp"
 #include "../shape.hpp"
@@ -50,6 +53,45 @@ namespace tlm {
 
 // PEFT's and torchtune's usual choice.
 inline constexpr lora_target lora_default_targets = lora_target::q | lora_target::k | lora_target::v | lora_target::o;
+
+// The targets' names as examples/train's --lora-targets takes them, in walk order.
+inline constexpr std::array<std::pair<std::string_view, lora_target>, 7> lora_target_names = {{
+    {"q", lora_target::q}, {"k", lora_target::k}, {"v", lora_target::v}, {"o", lora_target::o},
+    {"gate", lora_target::gate}, {"up", lora_target::up}, {"down", lora_target::down}}};
+
+// "q,k,v,o": the names of a set of targets, comma-separated, in walk order.
+inline std::string lora_targets_text(lora_target set) {
+  std::string s;
+  for (const auto& [name, t] : lora_target_names)
+    if (lora_targets_contain(set, t)) s += (s.empty() ? "" : ",") + std::string(name);
+  return s.empty() ? "none" : s;
+}
+
+// Parses a comma-separated list of target names (any order); an unknown, repeated or
+// empty name is an error that lists the names.
+inline lora_target parse_lora_targets(std::string_view text) {
+  unsigned set = 0;
+  std::string_view rest = text;
+  const auto known = [] {
+    std::string k;
+    for (const auto& [name, t] : lora_target_names) k += (k.empty() ? "" : ", ") + std::string(name);
+    return k;
+  };
+  while (true) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view part = rest.substr(0, comma);
+    unsigned bit = 0;
+    for (const auto& [name, t] : lora_target_names)
+      if (name == part) bit = static_cast<unsigned>(t);
+    if (bit == 0)
+      throw error("--lora-targets " + std::string(text) + ": '" + std::string(part) + "' is not a layer matrix; the names are " + known());
+    if (set & bit) throw error("--lora-targets " + std::string(text) + ": '" + std::string(part) + "' is named twice");
+    set |= bit;
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return static_cast<lora_target>(set);
+}
 
 // A set of targets names at least one of the seven layer matrices and nothing else.
 template <lora_target Targets>

@@ -24,6 +24,7 @@
 #include "../gguf_writer.hpp"
 #include "../quant.hpp"
 #include "../weights.hpp"
+#include "adamw.hpp"
 #include "checkpoint.hpp"
 #include "lora.hpp"
 
@@ -34,9 +35,11 @@ template <class A>
 concept lora_file_adapter = is_lora_v<A> && std::same_as<typename A::storage, owned<float>>;
 
 // Writes `ad` atomically (gguf::writer::write: temporary file, fsync, rename).
+namespace detail {
+// The adapter file's writer: metadata and tensors (values read from `ad` when written).
 template <class A>
   requires lora_file_adapter<A>
-void write_lora(const std::filesystem::path& path, const A& ad, const std::function<bool()>& cancelled = {}) {
+gguf::writer lora_writer(const A& ad) {
   using C = typename A::config;
   gguf::writer out;
   out.set("general.architecture", architecture_name_v<C>);
@@ -49,7 +52,14 @@ void write_lora(const std::filesystem::path& path, const A& ad, const std::funct
                   ad);
   out.set_array(detail::checksums_key, sums);
   add_weights(out, ad, encoding::f32);
-  out.write(path, cancelled);
+  return out;
+}
+}  // namespace detail
+
+template <class A>
+  requires lora_file_adapter<A>
+void write_lora(const std::filesystem::path& path, const A& ad, const std::function<bool()>& cancelled = {}) {
+  detail::lora_writer(ad).write(path, cancelled);
 }
 
 // Reads an adapter file into `ad`, whose type says what the file must hold: its
@@ -148,6 +158,32 @@ template <class A>
 void read_lora(const std::filesystem::path& path, A& ad) {
   const gguf::file f(path);
   read_lora(f, ad);
+}
+
+// A LoRA run's checkpoint (checkpoint.hpp's pair and pointer): checkpoint-<step>.gguf
+// is the adapter as write_lora writes it (so llama.cpp loads it) plus tlm.train.step,
+// and the .optim.gguf sidecar holds AdamW's m and v of the adapter and the state.
+template <class A>
+  requires lora_file_adapter<A>
+void save_lora_checkpoint(const std::filesystem::path& dir, const A& ad, const adamw<A>& opt, const train_state& state,
+                          std::size_t keep = 1, const std::function<bool()>& cancelled = {}) {
+  save_checkpoint_with(dir, opt, state, keep, cancelled, [&](const std::filesystem::path& path, const std::function<bool()>& c) {
+    gguf::writer out = detail::lora_writer(ad);
+    out.set("tlm.train.step", state.step);
+    out.write(path, c);
+  });
+}
+
+// Loads the newest checkpoint of `dir` into ad and opt. `check(state)` sees the saved
+// state before the adapter is read (to refuse another rank, targets or base by name
+// rather than by a tensor that does not fit); returns the state.
+template <class A, class Check>
+  requires lora_file_adapter<A>
+train_state load_lora_checkpoint(const std::filesystem::path& dir, A& ad, adamw<A>& opt, Check&& check) {
+  return load_checkpoint_with(dir, opt, [&](const gguf::file& f, const train_state& s) {
+    check(s);
+    read_lora(f, ad);
+  });
 }
 
 }  // namespace tlm

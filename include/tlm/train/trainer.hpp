@@ -19,6 +19,13 @@
 // steps (Ctrl-C), a flag that abandons a checkpoint being written (a second Ctrl-C), and
 // the sums over the processes of a data-parallel run (MPI), so that the library does not
 // depend on an MPI runtime.
+//
+// LoRA: trainer<C, lora<C, Rank, Targets>> trains a low-rank adapter over the source
+// model, which stays mapped and read-only in its file's encodings; only the adapter
+// has gradients and AdamW moments. Everything above holds as for full training; the
+// checkpoints hold the adapter (llama.cpp's adapter format) and its optimizer state,
+// a resume refuses another base file, rank, alpha or targets, and the export is
+// out/adapter.gguf instead of out/model.gguf.
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -35,9 +42,11 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -50,6 +59,8 @@
 #include "adamw.hpp"
 #include "checkpoint.hpp"
 #include "data.hpp"
+#include "lora.hpp"
+#include "lora_file.hpp"
 #include "loss_log.hpp"
 #include "step.hpp"
 #include "weights.hpp"
@@ -78,6 +89,7 @@ struct trainer_options {
   std::uint64_t seed = 1;  // weights (from scratch) and the data order
   std::size_t stop_after = 0;  // stop after this many steps of this run, as the stop flag would (0: never)
   std::string config = {};  // the config's name in checkpoints and messages (default: C's type name)
+  double lora_alpha = 0;    // a LoRA run's alpha (scale alpha / rank); 0: the rank (scale 1)
 };
 
 // The training data: how to load it (called once, after the output folder is ready, so
@@ -132,7 +144,7 @@ struct finish_report {
   bool saved = false;                // a checkpoint was written (no step ran: none)
   std::string checkpoint = {};       // its path
   double save_seconds = 0;
-  bool exported = false;             // the run reached its total: model.gguf written
+  bool exported = false;             // the run reached its total: model.gguf (LoRA: adapter.gguf) written
   std::filesystem::path model = {};
 };
 
@@ -179,7 +191,8 @@ inline void prepare_out(const trainer_options& o, const std::function<void(const
     std::vector<std::string> found;  // what a new run would destroy
     const std::string committed = latest_checkpoint(out);
     if (!committed.empty()) found.push_back(committed);
-    if (fs::exists(out / "model.gguf")) found.push_back("model.gguf");
+    for (const char* name : {"model.gguf", "adapter.gguf"})
+      if (fs::exists(out / name)) found.push_back(name);
     if (!found.empty() && !o.overwrite) {
       std::string list;
       for (const auto& f : found) list += (list.empty() ? "" : ", ") + f;
@@ -187,7 +200,7 @@ inline void prepare_out(const trainer_options& o, const std::function<void(const
                               "or give another --out", out.string(), list));
     }
     if (o.overwrite) {  // the pointer first: from then on nothing here is a committed checkpoint
-      for (const char* name : {"checkpoint", "model.gguf", "loss.csv", "loss.svg"}) fs::remove(out / name, ec);
+      for (const char* name : {"checkpoint", "model.gguf", "adapter.gguf", "loss.csv", "loss.svg"}) fs::remove(out / name, ec);
     }
   }
   const std::vector<std::string> removed = prune_checkpoints(out, o.keep_checkpoints);
@@ -200,10 +213,13 @@ inline void prepare_out(const trainer_options& o, const std::function<void(const
 
 }  // namespace detail
 
-template <LlamaConfig C>
+template <LlamaConfig C, class Adapter = void>
+  requires(std::is_void_v<Adapter> || (adapter_of_config<Adapter, C> && lora_file_adapter<Adapter>))
 class trainer {
  public:
-  using weights = trainable<C, float>;
+  static constexpr bool is_lora = !std::is_void_v<Adapter>;
+  // What trains: the model's weights, or the adapter.
+  using weights = std::conditional_t<is_lora, Adapter, trainable<C, float>>;
 
   // Readies the output folder, loads the data, and takes the weights from the newest
   // checkpoint (o.resume), from `source` (fine-tuning; it must outlive the trainer, whose
@@ -211,6 +227,11 @@ class trainer {
   trainer(trainer_options o, const data_source& data, const gguf::file* source = nullptr, trainer_hooks hooks = {})
       : o_(std::move(o)), hooks_(std::move(hooks)), source_(source) {
     namespace fs = std::filesystem;
+    if constexpr (is_lora) {
+      if (source_ == nullptr) throw error("LoRA trains an adapter over a base model: give --model FILE.gguf, not --config alone");
+      if (!(o_.lora_alpha >= 0) || !std::isfinite(o_.lora_alpha)) throw error(fmt::format("--lora-alpha {} is not a positive number", o_.lora_alpha));
+      base_.emplace(bind<C>(*source_));  // a file of another shape is refused before the folder is touched
+    }
     if (o_.config.empty()) {
       o_.config = std::string(type_name<C>());
       if (o_.config.starts_with("tlm::")) o_.config.erase(0, 5);
@@ -238,9 +259,17 @@ class trainer {
     opt_ = std::make_unique<adamw<weights>>(ao);
     st_ = {.step = 0, .seed = o_.seed, .data_position = 0, .rng_state = 0, .batch = o_.batch, .seq = o_.seq, .threads = o_.threads,
            .options = ao, .config = o_.config, .data = data.name, .chat = data.chat,
-           .kernels = std::string(kernels::kernel_level_name())};
+           .kernels = std::string(kernels::kernel_level_name()), .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {}};
+    if constexpr (is_lora) {
+      st_.lora_base = fs::absolute(source_->name()).string();
+      st_.lora_rank = Adapter::rank;
+      st_.lora_alpha = o_.lora_alpha > 0 ? o_.lora_alpha : static_cast<double>(Adapter::rank);
+      st_.lora_targets = lora_targets_text(Adapter::targets);
+    }
     if (o_.resume) {
       resume(data);
+    } else if constexpr (is_lora) {
+      init_lora(*p_, o_.seed);
     } else if (source_) {
       p_ = to_trainable<float>(bind<C>(*source_));
     } else {
@@ -248,6 +277,7 @@ class trainer {
     }
     // A checkpoint at exactly `total` (a run killed between its last checkpoint and the
     // export) only needs the export; beyond it, the user asked for fewer steps than were run.
+    if constexpr (is_lora) p_->alpha = g_->alpha = st_.lora_alpha;
     if (st_.step > total_)
       throw error(fmt::format("the checkpoint is at step {}, and --steps/--epochs ask for {} in total; ask for more steps", st_.step, total_));
 
@@ -270,9 +300,10 @@ class trainer {
     if (this_run_ == 0) t_start_ = t0;
     const data_parallel& grp = hooks_.group;
     fill(data_.train, [&](std::size_t b) { return order_->at(st_.data_position + grp.rank * local_ + b); });
-    double loss = run_->forward(*p_, x_, y_);
+    double loss = forward();
     zero(*g_);
-    run_->backward(*p_, *g_);
+    if constexpr (is_lora) run_->backward(*base_, *p_, *g_);
+    else run_->backward(*p_, *g_);
     if (grp.ranks > 1) {
       const double counted = static_cast<double>(std::count_if(y_.begin(), y_.end(), [](std::int32_t t) { return t != ignore_target; }));
       double totals[2] = {loss * counted, counted};  // summed loss and count over the ranks
@@ -317,8 +348,13 @@ class trainer {
       f.save_seconds = save_seconds_;
     }
     if (st_.step == total_ && hooks_.group.lead()) {
-      f.model = o_.out / "model.gguf";
-      write_model<C>(f.model, *p_, o_.out_type, source_, st_.step);
+      if constexpr (is_lora) {
+        f.model = o_.out / "adapter.gguf";
+        write_lora(f.model, *p_);
+      } else {
+        f.model = o_.out / "model.gguf";
+        write_model<C>(f.model, *p_, o_.out_type, source_, st_.step);
+      }
       f.exported = true;
     }
     return f;
@@ -333,7 +369,7 @@ class trainer {
     std::size_t batches = 0;
     for (std::size_t s = 0; s < n; s += local_, ++batches) {
       fill(data_.held_out, [&](std::size_t b) { return (s + b) % n; });
-      sum += run_->forward(*p_, x_, y_);
+      sum += forward();
     }
     return sum / static_cast<double>(batches);
   }
@@ -351,6 +387,11 @@ class trainer {
   weights& parameters() { return *p_; }
 
  private:
+  double forward() {
+    if constexpr (is_lora) return run_->forward(*base_, *p_, x_, y_);
+    else return run_->forward(*p_, x_, y_);
+  }
+
   void barrier() const {
     if (hooks_.group.barrier) hooks_.group.barrier();
   }
@@ -367,12 +408,26 @@ class trainer {
   // from an uninterrupted one with either value.
   void resume(const data_source& data) {
     const auto t_load = std::chrono::steady_clock::now();
-    const train_state saved = load_checkpoint<C>(o_.out, *p_, *opt_);
-    load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     const auto differs = [&](const char* what, const std::string& was, const std::string& now) {
       if (was != now)
         throw error(fmt::format("--resume: the checkpoint in {} was made with {} {}, this run has {}; use the same value to resume", o_.out.string(), what, was, now));
     };
+    // What makes a checkpoint's parameters another kind than this run's, before they are read.
+    const auto same_kind = [&](const train_state& saved) {
+      const auto rank = [](std::uint64_t r) { return r == 0 ? std::string("off (full training)") : std::to_string(r); };
+      differs("--lora", rank(saved.lora_rank), rank(st_.lora_rank));
+      if (st_.lora_rank == 0) return;
+      differs("--lora-targets", saved.lora_targets, st_.lora_targets);
+      differs("--lora-alpha", fmt::format("{}", saved.lora_alpha), fmt::format("{}", st_.lora_alpha));
+      differs("the base model (--model)", saved.lora_base, st_.lora_base);
+    };
+    train_state saved;
+    if constexpr (is_lora) {
+      saved = load_lora_checkpoint(o_.out, *p_, *opt_, same_kind);
+    } else {
+      saved = load_checkpoint<C>(o_.out, *p_, *opt_, same_kind);
+    }
+    load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     differs("config", saved.config, o_.config);
     differs("--batch", std::to_string(saved.batch), std::to_string(o_.batch));
     differs("--seq", std::to_string(saved.seq), std::to_string(o_.seq));
@@ -462,7 +517,8 @@ class trainer {
       const std::atomic<bool>* abandon = hooks_.abandon_save;
       const auto abandoned = [abandon] { return abandon && abandon->load(); };
       try {
-        save_checkpoint<C>(o_.out, *p_, *opt_, st_, source_, o_.keep_checkpoints, abandoned);
+        if constexpr (is_lora) save_lora_checkpoint(o_.out, *p_, *opt_, st_, o_.keep_checkpoints, abandoned);
+        else save_checkpoint<C>(o_.out, *p_, *opt_, st_, source_, o_.keep_checkpoints, abandoned);
       } catch (const error&) {
         if (!abandoned()) throw;
         throw save_abandoned(fmt::format("a second Ctrl-C abandoned the checkpoint of step {}; {}", st_.step,
@@ -477,6 +533,7 @@ class trainer {
   trainer_options o_;
   trainer_hooks hooks_;
   const gguf::file* source_;
+  std::optional<model_weights<C, mapped>> base_;  // LoRA: the frozen base, views into *source_
   std::size_t local_ = 0;  // windows per step on this rank
   std::size_t total_ = 0;
   dataset data_;

@@ -7,6 +7,7 @@
 #include <tlm/configs.hpp>
 #include <tlm/load.hpp>
 #include <tlm/tokenizer.hpp>
+#include <tlm/train/lora.hpp>
 #include <tlm/train/progress.hpp>
 #include <tlm/train/trainer.hpp>
 
@@ -23,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -30,6 +32,12 @@ namespace {
 // The configs train takes: the tiny one it trains from scratch in the tests and
 // benchmarks, and the one whose published file it fine-tunes.
 using trainable_configs = tlm::config_list<tlm::tiny_train, tlm::smollm2_135m>;
+
+// LoRA's rank and targets are compile-time (tlm::lora<C, Rank, Targets>): the command
+// line picks one of these instantiations, for smollm2_135m, which bounds compile time.
+constexpr std::size_t lora_ranks[] = {4, 8, 16, 32, 64};
+constexpr tlm::lora_target lora_qv = tlm::lora_target::q | tlm::lora_target::v;
+constexpr tlm::lora_target lora_target_sets[] = {lora_qv, tlm::lora_default_targets, tlm::all_layer_matrices};
 
 constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architecture model
 
@@ -65,6 +73,12 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
   --threads T          worker threads (default 1); a bit-exact resume needs the same count
   --seed S             seed for weights (from scratch) and the data order (default 1)
   --stop-after N       stop after N steps of this run as Ctrl-C would (for tests)
+  --lora RANK          train a LoRA adapter over --model instead of every weight: the base stays
+                       mapped read-only; writes adapter.gguf (llama.cpp's adapter format) into --out.
+                       RANK is one of 4, 8, 16, 32, 64 (the ranks this build is compiled for)
+  --lora-alpha A       scale the adapter by A / RANK (default: A = RANK, scale 1, as llama.cpp's
+                       finetune and tlm::lora; PEFT's default is a fixed lora_alpha = 8)
+  --lora-targets LIST  matrices to adapt: q,v or q,k,v,o (default) or q,k,v,o,gate,up,down
   --help               this text
 
 Ctrl-C finishes the current step, writes a checkpoint and exits 0; a second Ctrl-C
@@ -78,6 +92,10 @@ struct options {
               keep_checkpoints = 2;
   std::uint64_t seed = 1;
   double lr = 3e-4, min_lr = 0, clip = 1.0, weight_decay = 0.01, held_out = 0.1;
+  std::size_t lora = 0;  // the rank; 0: full training
+  double lora_alpha = 0;  // 0: the rank
+  tlm::lora_target lora_targets = tlm::lora_default_targets;
+  bool lora_options_given = false;
 };
 
 [[noreturn]] void fail(const std::string& msg) { throw tlm::error(msg); }
@@ -120,7 +138,7 @@ options parse(int argc, char** argv) {
     static const std::vector<std::string> valued = {"--model", "--config", "--data", "--steps", "--epochs", "--batch", "--seq", "--lr",
                                                     "--min-lr", "--warmup", "--clip", "--weight-decay", "--held-out", "--eval-every",
                                                     "--save-every", "--out", "--out-type", "--threads", "--seed", "--stop-after",
-                                                    "--keep-checkpoints"};
+                                                    "--keep-checkpoints", "--lora", "--lora-alpha", "--lora-targets"};
     if (std::find(valued.begin(), valued.end(), a) == valued.end()) fail(fmt::format("unknown option '{}' (see --help)", a));
     if (i + 1 >= argc) fail(fmt::format("{} needs a value", a));
     const std::string v = argv[++i];
@@ -145,6 +163,19 @@ options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = whole(a, v, 0, ~std::size_t{0} >> 1);
     else if (a == "--stop-after") o.stop_after = whole(a, v, 1, 1'000'000'000);
     else if (a == "--keep-checkpoints") o.keep_checkpoints = whole(a, v, 1, 1'000'000);
+    else if (a == "--lora") {
+      o.lora = whole(a, v, 1, 1'000'000);
+      if (std::find(std::begin(lora_ranks), std::end(lora_ranks), o.lora) == std::end(lora_ranks))
+        fail(fmt::format("--lora {}: this build trains LoRA ranks 4, 8, 16, 32 and 64; give one of them", v));
+    } else if (a == "--lora-alpha") {
+      o.lora_alpha = real(a, v, 0, 1e6, true);
+      o.lora_options_given = true;
+    } else if (a == "--lora-targets") {
+      o.lora_targets = tlm::parse_lora_targets(v);
+      if (std::find(std::begin(lora_target_sets), std::end(lora_target_sets), o.lora_targets) == std::end(lora_target_sets))
+        fail(fmt::format("--lora-targets {}: this build trains the target sets q,v; q,k,v,o; q,k,v,o,gate,up,down; give one of them", v));
+      o.lora_options_given = true;
+    }
   }
   if (o.resume && o.overwrite) fail("--resume continues the run in --out and --overwrite deletes it; give one of them");
   if (o.model.empty() && o.config.empty()) fail("give --model FILE.gguf to fine-tune or --config NAME to train from scratch (see --help)");
@@ -154,6 +185,9 @@ options parse(int argc, char** argv) {
     fail(fmt::format("--out-type is one of {}, not '{}'", tlm::writable_encodings_list(), o.out_type));
   if (!o.config.empty() && !trainable_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text<trainable_configs>()));
+  if (o.lora_options_given && o.lora == 0) fail("--lora-alpha and --lora-targets need --lora RANK");
+  if (o.lora && o.model.empty())
+    fail("--lora trains an adapter over a base model: give --model FILE.gguf (--config alone trains from scratch)");
   if (o.chat && o.model.empty()) fail("--chat needs --model: chat data is rendered with the model's tokenizer and chat template");
   return o;
 }
@@ -223,7 +257,7 @@ std::string duration(double seconds) {
 
 // ---- the run: the options handed to tlm::trainer, its reports printed
 
-template <tlm::LlamaConfig C>
+template <tlm::LlamaConfig C, class Adapter = void>
 int run(const options& o, const std::string& config_name, group& grp) {
   std::unique_ptr<tlm::gguf::file> source;
   std::optional<tlm::tokenizer> tok;
@@ -251,7 +285,7 @@ int run(const options& o, const std::string& config_name, group& grp) {
                                 .save_every = o.save_every, .keep_checkpoints = o.keep_checkpoints, .out = o.out,
                                 .out_type = tlm::parse_writable_encoding(o.out_type)->enc,  // checked when the options were read
                                 .resume = o.resume, .overwrite = o.overwrite, .threads = o.threads, .seed = o.seed,
-                                .stop_after = o.stop_after, .config = config_name};
+                                .stop_after = o.stop_after, .config = config_name, .lora_alpha = o.lora_alpha};
   const bool tty = ::isatty(1) && grp.lead();
   std::vector<double> losses;  // this run's, for the live line's sparkline
   tlm::trainer_hooks hooks{.warn = [](const std::string& m) { fmt::print(stderr, "train: {}\n", m); },
@@ -271,8 +305,12 @@ int run(const options& o, const std::string& config_name, group& grp) {
     }
     std::fflush(stdout);
   };
-  tlm::trainer<C> tr(to, data, source.get(), std::move(hooks));
+  tlm::trainer<C, Adapter> tr(to, data, source.get(), std::move(hooks));
   std::signal(SIGINT, on_sigint);  // from here a Ctrl-C stops at a step; before, it ends the process
+  if (grp.lead())
+    if constexpr (!std::is_void_v<Adapter>)
+      fmt::print("train: LoRA rank {}, alpha {}, targets {}: {} trainable values over the frozen base\n", Adapter::rank,
+                 tr.parameters().alpha, tlm::lora_targets_text(Adapter::targets), tlm::parameter_count(tr.parameters()));
   if (grp.lead())
     fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}, {} threads{}, kernels {}\n",
                config_name, o.model.empty() ? "from scratch" : o.model, tr.data().train.size(), tr.data().held_out.size(), o.seq,
@@ -290,9 +328,35 @@ int run(const options& o, const std::string& config_name, group& grp) {
   const tlm::finish_report f = tr.finish();
   if (!grp.lead()) return 0;
   if (f.saved) fmt::print("checkpoint {} written (step {}, {:.2f} s)\n", f.checkpoint, tr.steps(), f.save_seconds);
-  if (f.exported) fmt::print("exported {} ({})\n", f.model.string(), o.out_type);
+  if (f.exported) fmt::print("exported {} ({})\n", f.model.string(), std::is_void_v<Adapter> ? o.out_type : "LoRA adapter, f32");
   else fmt::print("stopped at step {} of {}; continue with --resume\n", tr.steps(), tr.total_steps());
   return 0;
+}
+
+// A LoRA run: the instantiation of the rank and targets asked for (checked when the
+// options were read), for smollm2_135m only.
+template <tlm::LlamaConfig C, std::size_t Rank>
+int run_lora_rank(const options& o, const std::string& config_name, group& grp) {
+  using tlm::lora;
+  if (o.lora_targets == lora_qv) return run<C, lora<C, Rank, lora_qv>>(o, config_name, grp);
+  if (o.lora_targets == tlm::all_layer_matrices) return run<C, lora<C, Rank, tlm::all_layer_matrices>>(o, config_name, grp);
+  return run<C, lora<C, Rank>>(o, config_name, grp);
+}
+
+template <tlm::LlamaConfig C>
+int run_any(const options& o, const std::string& config_name, group& grp) {
+  if (o.lora == 0) return run<C>(o, config_name, grp);
+  if constexpr (std::same_as<C, tlm::smollm2_135m>) {
+    switch (o.lora) {
+      case 4: return run_lora_rank<C, 4>(o, config_name, grp);
+      case 8: return run_lora_rank<C, 8>(o, config_name, grp);
+      case 16: return run_lora_rank<C, 16>(o, config_name, grp);
+      case 32: return run_lora_rank<C, 32>(o, config_name, grp);
+      default: return run_lora_rank<C, 64>(o, config_name, grp);
+    }
+  } else {
+    fail(fmt::format("--lora: this build trains LoRA adapters for smollm2_135m, not {}", config_name));
+  }
 }
 
 }  // namespace
@@ -302,7 +366,7 @@ int main(int argc, char** argv) {
   try {
     const options o = parse(argc, argv);
     const std::string config = o.config.empty() ? "smollm2_135m" : o.config;
-    return tlm::with_config<trainable_configs>(config, [&](auto c) { return run<typename decltype(c)::type>(o, config, grp); });
+    return tlm::with_config<trainable_configs>(config, [&](auto c) { return run_any<typename decltype(c)::type>(o, config, grp); });
   } catch (const std::exception& e) {
     fmt::print(stderr, "train: {}{}\n", grp.size() > 1 ? fmt::format("rank {}: ", grp.rank()) : "", e.what());
     grp.abort();

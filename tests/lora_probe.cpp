@@ -6,10 +6,14 @@
 //                               B drawn N(0, 0.1²) (seed 6) so that the adapter matters
 //       OUT_DIR/adapted.f32     [T, V] tlm's logits over the mapped base with the adapter
 //       OUT_DIR/base.f32        [T, V] the same with B = 0 (the base's logits)
+//   lora_probe --read ADAPTER.gguf
+//       reads a rank-8 q, k, v, o adapter for smollm2_135m with tlm::read_lora (every
+//       check of it) and prints its alpha, tensor count and sum of |B| (tests/train/lora.sh)
 #include <tlm/load.hpp>
 #include <tlm/train/lora_file.hpp>
 #include <tlm/train/step.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +26,21 @@ using C = tlm::smollm2_135m;
 using A = tlm::lora<C, 8>;
 
 int main(int argc, char** argv) try {
+  if (argc == 3 && std::string(argv[1]) == "--read") {
+    auto ad = std::make_unique<A>();
+    tlm::read_lora(std::filesystem::path(argv[2]), *ad);
+    std::size_t tensors = 0;
+    double b_sum = 0;
+    tlm::for_each_tensor(
+        [&](const tlm::tensor_name& name, const auto& t) {
+          ++tensors;
+          if (name.member.ends_with(tlm::tensor_name::lora_b_suffix))
+            for (const float v : t.values()) b_sum += std::abs(v);
+        },
+        *ad);
+    std::printf("alpha %g tensors %zu sum|B| %g\n", ad->alpha, tensors, b_sum);
+    return 0;
+  }
   if (argc != 4) {
     std::fprintf(stderr, "usage: lora_probe MODEL.gguf OUT_DIR TOKEN_IDS (comma-separated)\n");
     return 2;

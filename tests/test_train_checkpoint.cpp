@@ -209,11 +209,11 @@ TEST_CASE("optimizer state: each of the state keys is written, and each required
   for (const auto& key : required) CHECK_MESSAGE(full.has(key), key);
   CHECK(full.has("tlm.train.kernels"));
   CHECK(full.get_float("tlm.adamw.min_lr") == 0.25);
-  // The walk visits these keys and the optional kernel level, nothing else.
+  // The walk visits these keys, the optional kernel level and LoRA's identity, nothing else.
   std::vector<std::string> walked;
   tlm::detail::walk_state(st, [&](std::string_view key, const auto&, bool) { walked.emplace_back(key); });
   std::vector<std::string> expected = required;
-  expected.push_back("tlm.train.kernels");
+  for (const char* k : {"tlm.train.kernels", "tlm.lora.base", "tlm.lora.rank", "tlm.lora.alpha", "tlm.lora.targets"}) expected.push_back(k);
   std::sort(walked.begin(), walked.end());
   std::sort(expected.begin(), expected.end());
   CHECK(walked == expected);

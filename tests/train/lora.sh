@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# LoRA over the real SmolLM2-135M (Q4_1, mapped): a short run lowers the held-out loss and
+# writes adapter.gguf (and no model.gguf), which tlm::read_lora reads back (lora_probe
+# --read); a run stopped after 3 steps and resumed equals the uninterrupted one bit for
+# bit (losses and adapter bytes); a resume with another rank, alpha or targets is refused.
+#   lora.sh TRAIN LORA_PROBE MODEL WORKDIR
+set -u
+. "$(dirname "$0")/common.sh"
+train=$1 probe=$2 model=$3 dir=$4
+rm -rf "$dir" && mkdir -p "$dir" && make_text "$dir/long.txt" && head -c 6000 "$dir/long.txt" > "$dir/text.txt"
+args=(--model "$model" --lora 8 --lora-alpha 16 --data "$dir/text.txt" --steps 6 --batch 2 --seq 16 --lr 1e-2 --eval-every 3
+      --save-every 2 --seed 3 --threads 1)
+"$train" "${args[@]}" --out "$dir/full" > "$dir/full.log" 2>&1 || { cat "$dir/full.log" >&2; fail "uninterrupted LoRA run failed"; }
+grep -q "LoRA rank 8, alpha 16, targets q,k,v,o" "$dir/full.log" || fail "no LoRA line: $(cat "$dir/full.log")"
+before=$(sed -n 's/^held-out loss before training //p' "$dir/full.log")
+after=$(tail -1 "$dir/full/loss.csv" | cut -d, -f3)
+awk -v b="$before" -v a="$after" 'BEGIN { exit !(b > 0 && a > 0 && a < b - 0.3) }' ||
+  fail "held-out loss did not fall by 0.3: $before -> $after"
+[ -f "$dir/full/adapter.gguf" ] || fail "no adapter.gguf"
+[ ! -e "$dir/full/model.gguf" ] || fail "a LoRA run wrote model.gguf"
+read_back=$("$probe" --read "$dir/full/adapter.gguf") || fail "read_lora refused adapter.gguf"
+echo "$read_back" | grep -qE "^alpha 16 tensors 240 sum\|B\| [0-9.e+-]+$" || fail "unexpected adapter: $read_back"
+echo "$read_back" | grep -q "sum|B| 0$" && fail "B is still zero: the adapter did not train"
+"$train" "${args[@]}" --out "$dir/split" --stop-after 3 > "$dir/split1.log" 2>&1 || fail "first half failed"
+grep -q "stopped at step 3 of 6; continue with --resume" "$dir/split1.log" || fail "first half did not stop at step 3"
+for other in "--lora 16" "--lora-alpha 8" "--lora-targets q,v"; do
+  set -- $other
+  changed=("${args[@]}")
+  for i in "${!changed[@]}"; do [ "${changed[$i]}" = "$1" ] && changed[$((i + 1))]=$2; done
+  [ "$1" = --lora-targets ] && changed+=("$1" "$2")
+  if "$train" "${changed[@]}" --out "$dir/split" --resume > /dev/null 2> "$dir/refused.err"; then fail "resume with $other was accepted"; fi
+  grep -q "^train: --resume: the checkpoint in .* was made with $1 " "$dir/refused.err" || fail "resume with $other: $(cat "$dir/refused.err")"
+done
+"$train" "${args[@]}" --out "$dir/split" --resume > "$dir/split2.log" 2>&1 || { cat "$dir/split2.log" >&2; fail "resumed run failed"; }
+diff <(losses "$dir/full/loss.csv") <(losses "$dir/split/loss.csv") || fail "loss curves differ"
+cmp "$dir/full/adapter.gguf" "$dir/split/adapter.gguf" || fail "adapters differ"
+echo "lora: held-out $before -> $after; $read_back; resume bit-exact; other rank, alpha, targets refused"

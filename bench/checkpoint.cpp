@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   tlm::adamw<W> loaded({.lr = 3e-4});
   for (int r = 1; r <= repeat; ++r) {
     const tlm::train_state st{.step = static_cast<std::uint64_t>(r), .seed = 1, .batch = 1, .seq = 1, .threads = 1,
-                              .options = opt.options(), .config = "smollm2_135m", .data = "bench", .kernels = ""};
+                              .options = opt.options(), .config = "smollm2_135m", .data = "bench", .kernels = "", .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {}};
     const auto t_save = clock_type::now();
     tlm::save_checkpoint<C>(dir, *p, opt, st, nullptr, 1);
     const double save_s = seconds_since(t_save);

@@ -79,6 +79,8 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
   --lora-alpha A       scale the adapter by A / RANK (default: A = RANK, scale 1, as llama.cpp's
                        finetune and tlm::lora; PEFT's default is a fixed lora_alpha = 8)
   --lora-targets LIST  matrices to adapt: q,v or q,k,v,o (default) or q,k,v,o,gate,up,down
+  --merge              with --lora: also write model.gguf, the base with the adapter merged
+                       (W + alpha/RANK B A), encoded as --out-type
   --help               this text
 
 Ctrl-C finishes the current step, writes a checkpoint and exits 0; a second Ctrl-C
@@ -95,7 +97,7 @@ struct options {
   std::size_t lora = 0;  // the rank; 0: full training
   double lora_alpha = 0;  // 0: the rank
   tlm::lora_target lora_targets = tlm::lora_default_targets;
-  bool lora_options_given = false;
+  bool lora_options_given = false, merge = false;
 };
 
 [[noreturn]] void fail(const std::string& msg) { throw tlm::error(msg); }
@@ -134,6 +136,7 @@ options parse(int argc, char** argv) {
     if (a == "--chat") { o.chat = true; continue; }
     if (a == "--resume") { o.resume = true; continue; }
     if (a == "--overwrite") { o.overwrite = true; continue; }
+    if (a == "--merge") { o.merge = true; continue; }
     if (!a.starts_with("--")) fail(fmt::format("unexpected argument '{}'; options start with -- (see --help)", a));
     static const std::vector<std::string> valued = {"--model", "--config", "--data", "--steps", "--epochs", "--batch", "--seq", "--lr",
                                                     "--min-lr", "--warmup", "--clip", "--weight-decay", "--held-out", "--eval-every",
@@ -185,6 +188,7 @@ options parse(int argc, char** argv) {
     fail(fmt::format("--out-type is one of {}, not '{}'", tlm::writable_encodings_list(), o.out_type));
   if (!o.config.empty() && !trainable_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text<trainable_configs>()));
+  if (o.merge && o.lora == 0) fail("--merge merges a LoRA adapter into its base: it needs --lora RANK");
   if (o.lora_options_given && o.lora == 0) fail("--lora-alpha and --lora-targets need --lora RANK");
   if (o.lora && o.model.empty())
     fail("--lora trains an adapter over a base model: give --model FILE.gguf (--config alone trains from scratch)");
@@ -285,7 +289,8 @@ int run(const options& o, const std::string& config_name, group& grp) {
                                 .save_every = o.save_every, .keep_checkpoints = o.keep_checkpoints, .out = o.out,
                                 .out_type = tlm::parse_writable_encoding(o.out_type)->enc,  // checked when the options were read
                                 .resume = o.resume, .overwrite = o.overwrite, .threads = o.threads, .seed = o.seed,
-                                .stop_after = o.stop_after, .config = config_name, .lora_alpha = o.lora_alpha};
+                                .stop_after = o.stop_after, .config = config_name, .lora_alpha = o.lora_alpha,
+                                .merge = o.merge};
   const bool tty = ::isatty(1) && grp.lead();
   std::vector<double> losses;  // this run's, for the live line's sparkline
   tlm::trainer_hooks hooks{.warn = [](const std::string& m) { fmt::print(stderr, "train: {}\n", m); },
@@ -329,6 +334,7 @@ int run(const options& o, const std::string& config_name, group& grp) {
   if (!grp.lead()) return 0;
   if (f.saved) fmt::print("checkpoint {} written (step {}, {:.2f} s)\n", f.checkpoint, tr.steps(), f.save_seconds);
   if (f.exported) fmt::print("exported {} ({})\n", f.model.string(), std::is_void_v<Adapter> ? o.out_type : "LoRA adapter, f32");
+  if (!f.merged.empty()) fmt::print("merged the adapter into {} ({})\n", f.merged.string(), o.out_type);
   else fmt::print("stopped at step {} of {}; continue with --resume\n", tr.steps(), tr.total_steps());
   return 0;
 }

@@ -259,3 +259,35 @@ TEST_CASE("trainer with LoRA: the base stays mapped, the adapter learns, a resum
   for (std::size_t i = 0; i < full.log().size(); ++i) CHECK(resumed.log()[i].loss == full.log()[i].loss);
   CHECK(bytes_of(split_dir / "adapter.gguf") == bytes_of(full_dir / "adapter.gguf"));
 }
+
+TEST_CASE("trainer with LoRA and merge: model.gguf alone computes what the base with the adapter computes") {
+  const auto dir = fresh_dir("lora-merge");
+  const tlm::gguf::file& base = q4_base();
+  auto o = lora_options(dir);
+  o.steps = 3;
+  o.merge = true;
+  tlm::trainer<C, adapter4> t(o, data(), &base);
+  const tlm::finish_report f = t.run();
+  REQUIRE(f.merged == dir / "model.gguf");
+  const tlm::gguf::file merged_file(f.merged);
+  const auto merged = tlm::to_trainable<float>(tlm::bind<C>(merged_file));
+  const std::vector<std::int32_t> tokens = {5, 70, 101, 32, 99, 3, 44, 120}, targets = {70, 101, 32, 99, 3, 44, 120, 7};
+  tlm::training<C, float> run({.batch = 1, .seq = tokens.size(), .threads = 1});
+  const double loss_adapted = run.forward(tlm::bind<C>(base), t.parameters(), tokens, targets);
+  const std::vector<float> adapted(run.logits().data(), run.logits().data() + tokens.size() * C::vocab);
+  const double loss_merged = run.forward(*merged, tokens, targets);
+  const auto zero = std::make_unique<adapter4>();
+  run.forward(tlm::bind<C>(base), *zero, tokens, targets);
+  const std::vector<float> base_logits(run.logits().data(), run.logits().data() + tokens.size() * C::vocab);
+  run.forward(*merged, tokens, targets);
+  double merged_vs_adapted = 0, base_vs_adapted = 0;
+  for (std::size_t i = 0; i < adapted.size(); ++i) {
+    merged_vs_adapted = std::max(merged_vs_adapted, std::abs(double(run.logits().data()[i]) - adapted[i]));
+    base_vs_adapted = std::max(base_vs_adapted, std::abs(double(base_logits[i]) - adapted[i]));
+  }
+  MESSAGE("merged vs adapted ", merged_vs_adapted, ", base vs adapted ", base_vs_adapted, ", losses ", loss_merged, " ", loss_adapted);
+  CHECK(base_vs_adapted > 0.05);  // the adapter changed the model
+  CHECK(merged_vs_adapted < 1e-5);  // 2.4e-7 measured: the same products, the low-rank part summed first
+  CHECK(std::abs(loss_merged - loss_adapted) < 1e-6);
+  CHECK_THROWS_WITH(tlm::trainer<C>(o, data()), doctest::Contains("--merge merges a LoRA adapter into its base: it needs --lora"));
+}

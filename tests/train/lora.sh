@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LoRA over the real SmolLM2-135M (Q4_1, mapped): a short run lowers the held-out loss and
-# writes adapter.gguf (and no model.gguf), which tlm::read_lora reads back (lora_probe
-# --read); a run stopped after 3 steps and resumed equals the uninterrupted one bit for
+# writes adapter.gguf, which tlm::read_lora reads back (lora_probe --read), and with
+# --merge model.gguf (without it none; test_train_trainer checks the merged logits); a run stopped after 3 steps and resumed equals the uninterrupted one bit for
 # bit (losses and adapter bytes); a resume with another rank, alpha or targets is refused.
 #   lora.sh TRAIN LORA_PROBE MODEL WORKDIR
 set -u
@@ -10,14 +10,15 @@ train=$1 probe=$2 model=$3 dir=$4
 rm -rf "$dir" && mkdir -p "$dir" && make_text "$dir/long.txt" && head -c 6000 "$dir/long.txt" > "$dir/text.txt"
 args=(--model "$model" --lora 8 --lora-alpha 16 --data "$dir/text.txt" --steps 6 --batch 2 --seq 16 --lr 1e-2 --eval-every 3
       --save-every 2 --seed 3 --threads 1)
-"$train" "${args[@]}" --out "$dir/full" > "$dir/full.log" 2>&1 || { cat "$dir/full.log" >&2; fail "uninterrupted LoRA run failed"; }
+"$train" "${args[@]}" --out "$dir/full" --merge --out-type q8_0 > "$dir/full.log" 2>&1 || { cat "$dir/full.log" >&2; fail "uninterrupted LoRA run failed"; }
 grep -q "LoRA rank 8, alpha 16, targets q,k,v,o" "$dir/full.log" || fail "no LoRA line: $(cat "$dir/full.log")"
 before=$(sed -n 's/^held-out loss before training //p' "$dir/full.log")
 after=$(tail -1 "$dir/full/loss.csv" | cut -d, -f3)
 awk -v b="$before" -v a="$after" 'BEGIN { exit !(b > 0 && a > 0 && a < b - 0.3) }' ||
   fail "held-out loss did not fall by 0.3: $before -> $after"
 [ -f "$dir/full/adapter.gguf" ] || fail "no adapter.gguf"
-[ ! -e "$dir/full/model.gguf" ] || fail "a LoRA run wrote model.gguf"
+grep -q "merged the adapter into .*/full/model.gguf (q8_0)" "$dir/full.log" || fail "no merged model: $(cat "$dir/full.log")"
+[ "$(stat -c %s "$dir/full/model.gguf")" -gt 100000000 ] || fail "the merged model.gguf is too small for 135M in Q8_0"
 read_back=$("$probe" --read "$dir/full/adapter.gguf") || fail "read_lora refused adapter.gguf"
 echo "$read_back" | grep -qE "^alpha 16 tensors 240 sum\|B\| [0-9.e+-]+$" || fail "unexpected adapter: $read_back"
 echo "$read_back" | grep -q "sum|B| 0$" && fail "B is still zero: the adapter did not train"
@@ -34,4 +35,5 @@ done
 "$train" "${args[@]}" --out "$dir/split" --resume > "$dir/split2.log" 2>&1 || { cat "$dir/split2.log" >&2; fail "resumed run failed"; }
 diff <(losses "$dir/full/loss.csv") <(losses "$dir/split/loss.csv") || fail "loss curves differ"
 cmp "$dir/full/adapter.gguf" "$dir/split/adapter.gguf" || fail "adapters differ"
+[ ! -e "$dir/split/model.gguf" ] || fail "a LoRA run without --merge wrote model.gguf"
 echo "lora: held-out $before -> $after; $read_back; resume bit-exact; other rank, alpha, targets refused"

@@ -38,6 +38,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../block.hpp"
 #include "../config.hpp"
@@ -279,6 +280,37 @@ void lora_backward(const mat<RA, In, owned<T>>& a, const mat<Out, RB, owned<T>>&
   for (std::size_t i = 0; i < n * RA; ++i) du[i] *= scale;
   detail::gemm_any<T>(transpose::yes, transpose::no, RA, In, n, du.data(), RA, x.data(), In, da.data(), In, true, pool);
   detail::gemm_any<T>(transpose::no, transpose::no, n, In, RA, du.data(), RA, a.data(), In, dx.data(), In, true, pool);
+}
+
+// Merges an adapter into owned weights: W += (alpha / r) · B A for each targeted
+// matrix, so that the merged model alone computes what the base with the adapter
+// computes (up to the rounding of its encoding when written).
+template <LlamaConfig C, std::size_t R, lora_target Tg, Element T>
+void merge_lora(model_weights<C, owned<T>>& w, const lora<C, R, Tg, T>& ad) {
+  using L = lora_layer<C, R, Tg, T>;
+  using W = std::remove_cvref_t<decltype(w.layers[0])>;
+  std::vector<T> scaled;  // [out, r] scale · B
+  for (std::size_t l = 0; l < C::layers; ++l) {
+    const auto one = [&]<lora_target t>() {
+      if constexpr (L::template targets<t>) {
+        const auto& a = L::template a_of<t>(ad.layers[l]);
+        const auto& b = L::template b_of<t>(ad.layers[l]);
+        auto& m = W::template matrix<t>(w.layers[l]);
+        using M = std::remove_cvref_t<decltype(m)>;
+        scaled.assign(b.values().begin(), b.values().end());
+        for (auto& x : scaled) x = static_cast<T>(x * ad.scale());
+        detail::gemm_any<T>(kernels::transpose::no, kernels::transpose::no, M::rows, M::cols, R, scaled.data(), R, a.data(), M::cols,
+                            m.data(), M::cols, true, nullptr);
+      }
+    };
+    one.template operator()<lora_target::q>();
+    one.template operator()<lora_target::k>();
+    one.template operator()<lora_target::v>();
+    one.template operator()<lora_target::o>();
+    one.template operator()<lora_target::gate>();
+    one.template operator()<lora_target::up>();
+    one.template operator()<lora_target::down>();
+  }
 }
 
 // The block's forward hook for one layer's adapter (block.hpp, block_forward): adds

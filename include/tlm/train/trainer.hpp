@@ -90,6 +90,7 @@ struct trainer_options {
   std::size_t stop_after = 0;  // stop after this many steps of this run, as the stop flag would (0: never)
   std::string config = {};  // the config's name in checkpoints and messages (default: C's type name)
   double lora_alpha = 0;    // a LoRA run's alpha (scale alpha / rank); 0: the rank (scale 1)
+  bool merge = false;       // a LoRA run's export also writes model.gguf: base + (alpha/r) B A, as out_type
 };
 
 // The training data: how to load it (called once, after the output folder is ready, so
@@ -146,6 +147,7 @@ struct finish_report {
   double save_seconds = 0;
   bool exported = false;             // the run reached its total: model.gguf (LoRA: adapter.gguf) written
   std::filesystem::path model = {};
+  std::filesystem::path merged = {};  // LoRA with trainer_options::merge: out/model.gguf
 };
 
 // Where the trainer reports; every member may be left empty.
@@ -227,7 +229,9 @@ class trainer {
   trainer(trainer_options o, const data_source& data, const gguf::file* source = nullptr, trainer_hooks hooks = {})
       : o_(std::move(o)), hooks_(std::move(hooks)), source_(source) {
     namespace fs = std::filesystem;
-    if constexpr (is_lora) {
+    if constexpr (!is_lora) {
+      if (o_.merge) throw error("--merge merges a LoRA adapter into its base: it needs --lora");
+    } else {
       if (source_ == nullptr) throw error("LoRA trains an adapter over a base model: give --model FILE.gguf, not --config alone");
       if (!(o_.lora_alpha >= 0) || !std::isfinite(o_.lora_alpha)) throw error(fmt::format("--lora-alpha {} is not a positive number", o_.lora_alpha));
       base_.emplace(bind<C>(*source_));  // a file of another shape is refused before the folder is touched
@@ -351,6 +355,12 @@ class trainer {
       if constexpr (is_lora) {
         f.model = o_.out / "adapter.gguf";
         write_lora(f.model, *p_);
+        if (o_.merge) {
+          const auto merged = to_trainable<float>(*base_);
+          merge_lora(*merged, *p_);
+          f.merged = o_.out / "model.gguf";
+          write_model<C>(f.merged, *merged, o_.out_type, source_, st_.step);
+        }
       } else {
         f.model = o_.out / "model.gguf";
         write_model<C>(f.model, *p_, o_.out_type, source_, st_.step);

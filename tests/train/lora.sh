@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # LoRA over the real SmolLM2-135M (Q4_1, mapped): a short run lowers the held-out loss and
 # writes adapter.gguf, which tlm::read_lora reads back (lora_probe --read), and with
-# --merge model.gguf (without it none; test_train_trainer checks the merged logits); a run stopped after 3 steps and resumed equals the uninterrupted one bit for
-# bit (losses and adapter bytes); a resume with another rank, alpha or targets is refused.
+# --merge model.gguf (without it none; test_train_trainer checks the merged logits); a run
+# killed with SIGKILL after step 3 and resumed (from checkpoint-2) equals the uninterrupted
+# one bit for bit (losses and adapter bytes); a resume with another rank, alpha or targets
+# is refused.
 #   lora.sh TRAIN LORA_PROBE MODEL WORKDIR
 set -u
 . "$(dirname "$0")/common.sh"
@@ -22,8 +24,13 @@ grep -q "merged the adapter into .*/full/model.gguf (q8_0)" "$dir/full.log" || f
 read_back=$("$probe" --read "$dir/full/adapter.gguf") || fail "read_lora refused adapter.gguf"
 echo "$read_back" | grep -qE "^alpha 16 tensors 240 sum\|B\| [0-9.e+-]+$" || fail "unexpected adapter: $read_back"
 echo "$read_back" | grep -q "sum|B| 0$" && fail "B is still zero: the adapter did not train"
-"$train" "${args[@]}" --out "$dir/split" --stop-after 3 > "$dir/split1.log" 2>&1 || fail "first half failed"
-grep -q "stopped at step 3 of 6; continue with --resume" "$dir/split1.log" || fail "first half did not stop at step 3"
+"$train" "${args[@]}" --out "$dir/split" > "$dir/split1.log" 2>&1 &
+pid=$!
+while ! grep -q "^step 3 " "$dir/split1.log" 2> /dev/null && ps -o stat= -p "$pid" | grep -qv Z; do sleep 0.002; done
+kill -9 "$pid" 2> /dev/null
+wait "$pid" 2> /dev/null
+[ $? -eq 137 ] || fail "the first half was not killed: $(cat "$dir/split1.log")"
+[ "$(cat "$dir/split/checkpoint")" = checkpoint-2 ] || fail "after the kill at step 3 the checkpoint is $(cat "$dir/split/checkpoint")"
 for other in "--lora 16" "--lora-alpha 8" "--lora-targets q,v"; do
   set -- $other
   changed=("${args[@]}")
@@ -36,4 +43,4 @@ done
 diff <(losses "$dir/full/loss.csv") <(losses "$dir/split/loss.csv") || fail "loss curves differ"
 cmp "$dir/full/adapter.gguf" "$dir/split/adapter.gguf" || fail "adapters differ"
 [ ! -e "$dir/split/model.gguf" ] || fail "a LoRA run without --merge wrote model.gguf"
-echo "lora: held-out $before -> $after; $read_back; resume bit-exact; other rank, alpha, targets refused"
+echo "lora: held-out $before -> $after; $read_back; resume after SIGKILL bit-exact; other rank, alpha, targets refused"

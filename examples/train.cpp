@@ -61,7 +61,8 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
   --held-out F         fraction of windows kept out of training for the held-out loss (default 0.1)
   --eval-every N       held-out loss every N steps (default 10; 0: only at the end)
   --save-every N       checkpoint every N steps (default 100; 0: only at the end)
-  --out DIR            output folder: checkpoints, model.gguf, loss.csv, loss.svg (default train-out)
+  --out DIR            output folder: checkpoints, model.gguf (LoRA: adapter.gguf), loss.csv, loss.svg
+                       (default train-out)
   --out-type TYPE      encoding of the exported model.gguf: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1,
                        q8_0, q4_k, q5_k, q6_k (default f32; norms stay f32; a K-quant puts each
                        matrix where llama.cpp's quantizer would: Q6_K output, Q5_0/Q5_1/Q8_0

@@ -25,7 +25,12 @@
 // has gradients and AdamW moments. Everything above holds as for full training; the
 // checkpoints hold the adapter (llama.cpp's adapter format) and its optimizer state,
 // a resume refuses another base file, rank, alpha or targets, and the export is
-// out/adapter.gguf instead of out/model.gguf.
+// out/adapter.gguf instead of out/model.gguf (and with `merge`, out/model.gguf too: the
+// base with the adapter merged, as out_type).
+//
+//   const tlm::gguf::file base("SmolLM2-135M-Instruct.Q4_1.gguf");
+//   tlm::trainer<tlm::smollm2_135m, tlm::lora<tlm::smollm2_135m, 16>> t({.steps = 100, .lora_alpha = 32}, data, &base);
+//   t.run();   // out/adapter.gguf
 #include <fmt/core.h>
 #include <unistd.h>
 

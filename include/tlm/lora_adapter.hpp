@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <system_error>
 #include <string_view>
 #include <vector>
 
@@ -85,6 +86,12 @@ struct lora_adapter {
   // matrix of C (GGUF dims [in, r] and [r, out]), F32/F16/BF16 values, finite, the
   // checksums tlm writes. Anything else is a format_error naming file and tensor.
   static lora_adapter load(const std::filesystem::path& path, float scale = 1.0f) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) {
+      throw format_error(path.string() + ": cannot open the LoRA adapter: " +
+                         (std::filesystem::exists(path, ec) ? "not a regular file" : "no such file") +
+                         "; give the path of an adapter GGUF (train --lora writes adapter.gguf)");
+    }
     const gguf::file f(path);
     lora_adapter ad;
     ad.file = f.name();

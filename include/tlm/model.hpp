@@ -154,6 +154,9 @@ class model {
     if (!std::isfinite(ad.scale)) throw error(ad.file + ": the LoRA scale must be a finite number");
     adapters_.push_back(std::move(ad));
     reserve(ws_.x.capacity());
+    // The adapters' products are GEMMs whose chunks threads claim dynamically: every
+    // thread takes its packing buffers now, so no decode allocates later.
+    pool_->run_on_each_thread([] { kernels::reserve_gemm_scratch(); });
     return adapters_.size() - 1;
   }
   void set_lora_scale(std::size_t i, float scale) { adapters_.at(i).scale = scale; }

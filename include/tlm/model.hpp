@@ -159,7 +159,12 @@ class model {
     pool_->run_on_each_thread([] { kernels::reserve_gemm_scratch(); });
     return adapters_.size() - 1;
   }
-  void set_lora_scale(std::size_t i, float scale) { adapters_.at(i).scale = scale; }
+  void set_lora_scale(std::size_t i, float scale) {
+    if (i >= adapters_.size())
+      throw error("set_lora_scale: adapter " + std::to_string(i) + " of " + std::to_string(adapters_.size()));
+    if (!std::isfinite(scale)) throw error(adapters_[i].file + ": the LoRA scale must be a finite number");
+    adapters_[i].scale = scale;
+  }
   void clear_loras() { adapters_.clear(); }
   std::span<const lora_adapter<C>> loras() const { return adapters_; }
 

@@ -6,7 +6,7 @@
 //            [--kv-type f32|q8] [--chat] [--chat-template NAME] [--context-shift] [--keep N] [--system TEXT] [--special] [--temperature X] [--top-k K] [--top-p P] [--min-p P]
 //            [--repeat-penalty X] [--frequency-penalty X] [--presence-penalty X] [--penalty-window N]
 //            [--logit-bias ID=X] [--stop TEXT] [--ignore-eos] [--seed S]
-//            [--token-ids 1,2,3] [--print-ids] [--dump-logits FILE] [--show-config] [--timing] [--trace]
+//            [--lora FILE [--lora-scale S]]... [--token-ids 1,2,3] [--print-ids] [--dump-logits FILE] [--show-config] [--timing] [--trace]
 //
 // It is a thin layer over tlm/generate.hpp: the decoding loop is the library's.
 // `--chat` without a prompt starts an interactive chat on the terminal.
@@ -58,6 +58,10 @@ constexpr std::string_view usage_format = R"(usage: generate [options] [TEXT]
   --threads T         threads for the matrix kernels (default: all cores)
   --precision MODE    exact (default: f32 activations, logits within ~3e-6 of float64) or
                       fast (int8 activations and integer dot products, as llama.cpp)
+  --lora FILE         apply a LoRA adapter (llama.cpp's adapter GGUF, e.g. written by train --lora)
+                      over the model; repeatable, each adapter adds its own low-rank path
+  --lora-scale S      the scale of the --lora just before it (default 1; the effective scale of
+                      each matrix is S * alpha / rank, as llama.cpp's --lora-scaled; 0: no effect)
   --ctx N             KV-cache capacity in tokens (default: prompt + N; at most the context)
   --kv-type T         KV-cache entries: f32 (default) or q8 (int8 with one scale per head and position:
                       3.76x less cache memory; logits within ~0.9 of f32, see the README)
@@ -124,6 +128,7 @@ struct options {
   tlm::kv_type kv = tlm::kv_type::f32;
   bool context_shift = false;
   std::optional<std::size_t> keep;
+  std::vector<std::pair<std::string, float>> loras;  // --lora FILE, --lora-scale S
 };
 
 // A mistake on the command line. Thrown rather than exiting on the spot, so the
@@ -210,6 +215,11 @@ options parse(int argc, char** argv) {
       o.model_given = true;
     }
     else if (a == "--config") o.config = value();
+    else if (a == "--lora") o.loras.emplace_back(value(), 1.0f);
+    else if (a == "--lora-scale") {
+      if (o.loras.empty()) fail("--lora-scale sets the scale of the --lora before it; give --lora FILE first");
+      o.loras.back().second = to_float(a, value());
+    }
     else if (a == "--prompt") o.prompt = value();
     else if (a == "-n") {
       o.n = to_count(a, value());
@@ -480,6 +490,7 @@ int run(const options& o) {
   check_against<config>(o);
   const auto t_load = clock_type::now();
   tlm::model<config> m = tlm::model<config>::load(o.model, {.threads = o.threads, .precision = o.precision});
+  for (const auto& [file, scale] : o.loras) m.add_lora(file, scale);
   const double load_ms = ms_since(t_load);
   const auto t_tok = clock_type::now();
   const tlm::tokenizer tok = tlm::tokenizer::from_gguf(m.file());

@@ -1,6 +1,6 @@
 // An OpenAI-compatible HTTP server over tlm's generator and chat session.
 //
-//   serve [--model PATH] [--config NAME] [--host ADDR] [--port N] [--slots N] [--threads T]
+//   serve [--model PATH] [--config NAME] [--lora FILE [--lora-scale S]]... [--host ADDR] [--port N] [--slots N] [--threads T]
 //         [--queue N] [--ctx N] [--max-tokens N] [--max-body BYTES] [--api-key KEY] [--name ID]
 //         [--cors ORIGIN] [--max-connections N] [--read-timeout S] [--chat-template NAME]
 //
@@ -70,6 +70,8 @@ constexpr std::string_view usage_format = R"(usage: serve [options]
   --slots N          requests generated at once, each with its own KV cache (default 2)
   --threads T        matrix-kernel threads per slot (default: cores / slots, at least 1)
   --queue N          requests that may wait for a slot; more get 503 (default 32)
+  --lora FILE        apply a LoRA adapter (llama.cpp's adapter GGUF) to every slot; repeatable
+  --lora-scale S     the scale of the --lora just before it (default 1; effective: S * alpha / rank)
   --ctx N            positions per request, prompt plus max_tokens (default 4096; at most the context)
   --max-tokens N     the largest max_tokens a request may ask for, and the default of a chat
                      request (default 1024; a completion request defaults to 16, as OpenAI's)
@@ -106,6 +108,7 @@ struct options {
   bool model_given = false;
   std::string chat_template;  // --chat-template; empty: the file's
   std::vector<std::string> cors;
+  std::vector<std::pair<std::string, float>> loras;  // --lora FILE, --lora-scale S
   std::size_t port = 8080, slots = 2, threads = 0, queue = 32, ctx = 4096, max_tokens = 1024, max_body = 1 << 20,
               max_connections = 256, read_timeout = 10;
 };
@@ -120,6 +123,20 @@ std::uint64_t to_whole(std::string_view flag, const std::string& v, std::uint64_
   }
   if (n < lo || n > hi) bad();
   return n;
+}
+
+// A finite decimal number (std::stof alone would also take "inf", "nan" and hex).
+float to_finite(std::string_view flag, const std::string& v) {
+  std::size_t used = 0;
+  float f = 0;
+  try {
+    f = std::stof(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size() || !std::isfinite(f) || v.find_first_of("xXnN") != std::string::npos)
+    fail(fmt::format("{} takes a finite number, got '{}'", flag, v));
+  return f;
 }
 
 options parse(int argc, char** argv) {
@@ -141,6 +158,11 @@ options parse(int argc, char** argv) {
       o.model_given = true;
     }
     else if (a == "--config") o.config = value();
+    else if (a == "--lora") o.loras.emplace_back(value(), 1.0f);
+    else if (a == "--lora-scale") {
+      if (o.loras.empty()) fail("--lora-scale sets the scale of the --lora before it; give --lora FILE first");
+      o.loras.back().second = to_finite(a, value());
+    }
     else if (a == "--host") o.host = value();
     else if (a == "--port") o.port = to_whole(a, value(), 0, 65535);
     else if (a == "--slots") o.slots = to_whole(a, value(), 1, 256);
@@ -340,6 +362,7 @@ class server {
     for (std::size_t i = 0; i < o.slots; ++i) {
       // Each load maps the same file: the pages are shared, the workspaces are not.
       auto s = std::make_unique<slot>(tlm::model<C>::load(o.model, {.threads = o.threads}));
+      for (const auto& [file, scale] : o.loras) s->m.add_lora(file, scale);
       slots_.push_back(std::move(s));
     }
     tok_ = std::make_unique<tlm::tokenizer>(tlm::tokenizer::from_gguf(slots_[0]->m.file()));

@@ -1,6 +1,6 @@
 // Hot paths allocate nothing in steady state: decoding a token, and a training step
 // (forward, backward, zeroing gradients, AdamW) after the first, in full and with a
-// low-rank adapter over a mapped quantized base.
+// low-rank adapter over a mapped quantized base; decoding with adapters loaded from files.
 #include <doctest/doctest.h>
 
 #include <tlm/model.hpp>
@@ -69,6 +69,25 @@ TEST_CASE("decoding a token allocates nothing") {
     const std::vector<std::int32_t> prompt{504, 3458, 282, 4649, 314};
     auto logits = m.prefill(prompt, cache);
     logits = m.forward(tlm::argmax(logits), cache);  // first decode: thread-local buffers take their size
+    INFO(threads << " thread(s)");
+    const std::size_t before = tlm_test::allocations.load();
+    for (int i = 0; i < 150; ++i) logits = m.forward(tlm::argmax(logits), cache);
+    CHECK(tlm_test::allocations.load() - before == 0);
+  }
+}
+
+TEST_CASE("decoding a token with two LoRA adapters allocates nothing") {
+  REQUIRE_MESSAGE(std::filesystem::exists(TLM_MODEL_PATH), "run scripts/fetch-model first");
+  using C = tlm::smollm2_135m;
+  const std::string adapter = std::string(TLM_FIXTURES) + "/lora/small.gguf";
+  for (std::size_t threads : {1, 2}) {
+    auto m = tlm::model<C>::load(TLM_MODEL_PATH, {.threads = threads});
+    m.add_lora(adapter, 0.5f);
+    m.add_lora(adapter, 2.0f);
+    tlm::kv_cache<C> cache(200);
+    const std::vector<std::int32_t> prompt{504, 3458, 282, 4649, 314};
+    auto logits = m.prefill(prompt, cache);
+    logits = m.forward(tlm::argmax(logits), cache);
     INFO(threads << " thread(s)");
     const std::size_t before = tlm_test::allocations.load();
     for (int i = 0; i < 150; ++i) logits = m.forward(tlm::argmax(logits), cache);

@@ -28,6 +28,7 @@
 #include "kv.hpp"
 #include "linalg.hpp"
 #include "load.hpp"
+#include "lora_adapter.hpp"
 #include "block.hpp"
 #include "ops.hpp"
 #include "quant.hpp"
@@ -141,6 +142,32 @@ class model {
   // is run through the model again.
   void shift(kv_cache<C>& cache, std::size_t keep, std::size_t drop) const { cache.shift(keep, drop, opt_.pairing); }
 
+  // Low-rank adapters (lora_adapter.hpp): each adds scale · alpha / r · B (A x) to
+  // the products it targets, at decode and prefill alike; the base is untouched.
+  // add_lora reads and checks the file (a format_error names the tensor at fault) and
+  // returns the adapter's index. Adapters added after a cache was filled apply from
+  // the next token on; the cached positions keep what they were computed with.
+  std::size_t add_lora(const std::filesystem::path& path, float scale = 1.0f) {
+    return add_lora(lora_adapter<C>::load(path, scale));
+  }
+  std::size_t add_lora(lora_adapter<C> ad) {
+    if (!std::isfinite(ad.scale)) throw error(ad.file + ": the LoRA scale must be a finite number");
+    adapters_.push_back(std::move(ad));
+    reserve(ws_.x.capacity());
+    // The adapters' products are GEMMs whose chunks threads claim dynamically: every
+    // thread takes its packing buffers now, so no decode allocates later.
+    pool_->run_on_each_thread([] { kernels::reserve_gemm_scratch(); });
+    return adapters_.size() - 1;
+  }
+  void set_lora_scale(std::size_t i, float scale) {
+    if (i >= adapters_.size())
+      throw error("set_lora_scale: adapter " + std::to_string(i) + " of " + std::to_string(adapters_.size()));
+    if (!std::isfinite(scale)) throw error(adapters_[i].file + ": the LoRA scale must be a finite number");
+    adapters_[i].scale = scale;
+  }
+  void clear_loras() { adapters_.clear(); }
+  std::span<const lora_adapter<C>> loras() const { return adapters_; }
+
  private:
   static std::size_t thread_count(const model_options& o) {
     if (o.threads != 0) return o.threads;
@@ -170,6 +197,9 @@ class model {
     final_.reserve(n);
     entropy_.reserve(1);
     if (angles_.size() < n) angles_.resize(n);
+    std::size_t rank = 0;
+    for (const auto& a : adapters_) rank = std::max(rank, a.max_rank);
+    if (lora_u_.size() < n * rank) lora_u_.resize(n * rank);
   }
 
   // The n tokens at positions pos0 .. pos0+n-1 through every block, with the cache
@@ -186,7 +216,10 @@ class model {
     }
     block_context<C, float> ctx{{1, n, pos0}, angles_.data(), opt_.pairing, trace ? &entropy_ : nullptr, opt_.precision};
     for (std::size_t l = 0; l < C::layers; ++l) {
-      block_forward(weights_.layers[l], ws_, ws_.x, ctx, kv_from_cache<C>{&store, l}, pool);
+      if (adapters_.empty()) block_forward(weights_.layers[l], ws_, ws_.x, ctx, kv_from_cache<C>{&store, l}, pool);
+      else
+        block_forward(weights_.layers[l], ws_, ws_.x, ctx, kv_from_cache<C>{&store, l}, pool,
+                      lora_adapters_forward<C>{adapters_, l, lora_u_, pool});
       if (trace) {
         trace->attn_residual_rms[l] = rms(ws_.x_mid.row(n - 1));
         trace->mlp_residual_rms[l] = rms(ws_.x.row(n - 1));
@@ -221,6 +254,8 @@ class model {
   rows<V> logits_;                   // [n, V] logits of those rows
   rows<H> entropy_;                  // [n, H] attention entropy, traced forward only
   std::vector<rope_angles<C>> angles_;  // [n] rotation angles of each row's position
+  std::vector<lora_adapter<C>> adapters_;
+  std::vector<float> lora_u_;           // [n, largest rank] the adapters' A x
 };
 
 }  // namespace tlm

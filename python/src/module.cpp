@@ -22,6 +22,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -58,6 +59,9 @@ struct request {
 // Asked while waiting for the model's lock: true abandons the call.
 using give_up_test = std::function<bool()>;
 
+// A LoRA adapter file and its scale (lora=).
+using lora_file = std::pair<std::string, float>;
+
 class model_base {
  public:
   virtual ~model_base() = default;
@@ -76,8 +80,9 @@ class model_base {
 template <tlm::LlamaConfig C>
 class model_impl final : public model_base {
  public:
-  model_impl(const std::string& path, std::size_t threads)
+  model_impl(const std::string& path, std::size_t threads, const std::vector<lora_file>& loras)
       : m_(tlm::model<C>::load(path, {.threads = threads})), tok_(tlm::tokenizer::from_gguf(m_.file())) {
+    for (const auto& [file, scale] : loras) m_.add_lora(file, scale);
     const auto& f = m_.file();
     template_ = f.has("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template") : std::string();
     // The template's BOS/EOS texts are the vocabulary's, as in the chat session.
@@ -168,12 +173,13 @@ class model_impl final : public model_base {
   tlm::chat_render_options render_;
 };
 
-std::shared_ptr<model_base> load(const std::string& path, const std::string& config, std::size_t threads) {
+std::shared_ptr<model_base> load(const std::string& path, const std::string& config, std::size_t threads,
+                                 const std::vector<lora_file>& loras) {
   if (threads > 1024) throw tlm::error("threads=" + std::to_string(threads) + " is more than 1024; give 0 for every core");
   // No config: the shipped config whose hyperparameters the file has (Model.config says which).
   const std::string name = config.empty() ? tlm::match_config(tlm::gguf::file(path)) : config;
   return tlm::with_config(name, [&](auto c) -> std::shared_ptr<model_base> {
-    return std::make_shared<model_impl<typename decltype(c)::type>>(path, threads);
+    return std::make_shared<model_impl<typename decltype(c)::type>>(path, threads, loras);
   });
 }
 
@@ -270,9 +276,32 @@ class text_stream {
 
 class py_model {
  public:
-  py_model(const std::string& path, const std::string& config, std::size_t threads) {
+  py_model(const std::string& path, const std::string& config, std::size_t threads, const nb::object& lora) {
+    const std::vector<lora_file> loras = lora_files(lora);
     nb::gil_scoped_release unlocked;
-    m_ = load(path, config, threads);
+    m_ = load(path, config, threads, loras);
+  }
+
+  // lora= is a path, a (path, scale) pair, or a list of those; None: no adapter.
+  static std::vector<lora_file> lora_files(const nb::object& lora) {
+    std::vector<lora_file> out;
+    if (lora.is_none()) return out;
+    const nb::object fspath = nb::module_::import_("os").attr("fspath");
+    auto one = [&](const nb::handle& item) {
+      if (nb::isinstance<nb::tuple>(item) && nb::len(item) == 2 && !nb::isinstance<nb::str>(item[1])) {
+        const double scale = nb::cast<double>(item[1]);
+        if (!std::isfinite(scale)) throw tlm::error("lora: the scale of an adapter must be a finite number");
+        out.emplace_back(nb::cast<std::string>(fspath(item[0])), static_cast<float>(scale));
+      } else {
+        out.emplace_back(nb::cast<std::string>(fspath(item)), 1.0f);
+      }
+    };
+    if (nb::isinstance<nb::list>(lora)) {
+      for (const nb::handle item : lora) one(item);
+    } else {
+      one(lora);
+    }
+    return out;
   }
 
   std::vector<std::int32_t> tokenize(const std::string& text, bool special) const {
@@ -443,8 +472,10 @@ NB_MODULE(_tlm, m) {
   nb::class_<py_model>(m, "Model",
                         "A GGUF file bound to one of tlm's config types: config=NAME, or by default the shipped "
                         "config whose hyperparameters the file has (Model.config names it).")
-      .def(nb::init<const std::string&, const std::string&, std::size_t>(), "path"_a, "config"_a = "",
-           "threads"_a = 2)
+      .def(nb::init<const std::string&, const std::string&, std::size_t, const nb::object&>(), "path"_a,
+           "config"_a = "", "threads"_a = 2, "lora"_a = nb::none(),
+           "lora: LoRA adapters (llama.cpp's adapter GGUF) over the model: a path, a (path, scale) pair, or a "
+           "list of those; each adds scale * alpha / rank * B A to the matrices it targets (scale 1 by default).")
       .def("tokenize", &py_model::tokenize, "text"_a, "special"_a = false,
            "Token ids of the text, without a BOS token; special=True makes markers like <|im_start|> tokens.")
       .def("detokenize", &py_model::detokenize, "ids"_a)

@@ -389,3 +389,30 @@ def test_train_resumes_from_python(tmp_path):
     tlm.train(out=tmp_path / "split", stop_after=3, **opts)
     resumed = tlm.train(out=tmp_path / "split", resume=True, **opts)
     assert [(x["step"], x["loss"]) for x in resumed["losses"]] == [(x["step"], x["loss"]) for x in full["losses"]]
+
+
+LORA_SMALL = ROOT / "tests" / "fixtures" / "lora" / "small.gguf"
+
+
+def test_lora_logits_equal_generate_lora_bit_for_bit(tmp_path):
+    ids = [504, 3458, 282, 4649, 314]
+    m = tlm.Model(MODEL, threads=1, lora=[(LORA_SMALL, 0.5), str(LORA_SMALL)])
+    dump = tmp_path / "logits.f32"
+    run("generate", "--threads", "1", "--token-ids", ",".join(map(str, ids)), "-n", "1", "--dump-logits", str(dump),
+        "--lora", str(LORA_SMALL), "--lora-scale", "0.5", "--lora", str(LORA_SMALL))
+    theirs = np.fromfile(dump, dtype=np.float32).reshape(len(ids), -1)
+    ours = m.logits(ids)
+    assert np.array_equal(ours, theirs)
+    base = tlm.Model(MODEL, threads=1).logits(ids)
+    assert not np.array_equal(ours, base)  # the adapters are applied
+    zero = tlm.Model(MODEL, threads=1, lora=(pathlib.Path(LORA_SMALL), 0.0)).logits(ids)
+    assert np.array_equal(zero, base)  # scale 0: the base, bit for bit
+
+
+def test_lora_errors_name_the_file_and_tensor():
+    with pytest.raises(tlm.Error, match=r"nonexistent\.gguf: cannot open the LoRA adapter: no such file"):
+        tlm.Model(MODEL, lora=str(ROOT / "nonexistent.gguf"))
+    with pytest.raises(tlm.Error, match=r"nan\.gguf: tensor 'blk\.0\.attn_q\.weight\.lora_b' holds a NaN"):
+        tlm.Model(MODEL, lora=ROOT / "tests" / "fixtures" / "lora" / "nan.gguf")
+    with pytest.raises(tlm.Error, match=r"the scale of an adapter must be a finite number"):
+        tlm.Model(MODEL, lora=(LORA_SMALL, float("nan")))

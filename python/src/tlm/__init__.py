@@ -7,6 +7,7 @@
         print(piece, end="")
     model.chat([{"role": "user", "content": "What is the capital of France?"}])
     model.logits(model.tokenize("Hello"))                             # numpy float32 [positions, vocab]
+    tlm.Model(path, lora="adapter.gguf")                              # or lora=[("a.gguf", 0.5), "b.gguf"]
     tlm.train(model="SmolLM2-135M-Instruct.Q4_1.gguf", data="notes.txt", steps=100, out="run1")
 
 Errors from the C++ library (a file that does not fit its config, bad options, a

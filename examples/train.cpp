@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -35,7 +36,23 @@ using trainable_configs = tlm::config_list<tlm::tiny_train, tlm::smollm2_135m>;
 
 // LoRA's rank and targets are compile-time (tlm::lora<C, Rank, Targets>): the command
 // line picks one of these instantiations, for smollm2_135m, which bounds compile time.
-constexpr std::size_t lora_ranks[] = {4, 8, 16, 32, 64};
+// Each rank is three trainer instantiations; the build option TLM_TRAIN_LORA_RANKS
+// narrows the list (the sanitizer build compiles the two ranks its tests use).
+#ifndef TLM_TRAIN_LORA_RANKS
+#define TLM_TRAIN_LORA_RANKS 4, 8, 16, 32, 64
+#endif
+using lora_rank_list = std::index_sequence<TLM_TRAIN_LORA_RANKS>;
+constexpr std::size_t lora_ranks[] = {TLM_TRAIN_LORA_RANKS};
+
+// "4, 8, 16, 32 and 64" (and_last) or "4, 8, 16, 32, 64".
+std::string lora_ranks_text(bool and_last) {
+  std::string text;
+  for (std::size_t i = 0; i < std::size(lora_ranks); ++i) {
+    if (i > 0) text += and_last && i + 1 == std::size(lora_ranks) ? " and " : ", ";
+    text += std::to_string(lora_ranks[i]);
+  }
+  return text;
+}
 constexpr tlm::lora_target lora_qv = tlm::lora_target::q | tlm::lora_target::v;
 constexpr tlm::lora_target lora_target_sets[] = {lora_qv, tlm::lora_default_targets, tlm::all_layer_matrices};
 
@@ -76,7 +93,7 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
   --stop-after N       stop after N steps of this run as Ctrl-C would (for tests)
   --lora RANK          train a LoRA adapter over --model instead of every weight: the base stays
                        mapped read-only; writes adapter.gguf (llama.cpp's adapter format) into --out.
-                       RANK is one of 4, 8, 16, 32, 64 (the ranks this build is compiled for)
+                       RANK is one of {ranks} (the ranks this build is compiled for)
   --lora-alpha A       scale the adapter by A / RANK (default: A = RANK, scale 1, as llama.cpp's
                        finetune and tlm::lora; PEFT's default is a fixed lora_alpha = 8)
   --lora-targets LIST  matrices to adapt: q,v or q,k,v,o (default) or q,k,v,o,gate,up,down
@@ -131,7 +148,9 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
-      fmt::print("{}", usage);
+      std::string text(usage);
+      text.replace(text.find("{ranks}"), 7, lora_ranks_text(false));
+      fmt::print("{}", text);
       std::exit(0);
     }
     if (a == "--chat") { o.chat = true; continue; }
@@ -170,7 +189,7 @@ options parse(int argc, char** argv) {
     else if (a == "--lora") {
       o.lora = whole(a, v, 1, 1'000'000);
       if (std::find(std::begin(lora_ranks), std::end(lora_ranks), o.lora) == std::end(lora_ranks))
-        fail(fmt::format("--lora {}: this build trains LoRA ranks 4, 8, 16, 32 and 64; give one of them", v));
+        fail(fmt::format("--lora {}: this build trains LoRA ranks {}; give one of them", v, lora_ranks_text(true)));
     } else if (a == "--lora-alpha") {
       o.lora_alpha = real(a, v, 0, 1e6, true);
       o.lora_options_given = true;
@@ -354,13 +373,12 @@ template <tlm::LlamaConfig C>
 int run_any(const options& o, const std::string& config_name, group& grp) {
   if (o.lora == 0) return run<C>(o, config_name, grp);
   if constexpr (std::same_as<C, tlm::smollm2_135m>) {
-    switch (o.lora) {
-      case 4: return run_lora_rank<C, 4>(o, config_name, grp);
-      case 8: return run_lora_rank<C, 8>(o, config_name, grp);
-      case 16: return run_lora_rank<C, 16>(o, config_name, grp);
-      case 32: return run_lora_rank<C, 32>(o, config_name, grp);
-      default: return run_lora_rank<C, 64>(o, config_name, grp);
-    }
+    // o.lora is one of the compiled ranks (checked when the options were read).
+    return [&]<std::size_t... Ranks>(std::index_sequence<Ranks...>) {
+      int status = 1;
+      ((o.lora == Ranks && (status = run_lora_rank<C, Ranks>(o, config_name, grp), true)) || ...);
+      return status;
+    }(lora_rank_list{});
   } else {
     fail(fmt::format("--lora: this build trains LoRA adapters for smollm2_135m, not {}", config_name));
   }

@@ -5,6 +5,7 @@
 #include <tlm/kernels.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -16,6 +17,15 @@ inline std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float 
   std::uniform_real_distribution<float> unit(-range, range);
   std::vector<float> v(n);
   for (auto& f : v) f = unit(rng);
+  return v;
+}
+
+// int8 codes uniform in [lowest, 127]: -127 is the symmetric range tlm's quantizers
+// write, -128 the extreme a foreign writer could store.
+inline std::vector<std::int8_t> random_codes(std::size_t n, std::mt19937& rng, int lowest) {
+  std::uniform_int_distribution<int> code(lowest, 127);
+  std::vector<std::int8_t> v(n);
+  for (auto& c : v) c = static_cast<std::int8_t>(code(rng));
   return v;
 }
 

@@ -13,6 +13,9 @@
 #include "counting_allocator.hpp"
 #include "train_common.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_allocations {
+
 TEST_CASE("a training step allocates nothing after the first") {
   using C = tlm::tiny_gqa;
   auto p = tlm_test::random_params<C, float>(1);
@@ -94,3 +97,5 @@ TEST_CASE("decoding a token with two LoRA adapters allocates nothing") {
     CHECK(tlm_test::allocations.load() - before == 0);
   }
 }
+
+}  // namespace test_allocations

@@ -10,6 +10,9 @@
 
 #include "counting_allocator.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_attention {
+
 namespace {
 
 struct case_data {
@@ -141,3 +144,5 @@ TEST_CASE("the block's forward attention equals the reference attend() of the in
     CHECK(entropy == doctest::Approx(tlm::entropy(scores)).epsilon(1e-4));
   }
 }
+
+}  // namespace test_attention

@@ -18,8 +18,14 @@
 
 #include "kernel_levels.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_attention_kernels {
+
 namespace k = tlm::kernels;
 using tlm_test::level_guard;
+using tlm_test::placed;
+using tlm_test::random_codes;
+using tlm_test::random_floats;
 using tlm_test::testable_levels;
 
 namespace {
@@ -30,32 +36,6 @@ double ulps(float y, float x) {
   const float rounded = static_cast<float>(ref);
   const double ulp = std::ldexp(1.0, std::ilogb(rounded) - 23);
   return std::fabs(static_cast<double>(y) - ref) / ulp;
-}
-
-// Copies of `src` placed `offset` elements into guarded buffers, so reads or writes
-// past the end and alignment assumptions show.
-template <class T>
-struct placed {
-  std::vector<T> storage;
-  T* data;
-  placed(const std::vector<T>& src, std::size_t offset, T guard) : storage(src.size() + offset + 64, guard) {
-    data = storage.data() + offset;
-    std::copy(src.begin(), src.end(), data);
-  }
-};
-
-std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float range) {
-  std::uniform_real_distribution<float> d(-range, range);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-std::vector<std::int8_t> random_codes(std::size_t n, std::mt19937& rng) {
-  std::uniform_int_distribution<int> d(-127, 127);
-  std::vector<std::int8_t> v(n);
-  for (auto& c : v) c = static_cast<std::int8_t>(d(rng));
-  return v;
 }
 
 constexpr std::size_t head_sizes[] = {64, 128, 16, 8, 24, 48, 80, 5, 33};
@@ -254,7 +234,7 @@ TEST_CASE("scores and scores_q8 at every level against the double reference: n 0
         }
         CHECK(s.data[n] == -777.0f);
 
-        const auto codes = random_codes(n * E, rng);
+        const auto codes = random_codes(n * E, rng, -127);
         auto ks = random_floats(n, rng, 0.05f);
         for (auto& x : ks) x = std::fabs(x);
         const placed<std::int8_t> pc(codes, off, std::int8_t{99});  // odd byte offsets included
@@ -301,7 +281,7 @@ TEST_CASE("accumulate and accumulate_q8 at every level against the double refere
         }
         CHECK(out.data[E] == -777.0f);
 
-        const auto codes = random_codes(n * E, rng);
+        const auto codes = random_codes(n * E, rng, -127);
         auto vs = random_floats(n, rng, 0.02f);
         for (auto& x : vs) x = std::fabs(x);
         const placed<std::int8_t> pc(codes, off, std::int8_t{99});
@@ -391,3 +371,5 @@ TEST_CASE("every kernel level against stored outputs of the double references (f
           << "; not run (this CPU lacks them): " << (skipped.empty() ? std::string("none") : skipped));
   CHECK(!ran.empty());
 }
+
+}  // namespace test_attention_kernels

@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_bind {
+
 using C = tlm::tiny_gqa;  // head_dim 8
 
 namespace {
@@ -146,3 +149,5 @@ TEST_CASE("the hyperparameters already checked stay checked") {
     CHECK(msg.find("Use the config type that matches this file") != std::string::npos);
   }
 }
+
+}  // namespace test_bind

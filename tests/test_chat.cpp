@@ -12,6 +12,9 @@
 #include "tlm/chat.hpp"
 #include "tlm/gguf.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_chat {
+
 namespace {
 
 std::string read_fixture(const std::string& name) {
@@ -215,3 +218,5 @@ TEST_CASE("the end-of-turn marker of each form") {
   CHECK(tlm::chat_template::named("mistral-nemo").end_marker() == "</s>");
   CHECK(tlm::chat_template::named("zephyr").end_marker({.eos_token = "<eos>"}) == "<eos>");
 }
+
+}  // namespace test_chat

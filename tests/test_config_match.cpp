@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_config_match {
+
 namespace {
 
 std::filesystem::path temp_path(const std::string& name) {
@@ -206,3 +209,5 @@ TEST_CASE("a shape no config type can express is refused by name") {
   CHECK(message_of<tlm::model_mismatch>([&] { (void)tlm::config_struct_text(c, "x"); }) ==
         "embedding_length 40 is not heads 4 × head_dim 8, which tlm's configs (dim = heads * head_dim) cannot express");
 }
+
+}  // namespace test_config_match

@@ -8,6 +8,9 @@
 #include <string_view>
 #include <type_traits>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_configs {
+
 static_assert(tlm::config_name<tlm::smollm2_135m>() == "smollm2_135m");
 static_assert(tlm::config_name<tlm::tiny_untied>() == "tiny_untied");
 static_assert(tlm::shipped_configs::contains("tiny_train"));
@@ -90,3 +93,5 @@ TEST_CASE("a list of the caller's own configs works the same way") {
   tlm::with_config<mine>("tiny_untied", [&](auto c) { seen = tlm::config_name<typename decltype(c)::type>(); });
   CHECK(seen == "tiny_untied");
 }
+
+}  // namespace test_configs

@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_corrupt_weights {
+
 namespace fs = std::filesystem;
 using C = tlm::smollm2_135m;
 
@@ -70,3 +73,5 @@ TEST_CASE("the real model has no value that is not finite") {
   const tlm::gguf::file f(TLM_MODEL_PATH);
   CHECK(tlm::non_finite_values(f).empty());
 }
+
+}  // namespace test_corrupt_weights

@@ -25,6 +25,9 @@
 #include <string>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_gemm {
+
 namespace {
 
 namespace k = tlm::kernels;
@@ -78,7 +81,7 @@ struct matrix {
   }
 };
 
-double worst_ratio = 0;
+double gemm_worst_ratio = 0;
 
 struct gemm_case {
   transpose ta, tb;
@@ -126,7 +129,7 @@ std::vector<float> check_case(const gemm_case& c, std::mt19937& rng, tlm::thread
       }
       const double err = std::fabs(static_cast<double>(out.at(i, j)) - cd[i * out.ld + j]);
       const double allowed = unit * s + 1e-37;
-      worst_ratio = std::max(worst_ratio, err / allowed);
+      gemm_worst_ratio = std::max(gemm_worst_ratio, err / allowed);
       if (!(err <= allowed)) {
         if (bad == 0) {
           INFO(describe(c, k::active_kernel_level(), pool ? pool->size() : 1));
@@ -220,7 +223,7 @@ TEST_CASE("gemm: every level and transpose against the reference, sizes 1..70 in
       }
     }
   }
-  std::cout << "gemm sizes 1..70: " << cases << " cases, worst |err| / bound " << worst_ratio << "\n";
+  std::cout << "gemm sizes 1..70: " << cases << " cases, worst |err| / bound " << gemm_worst_ratio << "\n";
 }
 
 TEST_CASE("gemm: tile and k-block edges, and larger products") {
@@ -249,7 +252,7 @@ TEST_CASE("gemm: tile and k-block edges, and larger products") {
       }
     }
   }
-  std::cout << "gemm edges: worst |err| / bound " << worst_ratio << "\n";
+  std::cout << "gemm edges: worst |err| / bound " << gemm_worst_ratio << "\n";
 }
 
 TEST_CASE("gemm: pools of 1, 2 and 3 threads give bitwise the single-threaded result") {
@@ -429,3 +432,5 @@ TEST_CASE("gemm: steady-state calls reuse the thread's packing buffers") {
     CHECK(s.b(0) == pb);
   }
 }
+
+}  // namespace test_gemm

@@ -13,6 +13,9 @@
 
 #include "fixture.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_generate {
+
 using C = tlm::smollm2_135m;
 
 namespace {
@@ -480,3 +483,5 @@ TEST_CASE("beam search: width 1 is greedy, and every beam's score is its log-pro
   CHECK_THROWS_AS(tlm::generate_beam(m, tok, prompt, {.width = 0}), tlm::error);
   CHECK_THROWS_AS(tlm::generate_beam(m, tok, prompt, {.length_penalty = -1.0f}), tlm::error);
 }
+
+}  // namespace test_generate

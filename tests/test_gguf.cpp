@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_gguf {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -289,3 +292,5 @@ TEST_CASE("the checked-in fixture (the fuzzing seed) opens and decodes") {
   }
   CHECK(f.find_tensor("q6k")->enc == tlm::encoding::q6_k);
 }
+
+}  // namespace test_gguf

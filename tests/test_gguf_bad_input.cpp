@@ -14,6 +14,9 @@
 #include <string_view>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_gguf_bad_input {
+
 namespace {
 
 // A little-endian byte builder that records the offset of each field it writes.
@@ -405,3 +408,5 @@ TEST_CASE("files on disk: missing, empty, a directory") {
   }
   fs::remove_all(dir);
 }
+
+}  // namespace test_gguf_bad_input

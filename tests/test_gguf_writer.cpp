@@ -16,6 +16,9 @@
 #include <unistd.h>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_gguf_writer {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -185,3 +188,5 @@ TEST_CASE("write is atomic: same bytes as to_bytes, no temporary left, old file 
   }
   fs::remove_all(path.parent_path());
 }
+
+}  // namespace test_gguf_writer

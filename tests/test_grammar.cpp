@@ -14,6 +14,9 @@
 
 #include "fixture.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_grammar {
+
 using C = tlm::smollm2_135m;
 
 namespace {
@@ -193,3 +196,5 @@ TEST_CASE("100 of 100 outputs sampled at temperature 1 parse, and validate again
     CHECK(valid == 100);
   }
 }
+
+}  // namespace test_grammar

@@ -23,6 +23,9 @@
 #include <string>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_kernels {
+
 namespace {
 
 using tlm::encoding;
@@ -940,3 +943,5 @@ TEST_CASE("matvec_group: each product bit for bit its own matvec, at every level
   const std::array<k::shared_input_product, 1> bad{{{encoding::q4_1, w[0].data(), y.data(), 3}}};
   CHECK_THROWS_WITH_AS(k::matvec_group(bad, x.data(), 100, nullptr), doctest::Contains("matvec_group"), tlm::shape_error);
 }
+
+}  // namespace test_kernels

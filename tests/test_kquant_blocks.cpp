@@ -21,6 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "kernel_levels.hpp"
+
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_kquant_blocks {
+
+using tlm_test::level_guard;
+
 namespace {
 
 using tlm::encoding;
@@ -126,11 +133,6 @@ std::vector<std::byte> random_blocks(encoding enc, std::size_t rows, std::size_t
 
 constexpr encoding kquants[] = {encoding::q4_k, encoding::q5_k, encoding::q6_k};
 
-struct level_guard {
-  tlm::kernel_level saved = tlm::kernels::active_kernel_level();
-  ~level_guard() { tlm::kernels::force_kernel_level(saved); }
-};
-
 }  // namespace
 
 TEST_CASE("K-quant blocks of random bytes: dequantize_row equals llama.cpp's layout, bit for bit") {
@@ -211,3 +213,5 @@ TEST_CASE("K-quant blocks of random bytes: matvec and matmul at every kernel lev
   }
   MESSAGE("K-quant kernels checked at levels: " << ran);
 }
+
+}  // namespace test_kquant_blocks

@@ -6,6 +6,9 @@
 #include <string>
 #include <utility>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_kv {
+
 using tlm::tiny_gqa;
 using C = tiny_gqa;
 constexpr std::size_t E = tlm::head_dim<C>;
@@ -90,3 +93,5 @@ TEST_CASE("layers and kv heads do not overlap in the flat storage") {
         for (std::size_t i = 0; i < E; ++i) CHECK(v[p * E + i] == doctest::Approx(1000 * l + 100 * g + 10 * p + i));
     }
 }
+
+}  // namespace test_kv

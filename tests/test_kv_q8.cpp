@@ -16,23 +16,16 @@
 
 #include "kernel_levels.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_kv_q8 {
+
 namespace k = tlm::kernels;
 using tlm_test::level_guard;
 using tlm_test::placed;
 using tlm_test::random_floats;
 using tlm_test::testable_levels;
 
-namespace {
-
-// Every code -127..127 occurs, and so does the extreme -128 a foreign writer could store.
-std::vector<std::int8_t> random_codes(std::size_t n, std::mt19937& rng) {
-  std::uniform_int_distribution<int> code(-128, 127);
-  std::vector<std::int8_t> v(n);
-  for (auto& c : v) c = static_cast<std::int8_t>(code(rng));
-  return v;
-}
-
-}  // namespace
+using tlm_test::random_codes;
 
 TEST_CASE("dot_i8 and axpy_i8 against their references at every level, sizes and misalignments") {
   level_guard guard;
@@ -43,7 +36,7 @@ TEST_CASE("dot_i8 and axpy_i8 against their references at every level, sizes and
     for (std::size_t n = 0; n <= 140; ++n) {
       for (std::size_t off = 0; off < 8; ++off) {
         const auto a = random_floats(n, rng);
-        const auto b = random_codes(n, rng);
+        const auto b = random_codes(n, rng, -128);
         const placed<float> pa(a, off % 4, -777.0f);
         const placed<std::int8_t> pb(b, off, std::int8_t{99});  // odd byte offsets included
         const float d = k::dot_i8(pa.data, pb.data, n);
@@ -242,3 +235,5 @@ TEST_CASE("context shift: later entries move down and their keys are re-rotated 
   c.push();
   CHECK_THROWS_AS(c.shift(1, 2, tlm::rope_pairing::adjacent), tlm::capacity_error);
 }
+
+}  // namespace test_kv_q8

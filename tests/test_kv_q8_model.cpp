@@ -13,6 +13,9 @@
 
 #include "fixture.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_kv_q8_model {
+
 using C = tlm::smollm2_135m;
 
 namespace {
@@ -363,3 +366,5 @@ TEST_CASE("without context shift a conversation past the cache throws a capacity
   }
   CHECK(threw);
 }
+
+}  // namespace test_kv_q8_model

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <random>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_linalg {
+
 template <std::size_t R, std::size_t C>
 void check_matvec(unsigned seed) {
   std::mt19937 rng(seed);
@@ -57,3 +60,5 @@ TEST_CASE("a product with an unbound mapped matrix is an error, not a crash") {
   tlm::vec<32> x;
   CHECK_THROWS_AS(tlm::matvec(w, x), tlm::shape_error);
 }
+
+}  // namespace test_linalg

@@ -22,6 +22,9 @@
 
 #include "train_common.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_lora_infer {
+
 namespace {
 
 using tlm::lora_target;
@@ -265,3 +268,5 @@ TEST_CASE("lora at inference: an adapter of another model, a damaged one or a mi
   CHECK_THROWS_AS(m.add_lora(temp_path("nonexistent.gguf")), tlm::format_error);
   CHECK(m.loras().empty());  // nothing half-added
 }
+
+}  // namespace test_lora_infer

@@ -12,6 +12,9 @@
 
 #include "fixture.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_model_api {
+
 using C = tlm::smollm2_135m;
 
 namespace {
@@ -142,3 +145,5 @@ TEST_CASE("missing and non-GGUF files give clear errors") {
     CHECK(std::string(e.what()).find(__FILE__) != std::string::npos);
   }
 }
+
+}  // namespace test_model_api

@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_model_families {
+
 namespace {
 
 std::filesystem::path temp_path(const std::string& name) {
@@ -180,3 +183,5 @@ TEST_CASE("linear RoPE scaling: written as llama.cpp's keys, checked on binding,
   const tlm::rope_angles<tlm::tiny_gqa, double> plain(2);
   for (std::size_t i = 0; i < tlm::tiny_gqa::half_head; ++i) CHECK(scaled.cos[i] == doctest::Approx(plain.cos[i]).epsilon(1e-12));
 }
+
+}  // namespace test_model_families

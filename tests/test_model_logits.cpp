@@ -13,6 +13,9 @@
 #include "fixture.hpp"
 #include "kernel_levels.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_model_logits {
+
 using C = tlm::smollm2_135m;
 
 
@@ -147,3 +150,5 @@ TEST_CASE("precision fast: logits within 0.125 of the largest logit and argmax o
     }
   }
 }
+
+}  // namespace test_model_logits

@@ -12,6 +12,9 @@
 
 #include "fixture.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_model_ops {
+
 using C = tlm::smollm2_135m;
 constexpr std::size_t D = tlm::dim<C>, K = tlm::kv_dim<C>, F = C::ffn, E = tlm::head_dim<C>;
 
@@ -172,3 +175,5 @@ TEST_CASE("RoPE in both pairings: GGUF adjacent pairs and Hugging Face half-spli
     CHECK(ekh.value() <= 1e-6);
   }
 }
+
+}  // namespace test_model_ops

@@ -17,6 +17,9 @@
 
 #include "fixture.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_model_random {
+
 namespace {
 
 // max|ours - ref| / max|ref| at each position. Looser than the 3e-6 claimed for the
@@ -107,3 +110,5 @@ TEST_CASE("Hugging Face row order with the half-split pairing gives the same mod
   m.prefill(tokens, cache, &all);
   CHECK(worst_error(all, reference()["tiny_gqa.logits"], tlm::tiny_gqa::vocab) > 1e-2);
 }
+
+}  // namespace test_model_random

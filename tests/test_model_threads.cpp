@@ -12,6 +12,9 @@
 
 #include "fixture.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_model_threads {
+
 using C = tlm::smollm2_135m;
 
 namespace {
@@ -47,3 +50,5 @@ TEST_CASE("prefill and decode give bitwise the same logits at 1, 2, 3 and 4 thre
     CHECK(differ == 0);
   }
 }
+
+}  // namespace test_model_threads

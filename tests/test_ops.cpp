@@ -7,6 +7,9 @@
 #include <random>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_ops {
+
 TEST_CASE("the pairwise sum of squares is closer to float64 than a sequential sum") {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -73,3 +76,5 @@ TEST_CASE("silu-gated MLP activation") {
   CHECK(out[2] == doctest::Approx(-2.0 / (1.0 + std::exp(1.0))));
   CHECK(out[3] == doctest::Approx(20.0));
 }
+
+}  // namespace test_ops

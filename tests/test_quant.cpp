@@ -17,6 +17,9 @@
 #include <utility>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_quant {
+
 namespace {
 
 template <class Block>
@@ -507,3 +510,5 @@ TEST_CASE("quantize_mix: llama.cpp's choices for SmolLM2-135M (checked against i
   CHECK_THROWS_WITH_AS(tlm::choose_encodings(*tlm::find_quant_type("q8_0"), odd), doctest::Contains("blk.0.attn_q.weight"),
                        tlm::shape_error);
 }
+
+}  // namespace test_quant

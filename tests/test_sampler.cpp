@@ -10,6 +10,9 @@
 #include <span>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_sampler {
+
 namespace {
 
 // The definition: rank every logit with a full sort, keep top_k, then the nucleus.
@@ -116,3 +119,5 @@ TEST_CASE("sampler: bad settings and empty logits are errors") {
   std::vector<float> none;
   CHECK_THROWS_AS(s(none), tlm::error);
 }
+
+}  // namespace test_sampler

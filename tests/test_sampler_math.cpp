@@ -13,6 +13,9 @@
 #include <random>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_sampler_math {
+
 namespace {
 
 // Logits whose softmax at temperature 1 is exactly {0.1, 0.2, 0.3, 0.4}.
@@ -251,3 +254,5 @@ TEST_CASE("new settings that define no distribution are refused") {
   CHECK_THROWS_AS(tlm::sampler({.logit_bias = {{-1, 1.0f}}}), tlm::error);
   CHECK_THROWS_AS(tlm::sampler({.logit_bias = {{1, std::numeric_limits<float>::infinity()}}}), tlm::error);
 }
+
+}  // namespace test_sampler_math

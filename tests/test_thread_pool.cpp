@@ -15,6 +15,9 @@
 #include <utility>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_thread_pool {
+
 namespace {
 
 // Runs one parallel_for and checks that every index is visited exactly once, by
@@ -212,3 +215,5 @@ TEST_CASE("run_on_each_thread: an exception reaches the caller; a call from insi
   CHECK(refused.load() == 4);
   check_cover(pool, 100, 1);
 }
+
+}  // namespace test_thread_pool

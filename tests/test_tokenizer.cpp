@@ -13,6 +13,9 @@
 #include "tlm/gguf.hpp"
 #include "tlm/tokenizer.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_tokenizer {
+
 namespace {
 
 const tlm::tokenizer& model_tokenizer() {
@@ -430,3 +433,5 @@ TEST_CASE("the ASCII fast path agrees with PCRE2 on ASCII-heavy random text") {
   CHECK(texts == 3000);
   CHECK(disagreements == 0);
 }
+
+}  // namespace test_tokenizer

@@ -18,6 +18,9 @@
 #include "tlm/gguf_writer.hpp"
 #include "tlm/tokenizer.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_tokenizer_families {
+
 namespace {
 
 const std::string vocab_dir = TLM_VOCAB_DIR;
@@ -202,3 +205,5 @@ TEST_CASE("an unknown pre-tokenizer or model is a one-line error naming the key,
   CHECK(message("llama", "default") == "no error");
   CHECK(message("gpt2", "qwen2") == "no error");
 }
+
+}  // namespace test_tokenizer_families

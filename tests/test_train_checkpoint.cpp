@@ -18,6 +18,9 @@
 
 #include "train_common.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_train_checkpoint {
+
 namespace {
 
 using C = tlm::tiny_train;
@@ -415,3 +418,5 @@ TEST_CASE("export: every --out-type writes a model file that binds, close to the
     CHECK(worst <= k.tol);
   }
 }
+
+}  // namespace test_train_checkpoint

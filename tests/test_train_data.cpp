@@ -11,6 +11,9 @@
 #include <utility>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_train_data {
+
 namespace {
 
 std::string write_temp(const std::string& name, const std::string& content) {
@@ -210,3 +213,5 @@ TEST_CASE("window order: a permutation per epoch, fixed by the seed, different a
   // Random access gives the same as sequential access (what a resume relies on).
   for (std::size_t i = 19; i + 1 > 0; --i) CHECK(b.at(i) == (i < 10 ? e0[i] : e1[i - 10]));
 }
+
+}  // namespace test_train_data

@@ -10,6 +10,9 @@
 
 #include "train_fixture.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_train_fixtures {
+
 namespace {
 
 // max |ours - ref| / max |ref| over one tensor.
@@ -72,3 +75,5 @@ TEST_CASE("loss, gradients and 10 AdamW steps equal PyTorch's: float") {
   check<tlm::tiny_gqa, float>("tiny_gqa.gguf", 3e-6, 2e-4);
   check<tlm::tiny_untied, float>("tiny_untied.gguf", 3e-6, 2e-4);
 }
+
+}  // namespace test_train_fixtures

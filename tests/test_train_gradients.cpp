@@ -11,6 +11,9 @@
 
 #include "train_common.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_train_gradients {
+
 namespace {
 
 using tlm_test::random_batch;
@@ -284,3 +287,5 @@ TEST_CASE("the embedding gradient of every row the batch uses equals finite diff
   }
   MESSAGE("embedding rows against finite differences: worst relative error " << worst);
 }
+
+}  // namespace test_train_gradients

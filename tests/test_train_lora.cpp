@@ -24,6 +24,9 @@
 
 #include "train_common.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_train_lora {
+
 namespace {
 
 using tlm::lora_target;
@@ -539,3 +542,5 @@ TEST_CASE("lora file: a damaged or mismatched adapter is rejected, naming its te
     check_throws([&] { tlm::read_lora(path, *into); }, "an adapter for architecture \"qwen2\", not \"llama\"");
   }
 }
+
+}  // namespace test_train_lora

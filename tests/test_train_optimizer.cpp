@@ -7,6 +7,9 @@
 
 #include "train_common.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_train_optimizer {
+
 using tlm_test::random_params;
 
 TEST_CASE("learning rate: linear warm-up, then cosine towards min_lr, the last step above it") {
@@ -202,3 +205,5 @@ TEST_CASE("training tiny_train from scratch on a repeating text drives the loss 
   CHECK(first > 5.0);  // about log(512) at the start
   CHECK(loss < 0.1);
 }
+
+}  // namespace test_train_optimizer

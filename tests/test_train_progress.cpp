@@ -12,6 +12,9 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_train_progress {
+
 namespace {
 
 // The fields the trainer shows, at their widest realistic values.
@@ -84,3 +87,5 @@ TEST_CASE("plot ticks: round values inside the range, at least four") {
   CHECK(near(tlm::nice_ticks(-0.3, 0.3), {-0.3, -0.2, -0.1, 0, 0.1, 0.2, 0.3}));
   CHECK(tlm::nice_ticks(2, 2).empty());
 }
+
+}  // namespace test_train_progress

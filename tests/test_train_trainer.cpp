@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_train_trainer {
+
 namespace {
 
 using C = tlm::tiny_train;
@@ -291,3 +294,5 @@ TEST_CASE("trainer with LoRA and merge: model.gguf alone computes what the base 
   CHECK(std::abs(loss_merged - loss_adapted) < 1e-6);
   CHECK_THROWS_WITH(tlm::trainer<C>(o, data()), doctest::Contains("--merge merges a LoRA adapter into its base: it needs --lora"));
 }
+
+}  // namespace test_train_trainer

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_weights {
+
 using C = tlm::tiny_gqa;
 
 TEST_CASE("the walk names every tensor as the GGUF file does, in order") {
@@ -81,3 +84,5 @@ TEST_CASE("owned tensors start at zero and hold f32 values; mapped tensors check
     CHECK(std::string(e.what()).find("Q4_0") != std::string::npos);
   }
 }
+
+}  // namespace test_weights

@@ -35,43 +35,20 @@ void check_finite_differences() {
   std::string worst_name;
   tlm::for_each_tensor(
       [&](const tlm::tensor_name& name, auto& w, const auto& g) {
-        const std::size_t n = w.values().size();
         if (name.member == "rope_freqs") {
           // A constant (weights.hpp): the forward does not read it, so no gradient.
           CHECK(std::all_of(g.values().begin(), g.values().end(), [](double v) { return v == 0.0; }));
           ++tensors;
           return;
         }
-        // Every entry of a small tensor; at least 16 sampled entries of a large one,
-        // plus the entry of largest gradient.
-        std::vector<std::size_t> idx;
-        if (n <= 64) {
-          for (std::size_t i = 0; i < n; ++i) idx.push_back(i);
-        } else {
-          std::uniform_int_distribution<std::size_t> pick(0, n - 1);
-          for (int k = 0; k < 24; ++k) idx.push_back(pick(rng));
-          idx.push_back(static_cast<std::size_t>(
-              std::max_element(g.values().begin(), g.values().end(),
-                               [](double a, double b) { return std::abs(a) < std::abs(b); }) -
-              g.values().begin()));
-        }
-        double max_g = 0.0, max_err = 0.0;
-        for (std::size_t i : idx) {
-          const double saved = w.data()[i];
-          const double h = 1e-5 * std::max(1.0, std::abs(saved));
-          w.data()[i] = saved + h;
-          const double up = run.forward(*p, data.tokens, data.targets);
-          w.data()[i] = saved - h;
-          const double down = run.forward(*p, data.tokens, data.targets);
-          w.data()[i] = saved;
-          const double fd = (up - down) / (2 * h);
-          max_g = std::max({max_g, std::abs(g.data()[i]), std::abs(fd)});
-          max_err = std::max(max_err, std::abs(fd - g.data()[i]));
-          ++entries;
-        }
-        const double rel = max_g > 0 ? max_err / max_g : max_err;
+        // Every entry of a small tensor; 24 sampled entries of a large one, plus the
+        // entry of largest gradient.
+        const auto idx = tlm_test::entries_to_check(g, 64, 24, true, rng);
+        const auto fd = tlm_test::central_differences(w, g, idx, [&] { return run.forward(*p, data.tokens, data.targets); });
+        const double rel = fd.relative_error;
+        entries += fd.entries;
         INFO(name.str() << ": max |fd - grad| / max |grad| = " << rel);
-        CHECK(max_g > 0);  // every tensor takes part in the loss
+        CHECK(fd.max_gradient > 0);  // every tensor takes part in the loss
         CHECK(rel <= 1e-6);
         if (rel > worst) {
           worst = rel;

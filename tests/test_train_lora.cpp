@@ -83,31 +83,12 @@ void check_adapter_gradients(const Base& base, const std::string& what) {
   std::string worst_name;
   tlm::for_each_tensor(
       [&](const tlm::tensor_name& name, auto& w, const auto& g) {
-        const std::size_t n = w.values().size();
-        std::vector<std::size_t> idx;
-        if (n <= 96) {
-          for (std::size_t i = 0; i < n; ++i) idx.push_back(i);
-        } else {
-          std::uniform_int_distribution<std::size_t> pick(0, n - 1);
-          for (int k = 0; k < 48; ++k) idx.push_back(pick(rng));
-        }
-        double max_g = 0.0, max_err = 0.0;
-        for (std::size_t i : idx) {
-          const double saved = w.data()[i];
-          const double h = 1e-5 * std::max(1.0, std::abs(saved));
-          w.data()[i] = saved + h;
-          const double up = run.forward(base, *ad, data.tokens, data.targets);
-          w.data()[i] = saved - h;
-          const double down = run.forward(base, *ad, data.tokens, data.targets);
-          w.data()[i] = saved;
-          const double fd = (up - down) / (2 * h);
-          max_g = std::max({max_g, std::abs(g.data()[i]), std::abs(fd)});
-          max_err = std::max(max_err, std::abs(fd - g.data()[i]));
-          ++entries;
-        }
-        const double rel = max_g > 0 ? max_err / max_g : max_err;
+        const auto idx = tlm_test::entries_to_check(g, 96, 48, false, rng);
+        const auto fd = tlm_test::central_differences(w, g, idx, [&] { return run.forward(base, *ad, data.tokens, data.targets); });
+        const double rel = fd.relative_error;
+        entries += fd.entries;
         INFO(what << ": " << name.str() << ": max |fd - grad| / max |grad| = " << rel);
-        CHECK(max_g > 0);  // every factor takes part in the loss
+        CHECK(fd.max_gradient > 0);  // every factor takes part in the loss
         CHECK(rel <= 1e-6);
         if (rel >= worst) {
           worst = rel;

@@ -1,11 +1,13 @@
 #pragma once
-// Shared by the training tests: random parameters scaled for gradient checks, and
-// random batches.
+// Shared by the training tests: random parameters scaled for gradient checks, random
+// batches, and central finite differences against a backward's gradients.
 #include <tlm/quant.hpp>
 #include <tlm/train/adamw.hpp>
 #include <tlm/train/step.hpp>
 #include <tlm/train/weights.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -76,5 +78,58 @@ struct mapped_base {
         w, src);
   }
 };
+
+// The entries of a tensor a finite-difference check perturbs: every one of a tensor of at
+// most `every_up_to` values, else `samples` drawn from rng (and, with `with_largest`, the
+// entry of largest |gradient|, where a wrong scale shows most).
+template <class G>
+std::vector<std::size_t> entries_to_check(const G& g, std::size_t every_up_to, int samples, bool with_largest,
+                                          std::mt19937_64& rng) {
+  const std::size_t n = g.values().size();
+  std::vector<std::size_t> idx;
+  if (n <= every_up_to) {
+    for (std::size_t i = 0; i < n; ++i) idx.push_back(i);
+    return idx;
+  }
+  std::uniform_int_distribution<std::size_t> pick(0, n - 1);
+  for (int k = 0; k < samples; ++k) idx.push_back(pick(rng));
+  if (with_largest) {
+    const auto values = g.values();
+    const auto largest = std::max_element(values.begin(), values.end(),
+                                          [](auto a, auto b) { return std::abs(a) < std::abs(b); });
+    idx.push_back(static_cast<std::size_t>(largest - values.begin()));
+  }
+  return idx;
+}
+
+struct finite_difference_result {
+  double relative_error = 0;  // max |fd - grad| / max |grad| over the entries
+  double max_gradient = 0;    // max of |grad| and |fd|: 0 when the tensor has no part in the loss
+  std::size_t entries = 0;
+};
+
+// Central differences (loss(w + h) - loss(w - h)) / 2h with h = 1e-5 max(1, |w|), in
+// double (the step balances truncation against rounding: errors near 1e-9 relative),
+// each entry put back after it is measured.
+template <class W, class G, class Loss>
+finite_difference_result central_differences(W& w, const G& g, const std::vector<std::size_t>& idx, Loss&& loss) {
+  finite_difference_result r;
+  double max_err = 0.0;
+  for (std::size_t i : idx) {
+    const double saved = w.data()[i];
+    const double h = 1e-5 * std::max(1.0, std::abs(saved));
+    w.data()[i] = saved + h;
+    const double up = loss();
+    w.data()[i] = saved - h;
+    const double down = loss();
+    w.data()[i] = saved;
+    const double fd = (up - down) / (2 * h);
+    r.max_gradient = std::max({r.max_gradient, std::abs(g.data()[i]), std::abs(fd)});
+    max_err = std::max(max_err, std::abs(fd - g.data()[i]));
+    ++r.entries;
+  }
+  r.relative_error = r.max_gradient > 0 ? max_err / r.max_gradient : max_err;
+  return r;
+}
 
 }  // namespace tlm_test

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "scratch_files.hpp"
 #include "train_common.hpp"
 
 // The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
@@ -29,20 +30,11 @@ namespace {
 
 using tlm::lora_target;
 
-std::filesystem::path temp_path(const std::string& name) {
-  const auto dir = std::filesystem::path(TLM_BINARY_DIR) / "test_lora_infer";
-  std::filesystem::create_directories(dir);
-  return dir / name;
-}
+std::filesystem::path temp_path(const std::string& name) { return tlm_test::scratch_path("test_lora_infer", name); }
 
 template <tlm::LlamaConfig C>
 std::filesystem::path write_model_file(const std::string& name, const tlm::trainable<C, float>& p) {
-  const auto path = temp_path(name);
-  tlm::gguf::writer w;
-  tlm::write_hyperparameters<C>(w, name);
-  tlm::add_weights(w, p, tlm::encoding::f32);
-  w.write(path);
-  return path;
+  return tlm_test::write_model_file<C>(temp_path(name), p);
 }
 
 // Every factor random, B included (the initialisation's B = 0 would hide the path).

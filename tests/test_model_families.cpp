@@ -16,16 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "scratch_files.hpp"
+
 // The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
 namespace test_model_families {
 
 namespace {
 
-std::filesystem::path temp_path(const std::string& name) {
-  const auto dir = std::filesystem::path(TLM_BINARY_DIR) / "test_model_families";
-  std::filesystem::create_directories(dir);
-  return dir / name;
-}
+std::filesystem::path temp_path(const std::string& name) { return tlm_test::scratch_path("test_model_families", name); }
 
 // Seeded trainable weights with every bias non-zero (init_weights starts them at 0,
 // which would hide a bias the inference path forgets).
@@ -43,17 +41,9 @@ std::unique_ptr<tlm::trainable<C, float>> weights_with_biases(std::uint64_t seed
   return p;
 }
 
-// A model file as every writer of the library makes one: the one hyperparameter list
-// (write_hyperparameters) and the one walk (add_weights). No tokenizer: binding and
-// the forward need none (write_model's byte tokenizer needs 256 tokens; these have 96).
 template <tlm::LlamaConfig C>
 std::filesystem::path write_file(const std::string& name, const tlm::trainable<C, float>& p) {
-  const auto path = temp_path(name);
-  tlm::gguf::writer w;
-  tlm::write_hyperparameters<C>(w, name);
-  tlm::add_weights(w, p, tlm::encoding::f32);
-  w.write(path);
-  return path;
+  return tlm_test::write_model_file<C>(temp_path(name), p);
 }
 
 // The inference path (mapped f32 weights, block_forward over the KV cache) against

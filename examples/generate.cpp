@@ -586,11 +586,7 @@ int run(const options& o) {
 // header read here, so an unknown file is a clear error before anything is loaded), else
 // smollm2_135m: the default file (models/ or $TLM_MODEL) is SmolLM2-135M's, as before.
 std::string chosen_config(const options& o) {
-  if (!o.config.empty()) return o.config;
-  if (!o.model_given) return "smollm2_135m";
-  std::string name = tlm::match_config(tlm::gguf::file(o.model));
-  fmt::print(stderr, "config: {} (from the file's hyperparameters)\n", name);
-  return name;
+  return o.model_given ? tlm::choose_config(o.config, o.model, stderr) : o.config.empty() ? "smollm2_135m" : o.config;
 }
 
 int main(int argc, char** argv) {

@@ -1176,14 +1176,10 @@ int run(const options& o) {
   return 0;
 }
 
-// --config's, else the shipped config whose hyperparameters the --model file has (said on
-// stderr), else smollm2_135m: the default file is SmolLM2-135M's. As generate chooses.
+// As generate chooses (tlm::choose_config): with no --model, smollm2_135m, whose file is
+// the default.
 std::string chosen_config(const options& o) {
-  if (!o.config.empty()) return o.config;
-  if (!o.model_given) return "smollm2_135m";
-  std::string name = tlm::match_config(tlm::gguf::file(o.model));
-  fmt::print(stderr, "config: {} (from the file's hyperparameters)\n", name);
-  return name;
+  return o.model_given ? tlm::choose_config(o.config, o.model, stderr) : o.config.empty() ? "smollm2_135m" : o.config;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <tlm/train/checkpoint.hpp>
 #include <tlm/train/weights.hpp>
 
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -197,6 +198,20 @@ TEST_CASE("the real SmolLM2-135M file is smollm2_135m, and its struct holds the 
         "  static constexpr bool attention_bias = false;\n"
         "  static constexpr auto arch = tlm::architecture::llama;\n"
         "};\n");
+}
+
+TEST_CASE("choose_config: a named config is taken as named, else the file's, said on the note stream") {
+  // Named: the file is not opened (a missing one is no error here; loading says so).
+  CHECK(tlm::choose_config("tiny_train", "/nonexistent/file.gguf") == "tiny_train");
+  std::FILE* note = std::tmpfile();
+  REQUIRE(note);
+  CHECK(tlm::choose_config("", TLM_MODEL_PATH, note) == "smollm2_135m");
+  std::rewind(note);
+  char said[128] = {};
+  const std::size_t n = std::fread(said, 1, sizeof said - 1, note);
+  std::fclose(note);
+  CHECK(std::string(said, n) == "config: smollm2_135m (from the file's hyperparameters)\n");
+  CHECK_THROWS_AS((void)tlm::choose_config("", "/nonexistent/file.gguf"), tlm::format_error);
 }
 
 TEST_CASE("a shape no config type can express is refused by name") {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -316,6 +317,17 @@ std::string match_config(const gguf::file& f) {
     msg += std::string(", though no config type can describe this file: ") + e.what();
   }
   throw no_matching_config(msg);
+}
+
+// The config a program runs a model file with: the one the user named (--config,
+// config=...), else the one of `List` whose hyperparameters the file has, then said on
+// `note` when given (the programs' stderr), so that the choice is never silent.
+template <class List = program_configs>
+std::string choose_config(std::string_view named, const std::string& path, std::FILE* note = nullptr) {
+  if (!named.empty()) return std::string(named);
+  std::string name = match_config<List>(gguf::file(path));
+  if (note) fmt::print(note, "config: {} (from the file's hyperparameters)\n", name);
+  return name;
 }
 
 }  // namespace tlm

@@ -177,7 +177,7 @@ std::shared_ptr<model_base> load(const std::string& path, const std::string& con
                                  const std::vector<lora_file>& loras) {
   if (threads > 1024) throw tlm::error("threads=" + std::to_string(threads) + " is more than 1024; give 0 for every core");
   // No config: the shipped config whose hyperparameters the file has (Model.config says which).
-  const std::string name = config.empty() ? tlm::match_config(tlm::gguf::file(path)) : config;
+  const std::string name = tlm::choose_config(config, path);
   return tlm::with_config(name, [&](auto c) -> std::shared_ptr<model_base> {
     return std::make_shared<model_impl<typename decltype(c)::type>>(path, threads, loras);
   });

@@ -226,6 +226,13 @@ TEST_CASE("trainer: --accumulate 4 of --batch 1 takes the steps --batch 4 takes:
 
 TEST_CASE("trainer --accumulate: epochs count steps of accumulate * batch windows; a resume is bit-exact; another --accumulate is refused") {
   {
+    // Refused before the output folder is made.
+    const auto never = fs::path(TLM_BINARY_DIR) / "test_train_accum" / "never-made";
+    fs::remove_all(never);
+    CHECK_THROWS_WITH(tlm::trainer<C>(options(never, 2, 0), data()), doctest::Contains("--accumulate 0: a step needs at least one micro-batch"));
+    CHECK(!fs::exists(never));
+  }
+  {
     auto o = options(fresh_dir("epochs"), 2, 3);
     o.steps = 0;
     o.epochs = 1;

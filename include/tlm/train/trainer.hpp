@@ -248,6 +248,7 @@ class trainer {
       if (o_.config.starts_with("tlm::")) o_.config.erase(0, 5);
     }
     if ((o_.steps == 0) == (o_.epochs == 0)) throw error("give exactly one of --steps N and --epochs E");
+    if (o_.accumulate == 0) throw error("--accumulate 0: a step needs at least one micro-batch; give 1 or more");
     const data_parallel& grp = hooks_.group;
     if (grp.ranks == 0 || grp.rank >= grp.ranks || (grp.ranks > 1 && (!grp.sum || !grp.sum_floats)))
       throw error(fmt::format("data_parallel: rank {} of {} ranks; more than one rank needs `sum` and `sum_floats`", grp.rank, grp.ranks));
@@ -256,7 +257,6 @@ class trainer {
     if (o_.batch % grp.ranks != 0)
       throw error(fmt::format("--batch {} is not a multiple of the {} MPI ranks; each rank takes an equal share of the global batch", o_.batch, grp.ranks));
     local_ = o_.batch / grp.ranks;
-    if (o_.accumulate == 0) throw error("--accumulate 0: a step needs at least one micro-batch; give 1 or more");
     if (o_.seq > C::context) throw error(fmt::format("--seq {} is more than the context of {} ({} positions)", o_.seq, o_.config, C::context));
 
     data_ = data.load();

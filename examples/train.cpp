@@ -68,7 +68,13 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
                        rendered with the model's ChatML template; loss on assistant tokens only
   --steps N            optimizer steps to run in total (counting steps of a resumed run)
   --epochs E           passes over the training windows instead of --steps
-  --batch B            windows per step (default 4)
+  --batch B            windows per micro-batch (default 4)
+  --accumulate N       micro-batches per optimizer step, 1 to 1024 (default 1): a step's loss and
+                       gradient are the mean over N * B windows, as one batch of N * B would give,
+                       in the memory of B windows
+  --recompute          keep only each block's input in the forward and recompute the block's
+                       activations in the backward: far less activation memory, about a third
+                       more arithmetic, the same gradients bit for bit
   --seq T              tokens per window (default 128)
   --lr X               peak learning rate (default 3e-4)
   --min-lr X           learning rate at the end of the cosine decay (default 0)
@@ -107,8 +113,8 @@ abandons that write (the previous checkpoint stays intact) and exits 1.
 
 struct options {
   std::string model, config, data, out = "train-out", out_type = "f32";
-  bool chat = false, resume = false, overwrite = false;
-  std::size_t steps = 0, epochs = 0, batch = 4, seq = 128, warmup = 0, eval_every = 10, save_every = 100, threads = 1, stop_after = 0,
+  bool chat = false, resume = false, overwrite = false, recompute = false;
+  std::size_t steps = 0, epochs = 0, batch = 4, accumulate = 1, seq = 128, warmup = 0, eval_every = 10, save_every = 100, threads = 1, stop_after = 0,
               keep_checkpoints = 2;
   std::uint64_t seed = 1;
   double lr = 3e-4, min_lr = 0, clip = 1.0, weight_decay = 0.01, held_out = 0.1;
@@ -157,8 +163,9 @@ options parse(int argc, char** argv) {
     if (a == "--resume") { o.resume = true; continue; }
     if (a == "--overwrite") { o.overwrite = true; continue; }
     if (a == "--merge") { o.merge = true; continue; }
+    if (a == "--recompute") { o.recompute = true; continue; }
     if (!a.starts_with("--")) fail(fmt::format("unexpected argument '{}'; options start with -- (see --help)", a));
-    static const std::vector<std::string> valued = {"--model", "--config", "--data", "--steps", "--epochs", "--batch", "--seq", "--lr",
+    static const std::vector<std::string> valued = {"--model", "--config", "--data", "--steps", "--epochs", "--batch", "--accumulate", "--seq", "--lr",
                                                     "--min-lr", "--warmup", "--clip", "--weight-decay", "--held-out", "--eval-every",
                                                     "--save-every", "--out", "--out-type", "--threads", "--seed", "--stop-after",
                                                     "--keep-checkpoints", "--lora", "--lora-alpha", "--lora-targets"};
@@ -171,6 +178,7 @@ options parse(int argc, char** argv) {
     else if (a == "--steps") o.steps = whole(a, v, 1, 1'000'000'000);
     else if (a == "--epochs") o.epochs = whole(a, v, 1, 1'000'000);
     else if (a == "--batch") o.batch = whole(a, v, 1, 4096);
+    else if (a == "--accumulate") o.accumulate = whole(a, v, 1, 1024);
     else if (a == "--seq") o.seq = whole(a, v, 1, 1'000'000);
     else if (a == "--lr") o.lr = real(a, v, 0, 1, true);
     else if (a == "--min-lr") o.min_lr = real(a, v, 0, 1);
@@ -304,7 +312,8 @@ int run(const options& o, const std::string& config_name, group& grp) {
     if (tok->eos() >= 0) render.eos_token = tok->decode(std::vector<std::int32_t>{tok->eos()});
     data = tlm::data_source::from_chat(o.data, tokenize, tlm::chat_template::of(tmpl), pad, o.seq, o.held_out, render);
   }
-  const tlm::trainer_options to{.steps = o.steps, .epochs = o.epochs, .batch = o.batch, .seq = o.seq, .lr = o.lr, .min_lr = o.min_lr,
+  const tlm::trainer_options to{.steps = o.steps, .epochs = o.epochs, .batch = o.batch, .accumulate = o.accumulate,
+                                .recompute = o.recompute, .seq = o.seq, .lr = o.lr, .min_lr = o.min_lr,
                                 .warmup = o.warmup, .clip = o.clip, .weight_decay = o.weight_decay, .eval_every = o.eval_every,
                                 .save_every = o.save_every, .keep_checkpoints = o.keep_checkpoints, .out = o.out,
                                 .out_type = tlm::parse_writable_encoding(o.out_type)->enc,  // checked when the options were read
@@ -337,9 +346,11 @@ int run(const options& o, const std::string& config_name, group& grp) {
       fmt::print("train: LoRA rank {}, alpha {}, targets {}: {} trainable values over the frozen base\n", Adapter::rank,
                  tr.parameters().alpha, tlm::lora_targets_text(Adapter::targets), tlm::parameter_count(tr.parameters()));
   if (grp.lead())
-    fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}, {} threads{}, kernels {}\n",
+    fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}{}{}, {} threads{}, kernels {}\n",
                config_name, o.model.empty() ? "from scratch" : o.model, tr.data().train.size(), tr.data().held_out.size(), o.seq,
-               tr.data().tokens, tr.total_steps(), tr.steps(), o.batch, o.threads,
+               tr.data().tokens, tr.total_steps(), tr.steps(), o.batch,
+               o.accumulate > 1 ? fmt::format(" x {} micro-batches ({} windows a step)", o.accumulate, o.accumulate * o.batch) : "",
+               o.recompute ? ", activations recomputed" : "", o.threads,
                grp.size() > 1 ? fmt::format(" on each of {} MPI ranks", grp.size()) : "", tr.kernel_level());
   if (o.resume && grp.lead())
     fmt::print("resumed from {} at step {} (checkpoint loaded in {:.2f} s)\n", tlm::latest_checkpoint(o.out), tr.steps(), tr.load_seconds());
@@ -355,7 +366,7 @@ int run(const options& o, const std::string& config_name, group& grp) {
   if (f.saved) fmt::print("checkpoint {} written (step {}, {:.2f} s)\n", f.checkpoint, tr.steps(), f.save_seconds);
   if (f.exported) fmt::print("exported {} ({})\n", f.model.string(), std::is_void_v<Adapter> ? o.out_type : "LoRA adapter, f32");
   if (!f.merged.empty()) fmt::print("merged the adapter into {} ({})\n", f.merged.string(), o.out_type);
-  else fmt::print("stopped at step {} of {}; continue with --resume\n", tr.steps(), tr.total_steps());
+  if (!f.exported) fmt::print("stopped at step {} of {}; continue with --resume\n", tr.steps(), tr.total_steps());
   return 0;
 }
 

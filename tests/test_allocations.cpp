@@ -1,6 +1,7 @@
 // Hot paths allocate nothing in steady state: decoding a token, and a training step
 // (forward, backward, zeroing gradients, AdamW) after the first, in full and with a
-// low-rank adapter over a mapped quantized base; decoding with adapters loaded from files.
+// low-rank adapter over a mapped quantized base, with the activations saved or
+// recomputed; decoding with adapters loaded from files.
 #include <doctest/doctest.h>
 
 #include <tlm/model.hpp>
@@ -21,8 +22,9 @@ TEST_CASE("a training step allocates nothing after the first") {
   auto p = tlm_test::random_params<C, float>(1);
   auto g = std::make_unique<tlm::trainable<C, float>>();
   const auto data = tlm_test::random_batch(3, 8, C::vocab, 2);
-  for (std::size_t threads : {1, 2}) {
-    tlm::training<C, float> run({.batch = 3, .seq = 8, .threads = threads});
+  for (std::size_t threads : {1, 2})
+  for (bool recompute : {false, true}) {
+    tlm::training<C, float> run({.batch = 3, .seq = 8, .threads = threads, .recompute = recompute});
     tlm::adamw<tlm::trainable<C, float>> opt({.lr = 1e-3, .weight_decay = 0.1, .clip = 1.0});
     auto step = [&] {
       run.forward(*p, data.tokens, data.targets);
@@ -30,7 +32,7 @@ TEST_CASE("a training step allocates nothing after the first") {
       run.backward(*p, *g);
       opt.step(*p, *g, &run.pool());
     };
-    INFO(threads << " thread(s)");  // doctest's context stack allocates on first use: before counting
+    INFO(threads << " thread(s), recompute " << recompute);  // doctest's context stack allocates on first use: before counting
     step();
     const std::size_t before = tlm_test::allocations.load();
     for (int i = 0; i < 5; ++i) step();
@@ -46,8 +48,9 @@ TEST_CASE("a LoRA step over a mapped Q4_1 base allocates nothing after the first
   auto ad = std::make_unique<A>(), g = std::make_unique<A>();
   tlm::init_lora(*ad, 4);
   const auto data = tlm_test::random_batch(3, 8, C::vocab, 5);
-  for (std::size_t threads : {1, 2}) {
-    tlm::training<C, float> run({.batch = 3, .seq = 8, .threads = threads});
+  for (std::size_t threads : {1, 2})
+  for (bool recompute : {false, true}) {
+    tlm::training<C, float> run({.batch = 3, .seq = 8, .threads = threads, .recompute = recompute});
     tlm::adamw<A> opt({.lr = 1e-3, .weight_decay = 0.1, .clip = 1.0});
     auto step = [&] {
       run.forward(base.w, *ad, data.tokens, data.targets);
@@ -55,7 +58,7 @@ TEST_CASE("a LoRA step over a mapped Q4_1 base allocates nothing after the first
       run.backward(base.w, *ad, *g);
       opt.step(*ad, *g, &run.pool());
     };
-    INFO(threads << " thread(s)");
+    INFO(threads << " thread(s), recompute " << recompute);
     step();  // the adapter's scratch and the per-thread decode tile take their size
     const std::size_t before = tlm_test::allocations.load();
     for (int i = 0; i < 5; ++i) step();

@@ -212,11 +212,13 @@ TEST_CASE("optimizer state: each of the state keys is written, and each required
   for (const auto& key : required) CHECK_MESSAGE(full.has(key), key);
   CHECK(full.has("tlm.train.kernels"));
   CHECK(full.get_float("tlm.adamw.min_lr") == 0.25);
-  // The walk visits these keys, the optional kernel level and LoRA's identity, nothing else.
+  // The walk visits these keys, the optional kernel level, micro-batch count and LoRA's
+  // identity, nothing else.
   std::vector<std::string> walked;
   tlm::detail::walk_state(st, [&](std::string_view key, const auto&, bool) { walked.emplace_back(key); });
   std::vector<std::string> expected = required;
-  for (const char* k : {"tlm.train.kernels", "tlm.lora.base", "tlm.lora.rank", "tlm.lora.alpha", "tlm.lora.targets"}) expected.push_back(k);
+  for (const char* k : {"tlm.train.kernels", "tlm.train.accumulate", "tlm.lora.base", "tlm.lora.rank", "tlm.lora.alpha", "tlm.lora.targets"})
+    expected.push_back(k);
   std::sort(walked.begin(), walked.end());
   std::sort(expected.begin(), expected.end());
   CHECK(walked == expected);
@@ -231,6 +233,15 @@ TEST_CASE("optimizer state: each of the state keys is written, and each required
     const std::string message = "optimizer state lacks " + skip;
     CHECK_THROWS_WITH(tlm::detail::get_state(tlm::gguf::file(path)), doctest::Contains(message.c_str()));
   }
+  // A sidecar written before --accumulate existed lacks its key: one micro-batch a step,
+  // which is what that run took.
+  CHECK(full.get_uint("tlm.train.accumulate") == 1);
+  tlm::gguf::writer old;
+  old.set("general.architecture", "tlm-optimizer");
+  for (const auto& e : full.metadata())
+    if (e.key != "tlm.train.accumulate" && e.key != "general.architecture" && e.key.starts_with("tlm.")) old.set_value(e.key, e.val);
+  old.write(dir / "before-accumulate.gguf");
+  CHECK(tlm::detail::get_state(tlm::gguf::file(dir / "before-accumulate.gguf")).accumulate == 1);
 }
 
 TEST_CASE("checkpoint: resuming from a folder without one says so") {

@@ -62,7 +62,9 @@ struct train_state {
   std::uint64_t seed = 0;           // the run's seed (weights init, data shuffle)
   std::uint64_t data_position = 0;  // training windows consumed so far
   std::uint64_t rng_state = 0;      // the data shuffle's generator after data_position windows
-  std::uint64_t batch = 0, seq = 0, threads = 0;
+  std::uint64_t batch = 0;
+  std::uint64_t accumulate = 1;  // micro-batches per step (1 in checkpoints written before it was recorded)
+  std::uint64_t seq = 0, threads = 0;
   adamw_options options;
   std::string config;  // config type name, e.g. "smollm2_135m"
   std::string data;    // the data file trained on (checked on resume)
@@ -264,6 +266,7 @@ void walk_state(State& s, F&& f) {
   f("tlm.train.data_position", s.data_position, true);
   f("tlm.train.rng_state", s.rng_state, true);
   f("tlm.train.batch", s.batch, true);
+  f("tlm.train.accumulate", s.accumulate, false);  // absent from checkpoints written before --accumulate: 1
   f("tlm.train.seq", s.seq, true);
   f("tlm.train.threads", s.threads, true);
   f("tlm.train.config", s.config, true);

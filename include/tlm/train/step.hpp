@@ -18,6 +18,12 @@
 // and layer at 135M), the logits [B*T, V] and their gradient. Attention keeps one
 // log-sum-exp per row and head, never a T x T matrix. Buffers are sized once, in
 // the constructor: a step allocates nothing.
+//
+// With training_options::recompute the forward keeps only each block's input (D
+// floats per row and layer) and one block's full activations; the backward reruns a
+// block's forward from its saved input just before that block's backward. The rerun
+// is the same computation on the same inputs and threads, so the gradients are the
+// same bit for bit, for about a third more arithmetic (one more forward of the blocks).
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -47,6 +53,7 @@ struct training_options {
   std::size_t seq = 1;      // T tokens per sequence
   std::size_t threads = 0;  // 0: every core
   rope_pairing pairing = rope_pairing::adjacent;
+  bool recompute = false;   // keep only each block's input; rerun the block in the backward
 };
 
 // Parameters that train for config C in element type T.
@@ -75,7 +82,18 @@ class training {
   explicit training(training_options opt) : opt_(checked(opt)), n_(opt.batch * opt.seq) {
     pool_ = std::make_unique<thread_pool>(opt.threads ? opt.threads : std::max<unsigned>(1, std::thread::hardware_concurrency()),
                                           /*flush_denormals=*/true);
-    for (auto& a : acts_) a.reserve(n_);
+    // With recompute, every layer keeps its input rows; the one full set (work_) takes
+    // each layer's input in turn by a swap, so its own x needs no storage.
+    if (opt_.recompute) {
+      for (auto& a : acts_) a.x.reserve(n_);
+      for (auto* r : {&work_.xn1, &work_.q, &work_.o, &work_.x_mid, &work_.xn2}) r->reserve(n_);
+      work_.k.reserve(n_);
+      work_.v.reserve(n_);
+      work_.lse.reserve(n_);
+      for (auto* r : {&work_.gate, &work_.up, &work_.h}) r->reserve(n_);
+    } else {
+      for (auto& a : acts_) a.reserve(n_);
+    }
     x_out_.reserve(n_);
     xf_.reserve(n_);
     logits_.reserve(n_);
@@ -97,6 +115,29 @@ class training {
   std::size_t batch_rows() const { return n_; }
   std::size_t threads() const { return pool_->size(); }
   thread_pool& pool() { return *pool_; }
+
+  // The bytes the forward keeps for the backward in the blocks' activations (every
+  // layer's set, or with recompute the layers' inputs and one full set): what
+  // recompute saves, counted from the buffers' sizes, not measured.
+  std::size_t activation_bytes() const {
+    std::size_t rows_total = 0;
+    const auto add = [&](const block_activations<C, T>& a) {
+      rows_total += a.x.capacity() * D + a.xn1.capacity() * D + a.q.capacity() * D + a.k.capacity() * kv_dim<C> +
+                    a.v.capacity() * kv_dim<C> + a.o.capacity() * D + a.lse.capacity() * heads<C> + a.x_mid.capacity() * D +
+                    a.xn2.capacity() * D + (a.gate.capacity() + a.up.capacity() + a.h.capacity()) * C::ffn;
+    };
+    for (const auto& a : acts_) add(a);
+    add(work_);
+    return rows_total * sizeof(T);
+  }
+
+  // The same count for `rows` rows (batch * seq) before any buffer exists: a layer's
+  // full set is 6 D + 2 K + H + 3 F values per row; with recompute each layer keeps D
+  // (its input) and one set without its x is shared.
+  static constexpr std::size_t kept_activation_bytes(std::size_t rows, bool recompute) {
+    constexpr std::size_t full = 6 * D + 2 * kv_dim<C> + heads<C> + 3 * C::ffn;
+    return rows * (recompute ? C::layers * D + (full - D) : C::layers * full) * sizeof(T);
+  }
 
   // Runs the batch forward and returns the mean cross-entropy over the targets that
   // count (targets equal to ignore_target carry no loss).   tokens, targets: [B * T]
@@ -122,14 +163,15 @@ class training {
     });
   }
 
-  // Adds d(loss)/d(params) of the last forward() into grads (zero them first for
-  // one batch's gradient).
+  // Adds dloss · d(loss)/d(params) of the last forward() into grads (zero them first
+  // for one batch's gradient). dloss weighs a micro-batch in an accumulated step: its
+  // share of the step's counted targets.
   template <class W, class G>
     requires weights_for<W, C, T> && gradient_of<G, W>
-  void backward(const W& p, G& grads) {
+  void backward(const W& p, G& grads, T dloss = T(1)) {
     flush_denormals_guard ftz;
     thread_pool* pool = pool_.get();
-    logits_backward();
+    logits_backward(dloss);
     matmul_backward(output_of(p), xf_, dlogits_, output_of(grads), dxf_, pool);
     dx_.resize(n_);
     dx_.zero();
@@ -137,7 +179,11 @@ class training {
       rmsnorm_backward<D, T, T>(x_out_.row(i), p.output_norm.values(), C::rms_eps, dxf_.row(i), dx_.row(i),
                                 grads.output_norm.data());
     const block_context<C, T> ctx = context();
-    for (std::size_t l = C::layers; l-- > 0;) block_backward(p.layers[l], acts_[l], ctx, dx_, grads.layers[l], scratch_, pool);
+    for (std::size_t l = C::layers; l-- > 0;) {
+      block_activations<C, T>& a = saved(p, l, ctx, [](std::size_t) { return no_adapter{}; });
+      block_backward(p.layers[l], a, ctx, dx_, grads.layers[l], scratch_, pool);
+      unsave(l);
+    }
     for (std::size_t i = 0; i < n_; ++i) embed_backward<V, D, T>(tokens_[i], dx_.row(i), grads.token_embd);
   }
 
@@ -147,11 +193,11 @@ class training {
   // embeddings are frozen).
   template <class W, class A, class G>
     requires frozen_base_for<W, C, T> && adapter_for<A, C, T> && gradient_of<G, A>
-  void backward(const W& base, const A& ad, G& grads) {
+  void backward(const W& base, const A& ad, G& grads, T dloss = T(1)) {
     flush_denormals_guard ftz;
     thread_pool* pool = pool_.get();
     if (lora_u_.size() < n_ * A::rank) throw error("training::backward: call forward(base, adapter, ...) first");
-    logits_backward();
+    logits_backward(dloss);
     matmul_backward_input(output_of(base), dlogits_, dxf_, pool);
     dx_.resize(n_);
     dx_.zero();
@@ -163,8 +209,12 @@ class training {
     const std::span<T> u(lora_u_.data(), n_ * A::rank), du(lora_du_.data(), n_ * A::rank);
     const T scale = static_cast<T>(ad.scale());
     for (std::size_t l = C::layers; l-- > 0;) {
+      block_activations<C, T>& a = saved(base, l, ctx, [&](std::size_t m) {
+        return lora_block_forward<typename A::layer_type, T>{ad.layers[m], scale, u, pool};
+      });
       const lora_block_backward<typename A::layer_type, T> sink{ad.layers[l], grads.layers[l], scale, u, du, pool};
-      block_backward(base.layers[l], acts_[l], ctx, dx_, scratch_, pool, sink);
+      block_backward(base.layers[l], a, ctx, dx_, scratch_, pool, sink);
+      unsave(l);
     }
   }
 
@@ -207,7 +257,16 @@ class training {
     const kv_in_batch<C, T> kv{opt_.seq};
     for (std::size_t l = 0; l < C::layers; ++l) {
       auto& out = l + 1 < C::layers ? acts_[l + 1].x : x_out_;
-      block_forward(p.layers[l], acts_[l], out, ctx, kv, pool, adapter_of(l));
+      if (opt_.recompute) {
+        // The work set takes the layer's input for the forward and gives it back: only
+        // the input stays with the layer; the last layer's set stays in work_ (saved()).
+        std::swap(work_.x, acts_[l].x);
+        block_forward(p.layers[l], work_, out, ctx, kv, pool, adapter_of(l));
+        std::swap(work_.x, acts_[l].x);
+        work_layer_ = l;
+      } else {
+        block_forward(p.layers[l], acts_[l], out, ctx, kv, pool, adapter_of(l));
+      }
     }
     xf_.resize(n_);
     const auto gf = detail::gain_values(p.output_norm);
@@ -225,13 +284,32 @@ class training {
     return loss;
   }
 
-  // d(loss)/d(logits) into dlogits_, and dxf_ zeroed for the output product's backward.
-  void logits_backward() {
+  // Layer l's activations for its backward: its own set, or with recompute the work
+  // set holding the layer's input again (taken back by unsave) and the block's forward
+  // rerun from it, unless the set is that layer's already (the forward leaves the last
+  // layer's there). The rerun's output is not needed: it goes to the scratch's dxn,
+  // which block_backward zeroes before its first use.
+  template <class W, class AdapterOf>
+  block_activations<C, T>& saved(const W& p, std::size_t l, const block_context<C, T>& ctx, AdapterOf adapter_of) {
+    if (!opt_.recompute) return acts_[l];
+    std::swap(work_.x, acts_[l].x);
+    if (work_layer_ != l) {
+      block_forward(p.layers[l], work_, scratch_.dxn, ctx, kv_in_batch<C, T>{opt_.seq}, pool_.get(), adapter_of(l));
+      work_layer_ = l;
+    }
+    return work_;
+  }
+  void unsave(std::size_t l) {
+    if (opt_.recompute) std::swap(work_.x, acts_[l].x);
+  }
+
+  // dloss · d(loss)/d(logits) into dlogits_, and dxf_ zeroed for the output product's backward.
+  void logits_backward(T dloss) {
     if (!forwarded_) throw error("training::backward: call forward() first; backward uses its saved activations");
     thread_pool* pool = pool_.get();
     dlogits_.resize(n_);
     dlogits_.zero();
-    cross_entropy_backward(logits_, std::span<const std::int32_t>(targets_), std::span<const T>(lse_), T(1), dlogits_,
+    cross_entropy_backward(logits_, std::span<const std::int32_t>(targets_), std::span<const T>(lse_), dloss, dlogits_,
                            pool);
     dxf_.resize(n_);
     dxf_.zero();
@@ -259,7 +337,9 @@ class training {
   training_options opt_;
   std::size_t n_;
   std::unique_ptr<thread_pool> pool_;
-  std::array<block_activations<C, T>, C::layers> acts_;  // per layer: its input and what its backward needs
+  std::array<block_activations<C, T>, C::layers> acts_;  // per layer: its input and what its backward needs (recompute: its input)
+  block_activations<C, T> work_;  // recompute: one layer's set at a time (its x is a layer's, swapped in)
+  std::size_t work_layer_ = C::layers;  // the layer whose set work_ holds (C::layers: none)
   rows<D, T> x_out_;      // [n, D] output of the last block
   rows<D, T> xf_;         // [n, D] output_norm(x_out)
   rows<V, T> logits_;     // [n, V]

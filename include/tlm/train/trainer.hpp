@@ -76,7 +76,9 @@ namespace tlm {
 struct trainer_options {
   std::size_t steps = 0;   // optimizer steps in total, counting a resumed run's; or:
   std::size_t epochs = 0;  // passes over the training windows (exactly one of the two)
-  std::size_t batch = 4;   // windows per step, over all processes
+  std::size_t batch = 4;   // windows per micro-batch, over all processes
+  std::size_t accumulate = 1;  // micro-batches per step: a step's batch is accumulate * batch windows
+  bool recompute = false;      // keep only each block's input in the forward (training_options::recompute)
   std::size_t seq = 128;   // tokens per window
   double lr = 3e-4;        // peak learning rate
   double min_lr = 0;       // learning rate at the end of the cosine decay
@@ -137,7 +139,7 @@ struct data_parallel {
 // What one step did.
 struct step_report {
   std::size_t step = 0, total = 0;  // after this step, of the run's total
-  double loss = 0;                  // mean over the global batch's counted targets
+  double loss = 0;                  // mean over the global batch's counted targets (all its micro-batches')
   double held_out = NAN;            // measured at this step (the eval cadence), else NaN
   double last_held_out = NAN;       // the latest measured in this run
   double lr = 0, grad_norm = 0;     // grad_norm: before clipping
@@ -246,6 +248,7 @@ class trainer {
       if (o_.config.starts_with("tlm::")) o_.config.erase(0, 5);
     }
     if ((o_.steps == 0) == (o_.epochs == 0)) throw error("give exactly one of --steps N and --epochs E");
+    if (o_.accumulate == 0) throw error("--accumulate 0: a step needs at least one micro-batch; give 1 or more");
     const data_parallel& grp = hooks_.group;
     if (grp.ranks == 0 || grp.rank >= grp.ranks || (grp.ranks > 1 && (!grp.sum || !grp.sum_floats)))
       throw error(fmt::format("data_parallel: rank {} of {} ranks; more than one rank needs `sum` and `sum_floats`", grp.rank, grp.ranks));
@@ -258,7 +261,8 @@ class trainer {
 
     data_ = data.load();
     const std::size_t n_train = data_.train.size();
-    const std::size_t steps_per_epoch = (n_train + o_.batch - 1) / o_.batch;
+    const std::size_t per_step = o_.batch * o_.accumulate;  // windows one step consumes
+    const std::size_t steps_per_epoch = (n_train + per_step - 1) / per_step;
     total_ = o_.steps ? o_.steps : o_.epochs * steps_per_epoch;
 
     const adamw_options ao{.lr = o_.lr, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = o_.weight_decay, .clip = o_.clip,
@@ -266,7 +270,7 @@ class trainer {
     p_ = std::make_unique<weights>();
     g_ = std::make_unique<weights>();
     opt_ = std::make_unique<adamw<weights>>(ao);
-    st_ = {.step = 0, .seed = o_.seed, .data_position = 0, .rng_state = 0, .batch = o_.batch, .seq = o_.seq, .threads = o_.threads,
+    st_ = {.step = 0, .seed = o_.seed, .data_position = 0, .rng_state = 0, .batch = o_.batch, .accumulate = o_.accumulate, .seq = o_.seq, .threads = o_.threads,
            .options = ao, .config = o_.config, .data = data.name, .chat = data.chat,
            .kernels = std::string(kernels::kernel_level_name()), .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {}};
     if constexpr (is_lora) {
@@ -290,10 +294,10 @@ class trainer {
     if (st_.step > total_)
       throw error(fmt::format("the checkpoint is at step {}, and --steps/--epochs ask for {} in total; ask for more steps", st_.step, total_));
 
-    run_ = std::make_unique<training<C, float>>(training_options{.batch = local_, .seq = o_.seq, .threads = o_.threads});
+    run_ = std::make_unique<training<C, float>>(training_options{.batch = local_, .seq = o_.seq, .threads = o_.threads, .recompute = o_.recompute});
     order_ = std::make_unique<window_order>(n_train, o_.seed);
-    x_.resize(local_ * o_.seq);
-    y_.resize(local_ * o_.seq);
+    x_.resize(o_.accumulate * local_ * o_.seq);
+    y_.resize(o_.accumulate * local_ * o_.seq);
   }
 
   // True once the run reached its total or the stop flag was seen.
@@ -308,11 +312,12 @@ class trainer {
     const auto t0 = std::chrono::steady_clock::now();
     if (this_run_ == 0) t_start_ = t0;
     const data_parallel& grp = hooks_.group;
-    fill(data_.train, [&](std::size_t b) { return order_->at(st_.data_position + grp.rank * local_ + b); });
-    double loss = forward();
+    // Micro-batch k takes windows [k * batch, (k + 1) * batch) of the step's, and each
+    // rank its share of those: the step sees the windows one batch of accumulate * batch
+    // would, in the same order.
+    fill(data_.train, [&](std::size_t k, std::size_t b) { return order_->at(st_.data_position + k * o_.batch + grp.rank * local_ + b); });
     zero(*g_);
-    if constexpr (is_lora) run_->backward(*base_, *p_, *g_);
-    else run_->backward(*p_, *g_);
+    double loss = forward_backward(true);
     if (grp.ranks > 1) {
       const double counted = static_cast<double>(std::count_if(y_.begin(), y_.end(), [](std::int32_t t) { return t != ignore_target; }));
       double totals[2] = {loss * counted, counted};  // summed loss and count over the ranks
@@ -322,10 +327,10 @@ class trainer {
     }
     const adamw_report rep = opt_->step(*p_, *g_);
     st_.step = opt_->steps();
-    st_.data_position += o_.batch;
+    st_.data_position += o_.batch * o_.accumulate;
     ++this_run_;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    loss_log_row r{st_.step, loss, NAN, rep.lr, rep.grad_norm, static_cast<double>(o_.batch * o_.seq) / secs};
+    loss_log_row r{st_.step, loss, NAN, rep.lr, rep.grad_norm, static_cast<double>(o_.batch * o_.accumulate * o_.seq) / secs};
     if (grp.lead() && ((o_.eval_every && st_.step % o_.eval_every == 0) || st_.step == total_)) r.held_out = last_held_ = held_out_loss();
     rows_.push_back(r);
     const bool asked = (hooks_.stop && hooks_.stop->load()) || (o_.stop_after && this_run_ >= o_.stop_after);
@@ -376,15 +381,17 @@ class trainer {
   }
 
   // The mean of batch losses over the held-out windows (cycled to fill the last batch);
-  // NaN without held-out windows.
+  // NaN without held-out windows. A batch is a step's (accumulate micro-batches), so the
+  // figure is the one a run with one batch of accumulate * batch windows reports.
   double held_out_loss() {
     const std::size_t n = data_.held_out.size();
     if (n == 0) return NAN;
     double sum = 0;
     std::size_t batches = 0;
-    for (std::size_t s = 0; s < n; s += local_, ++batches) {
-      fill(data_.held_out, [&](std::size_t b) { return (s + b) % n; });
-      sum += forward();
+    const std::size_t per_batch = local_ * o_.accumulate;
+    for (std::size_t s = 0; s < n; s += per_batch, ++batches) {
+      fill(data_.held_out, [&](std::size_t k, std::size_t b) { return (s + k * local_ + b) % n; });
+      sum += forward_backward(false);
     }
     return sum / static_cast<double>(batches);
   }
@@ -402,9 +409,48 @@ class trainer {
   weights& parameters() { return *p_; }
 
  private:
-  double forward() {
-    if constexpr (is_lora) return run_->forward(*base_, *p_, x_, y_);
-    else return run_->forward(*p_, x_, y_);
+  // Micro-batch k's forward: its windows are x_, y_'s k-th slice of local_ * seq tokens.
+  double forward(std::size_t k) {
+    const std::size_t len = local_ * o_.seq;
+    const std::span<const std::int32_t> x(x_.data() + k * len, len), y(y_.data() + k * len, len);
+    if constexpr (is_lora) return run_->forward(*base_, *p_, x, y);
+    else return run_->forward(*p_, x, y);
+  }
+
+  // The mean loss over the counted targets of the filled micro-batches, and with
+  // `backward` its gradient added into g_. Micro-batch k's mean loss and gradient are
+  // weighed by its share of the counted targets, c_k / sum c, so the sums are the mean
+  // over all of them, as one batch of all the windows computes it (up to rounding: the
+  // gradient's sums run in another order). One micro-batch takes the plain path, so
+  // --accumulate 1 computes exactly what the trainer computed before it existed.
+  double forward_backward(bool backward) {
+    const std::size_t n = o_.accumulate, len = local_ * o_.seq;
+    if (n == 1) {
+      const double loss = forward(0);
+      if (backward) {
+        if constexpr (is_lora) run_->backward(*base_, *p_, *g_);
+        else run_->backward(*p_, *g_);
+      }
+      return loss;
+    }
+    std::vector<std::size_t>& counted = counted_;  // [accumulate] counted targets of each micro-batch
+    counted.assign(n, 0);
+    std::size_t total = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+      counted[k] = static_cast<std::size_t>(std::count_if(y_.begin() + static_cast<std::ptrdiff_t>(k * len), y_.begin() + static_cast<std::ptrdiff_t>((k + 1) * len),
+                                                          [](std::int32_t t) { return t != ignore_target; }));
+      total += counted[k];
+    }
+    double loss = 0;
+    for (std::size_t k = 0; k < n; ++k) {
+      const double share = total ? static_cast<double>(counted[k]) / static_cast<double>(total) : 0.0;
+      loss += forward(k) * share;
+      if (backward && counted[k]) {
+        if constexpr (is_lora) run_->backward(*base_, *p_, *g_, static_cast<float>(share));
+        else run_->backward(*p_, *g_, static_cast<float>(share));
+      }
+    }
+    return loss;
   }
 
   void barrier() const {
@@ -445,6 +491,7 @@ class trainer {
     load_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     differs("config", saved.config, o_.config);
     differs("--batch", std::to_string(saved.batch), std::to_string(o_.batch));
+    differs("--accumulate", std::to_string(saved.accumulate), std::to_string(o_.accumulate));
     differs("--seq", std::to_string(saved.seq), std::to_string(o_.seq));
     differs("--seed", std::to_string(saved.seed), std::to_string(o_.seed));
     differs("--data", saved.data, data.name);
@@ -472,15 +519,16 @@ class trainer {
     rows_ = read_loss_log(o_.out / "loss.csv", st_.step);
   }
 
-  // Copies the windows window_of(b), b < local, of `ws` into the batch.
+  // Copies the windows window_of(k, b), b < local, of `ws` into micro-batch k < accumulate.
   template <class F>
   void fill(const window_set& ws, F window_of) {
     const std::size_t T = o_.seq;
-    for (std::size_t b = 0; b < local_; ++b) {
-      const std::size_t w = window_of(b);
-      std::copy_n(ws.inputs.begin() + static_cast<std::ptrdiff_t>(w * T), T, x_.begin() + static_cast<std::ptrdiff_t>(b * T));
-      std::copy_n(ws.targets.begin() + static_cast<std::ptrdiff_t>(w * T), T, y_.begin() + static_cast<std::ptrdiff_t>(b * T));
-    }
+    for (std::size_t k = 0; k < o_.accumulate; ++k)
+      for (std::size_t b = 0; b < local_; ++b) {
+        const std::size_t w = window_of(k, b), at = (k * local_ + b) * T;
+        std::copy_n(ws.inputs.begin() + static_cast<std::ptrdiff_t>(w * T), T, x_.begin() + static_cast<std::ptrdiff_t>(at));
+        std::copy_n(ws.targets.begin() + static_cast<std::ptrdiff_t>(w * T), T, y_.begin() + static_cast<std::ptrdiff_t>(at));
+      }
   }
 
   // Averages the ranks' gradients with one all-reduce per bucket of 4M floats (16 MB)
@@ -557,7 +605,8 @@ class trainer {
   train_state st_;
   std::unique_ptr<training<C, float>> run_;
   std::unique_ptr<window_order> order_;
-  std::vector<std::int32_t> x_, y_;  // [B / ranks, T] each
+  std::vector<std::int32_t> x_, y_;  // [accumulate, B / ranks, T] each
+  std::vector<std::size_t> counted_;  // [accumulate] counted targets per micro-batch (sized once, reused)
   std::vector<float> bucket_;        // [4M] the all-reduce's, with more than one rank
   std::vector<loss_log_row> rows_;
   std::size_t this_run_ = 0;

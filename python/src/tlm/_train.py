@@ -18,10 +18,10 @@ from ._tlm import Error
 
 # Every option of examples/train, as keyword arguments: value options take their value
 # (a string or a number), the switches take True. Names use '_' where the flag has '-'.
-_VALUE_OPTIONS = ("model", "config", "data", "steps", "epochs", "batch", "seq", "lr", "min_lr", "warmup", "clip",
+_VALUE_OPTIONS = ("model", "config", "data", "steps", "epochs", "batch", "accumulate", "seq", "lr", "min_lr", "warmup", "clip",
                   "weight_decay", "held_out", "eval_every", "save_every", "out", "out_type", "threads", "seed",
                   "stop_after", "keep_checkpoints")
-_SWITCHES = ("chat", "resume", "overwrite")
+_SWITCHES = ("chat", "resume", "overwrite", "recompute")
 
 
 def train_executable() -> Path:

@@ -28,6 +28,9 @@
 
 #include "train_common.hpp"
 
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_train_accum {
+
 namespace {
 
 using C = tlm::tiny_train;
@@ -335,3 +338,5 @@ TEST_CASE("recompute: the activations kept, counted from the buffers, and the fi
   CHECK(S::kept_activation_bytes(rows, false) == 259'799'040);
   CHECK(S::kept_activation_bytes(rows, true) == 25'764'864);
 }
+
+}  // namespace test_train_accum

@@ -6,6 +6,11 @@
 # was wrong on stderr (STDERR), and print nothing on stdout (STDOUT_EMPTY); a
 # success must exit 0 with its output on stdout.
 string(REPLACE "|" ";" command "${COMMAND}")
+foreach(stream STDOUT STDERR)
+  if(DEFINED ${stream})
+    string(REPLACE "@SEMICOLON@" ";" ${stream} "${${stream}}")
+  endif()
+endforeach()
 execute_process(COMMAND ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 set(shown "exit status: ${rc}\n--- stdout:\n${out}\n--- stderr:\n${err}")
 set(problems "")

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -196,6 +197,29 @@ TEST_CASE("lora: tensor names are llama.cpp's, untargeted matrices have no membe
                                         "blk.1.ffn_gate.weight.lora_a", "blk.1.ffn_gate.weight.lora_b",
                                         "blk.1.ffn_down.weight.lora_a", "blk.1.ffn_down.weight.lora_b"});
   static_assert(std::same_as<decltype(g->layers[0].ffn_down_lora_a), tlm::mat<2, tlm::tiny_untied::ffn, tlm::owned<float>>>);
+}
+
+TEST_CASE("lora: a_of and b_of give each target the factors the walk names for it") {
+  using A = tlm::lora<tlm::tiny_gqa, 3, tlm::all_layer_matrices>;
+  using L = A::layer_type;
+  auto ad = std::make_unique<A>();
+  std::map<const void*, std::string> walked;  // address -> file name
+  tlm::for_each_tensor([&](const tlm::tensor_name& name, const auto& t) { walked[&t] = name.str(); }, *ad);
+  std::size_t checked = 0;
+  auto check = [&]<lora_target t>() {
+    const std::string stem = "blk.1." + std::string(tlm::lora_targets_table[tlm::lora_target_index(t)].tensor) + ".weight.lora_";
+    CHECK(walked[&L::template a_of<t>(ad->layers[1])] == stem + "a");
+    CHECK(walked[&L::template b_of<t>(ad->layers[1])] == stem + "b");
+    ++checked;
+  };
+  check.template operator()<lora_target::q>();
+  check.template operator()<lora_target::k>();
+  check.template operator()<lora_target::v>();
+  check.template operator()<lora_target::o>();
+  check.template operator()<lora_target::gate>();
+  check.template operator()<lora_target::up>();
+  check.template operator()<lora_target::down>();
+  CHECK(checked == 7);
 }
 
 TEST_CASE("lora: initialisation as PEFT's (B = 0, A uniform within 1/sqrt(in)), fixed by the seed") {

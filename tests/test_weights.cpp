@@ -3,6 +3,8 @@
 
 #include <tlm/weights.hpp>
 
+#include <algorithm>
+#include <array>
 #include <set>
 #include <string>
 #include <vector>
@@ -30,6 +32,36 @@ TEST_CASE("the walk names every tensor as the GGUF file does, in order") {
   CHECK(names[270] == "blk.29.ffn_down.weight");
   CHECK(names.back() == "output_norm.weight");
   CHECK(std::set<std::string>(names.begin(), names.end()).size() == names.size());
+}
+
+TEST_CASE("lora_targets_table: each target's tensor is the member matrix<T> returns, in walk order") {
+  tlm::model_weights<C> w;
+  // The walk's name of each tensor of layer 0, by address.
+  std::vector<std::pair<const void*, std::string>> layer0;
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name& n, const auto& t) {
+        if (n.str().starts_with("blk.0.")) layer0.emplace_back(static_cast<const void*>(&t), std::string(n.member));
+      },
+      w);
+  using L = tlm::layer_weights<C>;
+  const std::array<const void*, 7> by_target{&L::matrix<tlm::lora_target::q>(w.layers[0]),
+                                             &L::matrix<tlm::lora_target::k>(w.layers[0]),
+                                             &L::matrix<tlm::lora_target::v>(w.layers[0]),
+                                             &L::matrix<tlm::lora_target::o>(w.layers[0]),
+                                             &L::matrix<tlm::lora_target::gate>(w.layers[0]),
+                                             &L::matrix<tlm::lora_target::up>(w.layers[0]),
+                                             &L::matrix<tlm::lora_target::down>(w.layers[0])};
+  std::size_t previous = 0;
+  for (std::size_t i = 0; i < tlm::lora_targets_table.size(); ++i) {
+    const auto& e = tlm::lora_targets_table[i];
+    CHECK(static_cast<unsigned>(e.target) == 1u << i);
+    const auto it = std::find_if(layer0.begin(), layer0.end(), [&](const auto& p) { return p.first == by_target[i]; });
+    REQUIRE(it != layer0.end());
+    CHECK(it->second == e.tensor);
+    const auto at = static_cast<std::size_t>(it - layer0.begin());
+    if (i > 0) CHECK(at > previous);
+    previous = at;
+  }
 }
 
 TEST_CASE("an untied model has an output matrix, visited last") {

@@ -43,18 +43,7 @@
 
 namespace tlm {
 
-// The seven targets in one order: index i of a lora_layer_factors.
-inline constexpr std::array<lora_target, 7> lora_target_order{lora_target::q,    lora_target::k,  lora_target::v,
-                                                              lora_target::o,    lora_target::gate, lora_target::up,
-                                                              lora_target::down};
-inline constexpr std::array<std::string_view, 7> lora_target_tensor{"attn_q",   "attn_k", "attn_v",  "attn_output",
-                                                                    "ffn_gate", "ffn_up", "ffn_down"};
-
-constexpr std::size_t lora_target_index(lora_target t) {
-  for (std::size_t i = 0; i < lora_target_order.size(); ++i)
-    if (lora_target_order[i] == t) return i;
-  return lora_target_order.size();
-}
+// Index i of a lora_layer_factors is entry i of lora_targets_table (weights.hpp).
 
 // [out, in] of target i's base matrix in config C.
 template <LlamaConfig C>
@@ -131,7 +120,7 @@ struct lora_adapter {
           layer = std::stoul(n.substr(4, dot - 4));
           const std::string rest = n.substr(dot + 1);
           for (std::size_t i = 0; i < 7; ++i) {
-            const std::string base = std::string(lora_target_tensor[i]) + ".weight.lora_";
+            const std::string base = std::string(lora_targets_table[i].tensor) + ".weight.lora_";
             if (rest == base + "a" || rest == base + "b") {
               target = i;
               is_a = rest.back() == 'a';
@@ -179,7 +168,7 @@ struct lora_adapter {
       for (std::size_t i = 0; i < 7; ++i) {
         lora_factors& m = layers[l][i];
         if (m.a.empty() != m.b.empty()) {
-          throw fail("tensor 'blk." + std::to_string(l) + "." + std::string(lora_target_tensor[i]) + ".weight.lora_" +
+          throw fail("tensor 'blk." + std::to_string(l) + "." + std::string(lora_targets_table[i].tensor) + ".weight.lora_" +
                      (m.a.empty() ? "a" : "b") + "' is missing; its partner is present");
         }
         if (m.a.empty()) continue;

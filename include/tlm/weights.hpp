@@ -63,6 +63,29 @@ constexpr bool lora_targets_contain(lora_target of, lora_target set) {
 inline constexpr lora_target all_layer_matrices = lora_target::q | lora_target::k | lora_target::v | lora_target::o |
                                                  lora_target::gate | lora_target::up | lora_target::down;
 
+// The targets in walk order, each with its name as --lora-targets takes it and its
+// matrix's GGUF stem (the member of layer_weights that matrix<T> returns; test_weights
+// checks that the two agree). The one table of target names.
+struct lora_target_entry {
+  lora_target target;
+  std::string_view name;    // "q"
+  std::string_view tensor;  // "attn_q": blk.N.attn_q.weight
+};
+inline constexpr std::array<lora_target_entry, 7> lora_targets_table{{{lora_target::q, "q", "attn_q"},
+                                                                       {lora_target::k, "k", "attn_k"},
+                                                                       {lora_target::v, "v", "attn_v"},
+                                                                       {lora_target::o, "o", "attn_output"},
+                                                                       {lora_target::gate, "gate", "ffn_gate"},
+                                                                       {lora_target::up, "up", "ffn_up"},
+                                                                       {lora_target::down, "down", "ffn_down"}}};
+
+// A target's entry in lora_targets_table (the table's size for none or a set of several).
+constexpr std::size_t lora_target_index(lora_target t) {
+  for (std::size_t i = 0; i < lora_targets_table.size(); ++i)
+    if (lora_targets_table[i].target == t) return i;
+  return lora_targets_table.size();
+}
+
 // Member names are the GGUF tensor names, so a tensor's file name is derived from
 // its member and never written down twice.
 template <LlamaConfig C, Storage S = mapped>

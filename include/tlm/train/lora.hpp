@@ -55,16 +55,11 @@ namespace tlm {
 // PEFT's and torchtune's usual choice.
 inline constexpr lora_target lora_default_targets = lora_target::q | lora_target::k | lora_target::v | lora_target::o;
 
-// The targets' names as examples/train's --lora-targets takes them, in walk order.
-inline constexpr std::array<std::pair<std::string_view, lora_target>, 7> lora_target_names = {{
-    {"q", lora_target::q}, {"k", lora_target::k}, {"v", lora_target::v}, {"o", lora_target::o},
-    {"gate", lora_target::gate}, {"up", lora_target::up}, {"down", lora_target::down}}};
-
 // "q,k,v,o": the names of a set of targets, comma-separated, in walk order.
 inline std::string lora_targets_text(lora_target set) {
   std::string s;
-  for (const auto& [name, t] : lora_target_names)
-    if (lora_targets_contain(set, t)) s += (s.empty() ? "" : ",") + std::string(name);
+  for (const auto& e : lora_targets_table)
+    if (lora_targets_contain(set, e.target)) s += (s.empty() ? "" : ",") + std::string(e.name);
   return s.empty() ? "none" : s;
 }
 
@@ -75,15 +70,15 @@ inline lora_target parse_lora_targets(std::string_view text) {
   std::string_view rest = text;
   const auto known = [] {
     std::string k;
-    for (const auto& [name, t] : lora_target_names) k += (k.empty() ? "" : ", ") + std::string(name);
+    for (const auto& e : lora_targets_table) k += (k.empty() ? "" : ", ") + std::string(e.name);
     return k;
   };
   while (true) {
     const std::size_t comma = rest.find(',');
     const std::string_view part = rest.substr(0, comma);
     unsigned bit = 0;
-    for (const auto& [name, t] : lora_target_names)
-      if (name == part) bit = static_cast<unsigned>(t);
+    for (const auto& e : lora_targets_table)
+      if (e.name == part) bit = static_cast<unsigned>(e.target);
     if (bit == 0)
       throw error("--lora-targets " + std::string(text) + ": '" + std::string(part) + "' is not a layer matrix; the names are " + known());
     if (set & bit) throw error("--lora-targets " + std::string(text) + ": '" + std::string(part) + "' is named twice");
@@ -138,28 +133,18 @@ struct lora_layer {
   template <lora_target t>
   static constexpr bool targets = lora_targets_contain(Targets, t);
 
-  // The factors of target t, the one place a target maps to its members.
+  // The factors of target t: members 2i and 2i + 1 for entry i of lora_targets_table,
+  // the order the struct above declares them in (test_train_lora checks each against
+  // the walk's name).
   template <lora_target t, class Self>
     requires targets<t>
   static auto& a_of(Self& l) {
-    if constexpr (t == lora_target::q) return l.attn_q_lora_a;
-    else if constexpr (t == lora_target::k) return l.attn_k_lora_a;
-    else if constexpr (t == lora_target::v) return l.attn_v_lora_a;
-    else if constexpr (t == lora_target::o) return l.attn_output_lora_a;
-    else if constexpr (t == lora_target::gate) return l.ffn_gate_lora_a;
-    else if constexpr (t == lora_target::up) return l.ffn_up_lora_a;
-    else return l.ffn_down_lora_a;
+    return boost::hana::second(boost::hana::at_c<2 * lora_target_index(t)>(boost::hana::accessors<lora_layer>()))(l);
   }
   template <lora_target t, class Self>
     requires targets<t>
   static auto& b_of(Self& l) {
-    if constexpr (t == lora_target::q) return l.attn_q_lora_b;
-    else if constexpr (t == lora_target::k) return l.attn_k_lora_b;
-    else if constexpr (t == lora_target::v) return l.attn_v_lora_b;
-    else if constexpr (t == lora_target::o) return l.attn_output_lora_b;
-    else if constexpr (t == lora_target::gate) return l.ffn_gate_lora_b;
-    else if constexpr (t == lora_target::up) return l.ffn_up_lora_b;
-    else return l.ffn_down_lora_b;
+    return boost::hana::second(boost::hana::at_c<2 * lora_target_index(t) + 1>(boost::hana::accessors<lora_layer>()))(l);
   }
 };
 

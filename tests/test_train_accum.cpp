@@ -37,28 +37,9 @@ using C = tlm::tiny_train;
 using adapter4 = tlm::lora<C, 4>;  // q, k, v, o
 namespace fs = std::filesystem;
 
-fs::path fresh_dir(const std::string& name) {
-  const auto dir = fs::path(TLM_BINARY_DIR) / "test_train_accum" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path fresh_dir(const std::string& name) { return tlm_test::fresh_dir("test_train_accum", name); }
 
-// A small corpus with structure to learn, in a file, so the windows come from the same
-// loader as examples/train's.
-std::string corpus() {
-  static const std::string path = [] {
-    const auto dir = fs::path(TLM_BINARY_DIR) / "test_train_accum";
-    fs::create_directories(dir);
-    const auto p = dir / "corpus.txt";
-    std::ofstream out(p);
-    for (int i = 0; i < 200; ++i) out << "the cat sat on mat " << i % 7 << ".\n";
-    return p.string();
-  }();
-  return path;
-}
-
-tlm::data_source data() { return tlm::data_source::from_text(corpus(), tlm::byte_tokens, 16, 0.1); }
+tlm::data_source data() { return tlm::data_source::from_text(tlm_test::cat_corpus("test_train_accum"), tlm::byte_tokens, 16, 0.1); }
 
 tlm::trainer_options options(const fs::path& out, std::size_t batch, std::size_t accumulate) {
   return {.steps = 4, .batch = batch, .accumulate = accumulate, .seq = 16, .lr = 3e-3, .warmup = 1, .eval_every = 2, .save_every = 2,

@@ -26,12 +26,7 @@ namespace {
 using C = tlm::tiny_train;
 using W = tlm::trainable<C, float>;
 
-std::filesystem::path fresh_dir(const std::string& name) {
-  const auto dir = std::filesystem::path(TLM_BINARY_DIR) / "test_train_checkpoint" / name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
+std::filesystem::path fresh_dir(const std::string& name) { return tlm_test::fresh_dir("test_train_checkpoint", name); }
 
 // Weights and moments after two real AdamW steps, so m and v are not zero.
 struct trained {

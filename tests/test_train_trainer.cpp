@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "train_common.hpp"
+
 // The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
 namespace test_train_trainer {
 
@@ -27,28 +29,9 @@ namespace {
 using C = tlm::tiny_train;
 namespace fs = std::filesystem;
 
-fs::path fresh_dir(const std::string& name) {
-  const auto dir = fs::path(TLM_BINARY_DIR) / "test_train_trainer" / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path fresh_dir(const std::string& name) { return tlm_test::fresh_dir("test_train_trainer", name); }
 
-// A small corpus with structure to learn (a repeated sentence with a counter), in a file,
-// so the windows come from the same loader as examples/train's.
-std::string corpus() {
-  static const std::string path = [] {
-    const auto dir = fs::path(TLM_BINARY_DIR) / "test_train_trainer";
-    fs::create_directories(dir);
-    const auto p = dir / "corpus.txt";
-    std::ofstream out(p);
-    for (int i = 0; i < 200; ++i) out << "the cat sat on mat " << i % 7 << ".\n";
-    return p.string();
-  }();
-  return path;
-}
-
-tlm::data_source data() { return tlm::data_source::from_text(corpus(), tlm::byte_tokens, 16, 0.1); }
+tlm::data_source data() { return tlm::data_source::from_text(tlm_test::cat_corpus("test_train_trainer"), tlm::byte_tokens, 16, 0.1); }
 
 tlm::trainer_options options(const fs::path& out) {
   return {.steps = 12, .batch = 4, .seq = 16, .lr = 3e-3, .warmup = 2, .eval_every = 4, .save_every = 4, .out = out, .threads = 1, .seed = 3};

@@ -9,6 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
 #include <memory>
 #include <random>
 #include <type_traits>
@@ -78,6 +82,29 @@ struct mapped_base {
         w, src);
   }
 };
+
+// BUILD/<test>/<name>, emptied: a trainer's --out for one case.
+inline std::filesystem::path fresh_dir(const std::string& test, const std::string& name) {
+  const auto dir = std::filesystem::path(TLM_BINARY_DIR) / test / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// A small corpus with structure to learn (a repeated sentence with a counter) in
+// BUILD/<test>/corpus.txt, so the windows come from the same loader as examples/train's.
+// Written once per program: a data_source may still map the file.
+inline std::string cat_corpus(const std::string& test) {
+  static std::set<std::string> written;
+  const auto dir = std::filesystem::path(TLM_BINARY_DIR) / test;
+  const auto path = dir / "corpus.txt";
+  if (written.insert(test).second) {
+    std::filesystem::create_directories(dir);
+    std::ofstream out(path);
+    for (int i = 0; i < 200; ++i) out << "the cat sat on mat " << i % 7 << ".\n";
+  }
+  return path.string();
+}
 
 // The entries of a tensor a finite-difference check perturbs: every one of a tensor of at
 // most `every_up_to` values, else `samples` drawn from rng (and, with `with_largest`, the

@@ -46,19 +46,7 @@ tlm::trainer_options options(const fs::path& out, std::size_t batch, std::size_t
           .out = out, .threads = 1, .seed = 3};
 }
 
-// A tiny_train base in Q4_1, written once: what a LoRA run adapts, mapped read-only.
-const tlm::gguf::file& q4_base() {
-  static const tlm::gguf::file f = [] {
-    const auto dir = fs::path(TLM_BINARY_DIR) / "test_train_accum";
-    fs::create_directories(dir);
-    const auto path = dir / "base-q4_1.gguf";
-    auto w = std::make_unique<tlm::trainable<C, float>>();
-    tlm::init_weights(*w, 11);
-    tlm::write_model<C>(path, *w, tlm::encoding::q4_1, nullptr, 0);
-    return tlm::gguf::file(path);
-  }();
-  return f;
-}
+const tlm::gguf::file& q4_base() { return tlm_test::tiny_train_q4_base("test_train_accum"); }
 
 // The worst difference of two structs of tensors, each tensor's measured against its
 // largest magnitude (elementwise ratios are meaningless for values that are zero up to

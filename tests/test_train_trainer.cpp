@@ -170,19 +170,7 @@ TEST_CASE("trainer: an earlier run is refused without resume or overwrite; a cha
 
 namespace {
 
-// A tiny_train base in Q4_1, written once: what a LoRA run adapts, mapped read-only.
-const tlm::gguf::file& q4_base() {
-  static const tlm::gguf::file f = [] {
-    const auto dir = fs::path(TLM_BINARY_DIR) / "test_train_trainer";
-    fs::create_directories(dir);
-    const auto path = dir / "base-q4_1.gguf";
-    auto w = std::make_unique<tlm::trainable<C, float>>();
-    tlm::init_weights(*w, 11);
-    tlm::write_model<C>(path, *w, tlm::encoding::q4_1, nullptr, 0);
-    return tlm::gguf::file(path);
-  }();
-  return f;
-}
+const tlm::gguf::file& q4_base() { return tlm_test::tiny_train_q4_base("test_train_trainer"); }
 
 using adapter4 = tlm::lora<C, 4>;  // q, k, v, o
 

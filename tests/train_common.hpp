@@ -3,6 +3,7 @@
 // batches, and central finite differences against a backward's gradients.
 #include <tlm/quant.hpp>
 #include <tlm/train/adamw.hpp>
+#include <tlm/train/checkpoint.hpp>
 #include <tlm/train/step.hpp>
 #include <tlm/train/weights.hpp>
 
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <memory>
@@ -104,6 +106,23 @@ inline std::string cat_corpus(const std::string& test) {
     for (int i = 0; i < 200; ++i) out << "the cat sat on mat " << i % 7 << ".\n";
   }
   return path.string();
+}
+
+// A tiny_train base in Q4_1 in BUILD/<test>/base-q4_1.gguf, written once per program:
+// what a LoRA run adapts, mapped read-only.
+inline const tlm::gguf::file& tiny_train_q4_base(const std::string& test) {
+  static std::map<std::string, std::unique_ptr<tlm::gguf::file>> files;
+  auto& f = files[test];
+  if (!f) {
+    const auto dir = std::filesystem::path(TLM_BINARY_DIR) / test;
+    std::filesystem::create_directories(dir);
+    const auto path = dir / "base-q4_1.gguf";
+    auto w = std::make_unique<tlm::trainable<tlm::tiny_train, float>>();
+    tlm::init_weights(*w, 11);
+    tlm::write_model<tlm::tiny_train>(path, *w, tlm::encoding::q4_1, nullptr, 0);
+    f = std::make_unique<tlm::gguf::file>(path);
+  }
+  return *f;
 }
 
 // The entries of a tensor a finite-difference check perturbs: every one of a tensor of at

@@ -30,12 +30,33 @@
 
    must write layer.y, grad.x and grad.blk.0.<name>.weight; each within 1e-5 relative.
 
+3. lora: a rank-4 LoRA adapter on all seven matrices of every layer, over a frozen base
+   that tlm quantizes and maps as a LoRA run does, for four tiny configs that cover the
+   traits between them (LORA_CASES: tied and untied, GQA groups 2 and 4, q/k/v biases
+   with the half-split RoPE of qwen2 files, Llama 3 frequency scaling; F32, F16, Q8_0
+   and Q4_1 bases). This script draws the base (F32), the adapter (written as
+   llama.cpp's adapter GGUF: general.type adapter, adapter.lora.alpha, tensors
+   blk.N.<matrix>.weight.lora_a [r, in] / .lora_b [out, r]) and one batch; then
+
+       BUILD/tests/train_probe lora IN.gguf OUT.gguf ADAPTER.gguf --encoding ENC [--precision double]
+
+   writes train.loss, train.losses, grad.<adapter tensor>, step10.<adapter tensor> and
+   base.<name> in ENC. PyTorch float64 runs the same LoRA (written here and in
+   torch_model.py, not from tlm's code) over the base as gguf.quants.dequantize reads
+   OUT's base.* tensors, with gradients for A and B only, and the same 10 AdamW steps
+   on the adapter. Limits: in double 1e-6 for everything (the issue asks 1e-5; the
+   results are written as F32, so 6e-8 is what agreement looks like); in float, 1e-4 for
+   the loss and the gradients and --step-tol-float for the steps: PyTorch's own float32
+   run is up to 4.2e-5 from its float64 run on these cases (tiny_qwen2's q gradients),
+   and the tables show that yardstick beside tlm's float.
+
 Exits non-zero, naming the tensor, on any failure; a missing probe, model or package is a
 failure, never a skip.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shutil
 import subprocess
@@ -304,11 +325,179 @@ def check_layer(probe: Path, model: Path, work: Path, precisions: list[str]) -> 
     return fails
 
 
+# --------------------------------------------------------------------------
+# Part 3: LoRA over a frozen, quantized base.
+
+# (config, base encoding, seed): between them every trait of the block.
+LORA_CASES = [("tiny_gqa", "f32", 11), ("tiny_untied", "q4_1", 12), ("tiny_qwen2", "q8_0", 13),
+              ("tiny_traits", "f16", 14)]
+LORA_RANK, LORA_ALPHA = 4, 8.0   # scale alpha / rank = 2, so that the scale is exercised
+LORA_TOL_DOUBLE, LORA_TOL_FLOAT = 1e-6, 1e-4
+
+
+def lora_shapes(cfg: tm.Config) -> dict[str, tuple[int, int]]:
+    """Adapter tensors by llama.cpp's names, in layer order: A [r, in] then B [out, r]."""
+    out = {}
+    for l in range(cfg.layers):
+        for short, shape in tm.layer_shapes(cfg).items():
+            if len(shape) == 2:
+                rows, cols = shape
+                out[f"blk.{l}.{short}.weight.lora_a"] = (LORA_RANK, cols)
+                out[f"blk.{l}.{short}.weight.lora_b"] = (rows, LORA_RANK)
+    return out
+
+
+def make_lora_case(cfg: tm.Config, seed: int) -> tuple[dict, dict, np.ndarray, np.ndarray]:
+    """Base weights, adapter (B nonzero, so A's gradient is not zero) and one batch."""
+    base = tm.init_weights(cfg, seed)
+    rng = np.random.default_rng([seed, 2])
+    adapter = {n: (rng.standard_normal(shape) / math.sqrt(shape[1])).astype(np.float32)
+               for n, shape in lora_shapes(cfg).items()}
+    tokens, targets = mf.make_batch(cfg, seed)
+    return base, adapter, tokens, targets
+
+
+def write_lora_input(path: Path, cfg: tm.Config, base: dict, tokens: np.ndarray, targets: np.ndarray) -> None:
+    hp = mf.HPARAMS
+    w = gguf.GGUFWriter(str(path), "llama")
+    p = "tlm.fixture."
+    w.add_string(p + "config", cfg.name)
+    for key, val in (("batch", tokens.shape[0]), ("seq", tokens.shape[1]), ("warmup", hp.warmup), ("steps", hp.steps)):
+        w.add_uint32(p + key, int(val))
+    for key in ("lr", "beta1", "beta2", "eps", "weight_decay", "clip", "min_lr"):
+        w.add_float64(p + key, float(getattr(hp, key)))
+    for n, a in base.items():
+        w.add_tensor("base." + n, a)
+    w.add_tensor("train.tokens", tokens.astype(np.float32))
+    w.add_tensor("train.targets", targets.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_adapter(path: Path, cfg: tm.Config, adapter: dict) -> None:
+    """llama.cpp's LoRA adapter format, written with the gguf package (not tlm's writer)."""
+    w = gguf.GGUFWriter(str(path), "qwen2" if cfg.pairing == "half" else "llama")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", LORA_ALPHA)
+    for n, a in adapter.items():
+        w.add_tensor(n, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def read_base(path: Path) -> dict[str, np.ndarray]:
+    """The probe's base.* tensors in their encoding, dequantized by the gguf package."""
+    out = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if t.name.startswith("base."):
+            shape = tuple(int(d) for d in reversed(list(t.shape)))
+            a = gguf.quants.dequantize(t.data, t.tensor_type)
+            out[t.name[len("base."):]] = np.asarray(a, dtype=np.float64).reshape(shape)
+    return out
+
+
+def read_base_free(path: Path) -> dict[str, np.ndarray]:
+    """The probe's results: every F32 tensor but base.*, shaped [rows, cols]."""
+    out = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        if not t.name.startswith("base."):
+            if t.tensor_type != gguf.GGMLQuantizationType.F32:
+                raise CheckFailed(f"{path}: tensor '{t.name}' is {t.tensor_type.name}, expected F32")
+            out[t.name] = np.array(t.data, dtype=np.float32).reshape(tuple(int(d) for d in reversed(list(t.shape))))
+    return out
+
+
+def lora_reference(cfg: tm.Config, base: dict, adapter: dict, tokens: np.ndarray, targets: np.ndarray,
+                   dtype) -> dict[str, np.ndarray]:
+    """First loss and adapter gradients, then 10 AdamW steps on the adapter alone, in `dtype`."""
+    hp = mf.HPARAMS
+    params = {n: torch.tensor(a, dtype=dtype) for n, a in base.items()}          # frozen
+    ad = tm.make_params(adapter, dtype)
+    opt = tm.make_optimizer(ad, hp)
+    tok, tgt = torch.from_numpy(tokens), torch.from_numpy(targets)
+    scale = LORA_ALPHA / LORA_RANK
+    out, losses = {}, []
+    for t in range(1, hp.steps + 1):
+        opt.zero_grad(set_to_none=True)
+        loss = tm.loss_fn(params, cfg, tok, tgt, ad, scale)
+        loss.backward()
+        losses.append(float(loss.detach()))
+        if t == 1:
+            out["train.loss"] = np.array([losses[0]])
+            out.update({"grad." + n: p.grad.detach().numpy().copy() for n, p in ad.items()})
+        torch.nn.utils.clip_grad_norm_(list(ad.values()), hp.clip)
+        for g in opt.param_groups:
+            g["lr"] = tm.lr_at(t, hp)
+        opt.step()
+    out["train.losses"] = np.array(losses)
+    out.update({f"step{hp.steps}." + n: p.detach().numpy().copy() for n, p in ad.items()})
+    return out
+
+
+def check_lora(probe: Path, work: Path, precisions: list[str], step_tol_float: float) -> list[str]:
+    fails = []
+    torch.set_num_threads(1)
+    print("\nLoRA: rank 4 on all seven matrices, alpha 8, over a frozen base quantized and mapped by tlm ...",
+          flush=True)
+    for name, enc, seed in LORA_CASES:
+        cfg = tm.CONFIGS[name]
+        base, adapter, tokens, targets = make_lora_case(cfg, seed)
+        inp, ada = work / f"lora.{name}.in.gguf", work / f"lora.{name}.adapter.gguf"
+        write_lora_input(inp, cfg, base, tokens, targets)
+        write_adapter(ada, cfg, adapter)
+        label = f"lora {name} over {enc}"
+        outs = {}
+        for prec in precisions:
+            out = work / f"lora.{name}.{prec}.out.gguf"
+            cmd = [str(probe), "lora", str(inp), str(out), str(ada), "--encoding", enc] + (
+                ["--precision", "double"] if prec == "double" else [])
+            try:
+                dt = run_probe(cmd, f"{label} ({prec})")
+            except CheckFailed as e:
+                fails.append(str(e))
+                continue
+            outs[prec] = out
+            print(f"  {label} ({prec}): probe ran in {dt:.2f} s")
+        if not outs:
+            continue
+        # The base the products used, as the gguf package decodes the probe's bytes; it
+        # must be the drawn base up to the encoding's rounding, or the case tests nothing.
+        used = read_base(next(iter(outs.values())))
+        if sorted(used) != sorted(base):
+            fails.append(f"{label}: the probe's base.* tensors are not the config's weights")
+            continue
+        drift = max(rel_err(used[n], base[n]) for n in base)
+        limit = {"f32": 0.0, "f16": 1e-3, "q8_0": 1e-2, "q4_1": 0.2}[enc]
+        if not drift <= limit:
+            fails.append(f"{label}: the quantized base is {drift:.1e} from the drawn one (limit {limit:.0e})")
+        ref = lora_reference(cfg, used, adapter, tokens, targets, torch.float64)
+        f32 = lora_reference(cfg, used, adapter, tokens, targets, torch.float32)
+        columns = [("torch f32", {n: rel_err(np.asarray(f32[n]), np.asarray(ref[n])) for n in ref})]
+        for prec, out in outs.items():
+            ours = read_base_free(out)
+            tol = LORA_TOL_DOUBLE if prec == "double" else LORA_TOL_FLOAT
+            step_tol = LORA_TOL_DOUBLE if prec == "double" else step_tol_float
+            errs = {}
+            fails += compare(ours, ref, list(ref), lambda n: step_tol if n.startswith("step") else tol,
+                             f"{label} ({prec})", errs)
+            columns.append((f"tlm {prec}", errs))
+        print_table(f"{label} (base {drift:.1e} from F32): worst relative error vs PyTorch float64", columns,
+                    {"train": f"{LORA_TOL_DOUBLE:.0e} double, {LORA_TOL_FLOAT:.0e} float",
+                     "grad": f"{LORA_TOL_DOUBLE:.0e} double, {LORA_TOL_FLOAT:.0e} float",
+                     "step10": f"{LORA_TOL_DOUBLE:.0e} double, {step_tol_float:.0e} float"})
+    return fails
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", required=True, help="the CMake build directory")
     ap.add_argument("--model", default=str(REPO / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--part", choices=("all", "tiny", "layer"), default="all")
+    ap.add_argument("--part", choices=("all", "tiny", "layer", "lora"), default="all")
     ap.add_argument("--precision", choices=("both", "float", "double"), default="both")
     ap.add_argument("--probe", help="the probe binary (default BUILD/tests/train_probe)")
     ap.add_argument("--step-tol-float", type=float, default=2e-4,
@@ -333,6 +522,8 @@ def main(argv=None) -> int:
             fails += check_tiny(probe, work, precisions, args.step_tol_float)
         if args.part in ("all", "layer"):
             fails += check_layer(probe, Path(args.model), work, precisions)
+        if args.part in ("all", "lora"):
+            fails += check_lora(probe, work, precisions, args.step_tol_float)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -16,6 +16,12 @@ The conventions are tlm's and the GGUF file's:
   blockwise/flash computation), scale 1/sqrt(E).
 - SwiGLU MLP silu(gate)·up → ffn_down; residual adds around attention and MLP.
 - Final RMSNorm, logits = x Wᵀ with W = output.weight, or token_embd.weight when tied.
+- The traits of other families, as config fields: q/k/v biases (Qwen2: y = x Wᵀ + b);
+  RoPE on the two HALVES (x[i], x[i + E/2]) for `qwen2` files, which are not permuted;
+  Llama 3's per-pair frequency divisors, written here from Meta's published rule
+  (wavelength below original/high: 1; above original/low: factor; a blend between).
+- LoRA: a targeted matrix computes x Wᵀ + (alpha / r)·(x Aᵀ) Bᵀ with A [r, in], B [out, r]
+  (PEFT's and llama.cpp's convention), W frozen.
 - Loss: mean cross-entropy over the positions whose target is not −1.
 - AdamW: torch.optim.AdamW itself, weight decay on rank-2 tensors only, gradients
   clipped by global norm (torch.nn.utils.clip_grad_norm_) before every step, and the
@@ -49,6 +55,9 @@ class Config:
     rope_theta: float
     tied: bool
     context: int
+    bias: bool = False               # q/k/v biases (Qwen2)
+    pairing: str = "adjacent"        # "adjacent" (llama files) or "half" (qwen2 files)
+    llama3: tuple | None = None      # (factor, low_freq_factor, high_freq_factor, original_context)
 
     @property
     def heads(self) -> int:
@@ -73,7 +82,12 @@ CONFIGS = {c.name: c for c in [
     Config("tiny_untied",    1, 4, 16,   96, 2,   256, 1e-6, 10000.0,  False,  128),
     Config("tiny_train",     2, 2,  8,  256, 2,   512, 1e-5, 10000.0,  True,    64),
     Config("smollm2_135m",   3, 3, 32, 1536, 30, 49152, 1e-5, 100000.0, True,  8192),
+    Config("tiny_qwen2",     2, 2,  4,   64, 2,    96, 1e-6, 10000.0,  True,    64, bias=True, pairing="half"),
+    Config("tiny_traits",    2, 2,  4,   64, 2,    96, 1e-5, 10000.0,  False,   64, bias=True, pairing="half",
+           llama3=(8.0, 1.0, 4.0, 1024)),
 ]}
+
+BIASES = {"attn_q": "dim", "attn_k": "kv_dim", "attn_v": "kv_dim"}
 
 LAYER_TENSORS = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
@@ -95,10 +109,34 @@ def tensor_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     for l in range(cfg.layers):
         for short, shape in layer_shapes(cfg).items():
             shapes[f"blk.{l}.{short}.weight"] = shape
+        if cfg.bias:
+            for short, width in BIASES.items():
+                shapes[f"blk.{l}.{short}.bias"] = (getattr(cfg, width),)
     shapes["output_norm.weight"] = (cfg.dim,)
     if not cfg.tied:
         shapes["output.weight"] = (cfg.vocab, cfg.dim)
+    if cfg.llama3:
+        shapes["rope_freqs.weight"] = (cfg.half_head,)
     return shapes
+
+
+def llama3_divisors(cfg: Config) -> np.ndarray:
+    """[E/2] the divisor of each pair's frequency under Llama 3's scaling (1 without it)."""
+    E = cfg.head_dim
+    if not cfg.llama3:
+        return np.ones(E // 2)
+    factor, low, high, original = cfg.llama3
+    out = np.empty(E // 2)
+    for i in range(E // 2):
+        wavelength = 2 * math.pi * cfg.rope_theta ** (2.0 * i / E)
+        if wavelength < original / high:
+            out[i] = 1.0
+        elif wavelength > original / low:
+            out[i] = factor
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            out[i] = 1.0 / ((1.0 - smooth) / factor + smooth)
+    return out
 
 
 def init_weights(cfg: Config, seed: int, scheme: str = "unit") -> dict[str, np.ndarray]:
@@ -113,7 +151,12 @@ def init_weights(cfg: Config, seed: int, scheme: str = "unit") -> dict[str, np.n
     rng = np.random.default_rng(seed)
     out = {}
     for name, shape in tensor_shapes(cfg).items():
-        if len(shape) == 1:
+        if name == "rope_freqs.weight":   # a constant of the config, not drawn
+            out[name] = llama3_divisors(cfg).astype(np.float32)
+            continue
+        if name.endswith(".bias"):
+            a = 0.1 * rng.standard_normal(shape)
+        elif len(shape) == 1:
             a = 1.0 + 0.1 * rng.standard_normal(shape) if scheme == "unit" else np.ones(shape)
         elif scheme == "unit":
             std = 1.0 if (name == "token_embd.weight" and not cfg.tied) else 1.0 / math.sqrt(shape[1])
@@ -138,10 +181,13 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w.t()
 
 
-def rope_tables(T: int, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [T, head_dim/2] of the angles pos·theta^(−2i/head_dim), built in float64."""
+def rope_tables(T: int, head_dim: int, theta: float, dtype,
+                divisors: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, head_dim/2] of the angles pos·theta^(−2i/head_dim) / divisor[i], built in float64."""
     i = torch.arange(head_dim // 2, dtype=torch.float64)
     inv_freq = theta ** (-2.0 * i / head_dim)
+    if divisors is not None:
+        inv_freq = inv_freq / torch.tensor(divisors, dtype=torch.float64)
     ang = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]
     return torch.cos(ang).to(dtype), torch.sin(ang).to(dtype)
 
@@ -154,6 +200,15 @@ def rope_adjacent(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     c = cos[None, :, None, :]
     s = sin[None, :, None, :]
     return torch.stack((u * c - v * s, u * s + v * c), dim=-1).reshape(B, T, n, E)
+
+
+def rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, heads, E]: rotate each pair (x[i], x[i + E/2]) by the angle of (t, i)."""
+    E = x.shape[-1]
+    u, v = x[..., : E // 2], x[..., E // 2:]
+    c = cos[None, :, None, :]
+    s = sin[None, :, None, :]
+    return torch.cat((u * c - v * s, u * s + v * c), dim=-1)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
@@ -170,35 +225,63 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: i
 
 
 def block(x: torch.Tensor, w: dict[str, torch.Tensor], cfg: Config,
-          cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """One Llama block. x [B, T, D]; w holds the 9 layer tensors by short name."""
+          cos: torch.Tensor, sin: torch.Tensor, lora: dict | None = None) -> torch.Tensor:
+    """One Llama block. x [B, T, D]; w holds the 9 layer tensors by short name (and the
+    biases as "<short>.bias"); lora maps a short name to (A, B, scale) for the targeted ones."""
     B, T, _ = x.shape
     H, G, E = cfg.heads, cfg.kv_heads, cfg.head_dim
+    rope = rope_half if cfg.pairing == "half" else rope_adjacent
+
+    def proj(short: str, inp: torch.Tensor) -> torch.Tensor:
+        y = linear(inp, w[short])
+        if short + ".bias" in w:
+            y = y + w[short + ".bias"]
+        if lora and short in lora:
+            a, b, scale = lora[short]
+            y = y + scale * linear(linear(inp, a), b)
+        return y
+
     n = rmsnorm(x, w["attn_norm"], cfg.rms_eps)
-    q = rope_adjacent(linear(n, w["attn_q"]).reshape(B, T, H, E), cos, sin)
-    k = rope_adjacent(linear(n, w["attn_k"]).reshape(B, T, G, E), cos, sin)
-    v = linear(n, w["attn_v"]).reshape(B, T, G, E)
+    q = rope(proj("attn_q", n).reshape(B, T, H, E), cos, sin)
+    k = rope(proj("attn_k", n).reshape(B, T, G, E), cos, sin)
+    v = proj("attn_v", n).reshape(B, T, G, E)
     a = causal_attention(q, k, v, cfg.group).reshape(B, T, H * E)
-    x = x + linear(a, w["attn_output"])
+    x = x + proj("attn_output", a)
     n2 = rmsnorm(x, w["ffn_norm"], cfg.rms_eps)
-    gate = linear(n2, w["ffn_gate"])
-    up = linear(n2, w["ffn_up"])
+    gate = proj("ffn_gate", n2)
+    up = proj("ffn_up", n2)
     h = gate * torch.sigmoid(gate) * up
-    return x + linear(h, w["ffn_down"])
+    return x + proj("ffn_down", h)
 
 
 def layer_weights(params: dict[str, torch.Tensor], l: int) -> dict[str, torch.Tensor]:
-    return {short: params[f"blk.{l}.{short}.weight"] for short in LAYER_TENSORS}
+    w = {short: params[f"blk.{l}.{short}.weight"] for short in LAYER_TENSORS}
+    for short in BIASES:
+        if f"blk.{l}.{short}.bias" in params:
+            w[short + ".bias"] = params[f"blk.{l}.{short}.bias"]
+    return w
 
 
-def forward(params: dict[str, torch.Tensor], cfg: Config, tokens: torch.Tensor) -> torch.Tensor:
-    """tokens [B, T] (int64) -> logits [B, T, V]."""
+def layer_lora(adapter: dict[str, torch.Tensor], scale: float, l: int) -> dict:
+    """The (A, B, scale) of layer l's targeted matrices from adapter tensors named as
+    llama.cpp's files name them: blk.<l>.<short>.weight.lora_a / .lora_b."""
+    out = {}
+    for short in LAYER_TENSORS:
+        a = adapter.get(f"blk.{l}.{short}.weight.lora_a")
+        if a is not None:
+            out[short] = (a, adapter[f"blk.{l}.{short}.weight.lora_b"], scale)
+    return out
+
+
+def forward(params: dict[str, torch.Tensor], cfg: Config, tokens: torch.Tensor,
+            adapter: dict[str, torch.Tensor] | None = None, scale: float = 0.0) -> torch.Tensor:
+    """tokens [B, T] (int64) -> logits [B, T, V]; with the LoRA `adapter` scaled by `scale`."""
     B, T = tokens.shape
     emb = params["token_embd.weight"]
-    cos, sin = rope_tables(T, cfg.head_dim, cfg.rope_theta, emb.dtype)
+    cos, sin = rope_tables(T, cfg.head_dim, cfg.rope_theta, emb.dtype, llama3_divisors(cfg))
     x = emb[tokens]                                                       # [B, T, D]
     for l in range(cfg.layers):
-        x = block(x, layer_weights(params, l), cfg, cos, sin)
+        x = block(x, layer_weights(params, l), cfg, cos, sin, layer_lora(adapter, scale, l) if adapter else None)
     x = rmsnorm(x, params["output_norm.weight"], cfg.rms_eps)
     out = emb if cfg.tied else params["output.weight"]
     return linear(x, out)
@@ -218,8 +301,8 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore: int = -1)
     return (lse - picked).mean()
 
 
-def loss_fn(params, cfg, tokens, targets) -> torch.Tensor:
-    return cross_entropy(forward(params, cfg, tokens), targets)
+def loss_fn(params, cfg, tokens, targets, adapter=None, scale=0.0) -> torch.Tensor:
+    return cross_entropy(forward(params, cfg, tokens, adapter, scale), targets)
 
 
 # --------------------------------------------------------------------------
@@ -286,17 +369,20 @@ def _self_test() -> int:
     import ref_forward as rf
 
     ok = True
-    for name in ("tiny_gqa", "tiny_untied"):
+    for name in ("tiny_gqa", "tiny_untied", "tiny_qwen2", "tiny_traits"):
         cfg = CONFIGS[name]
         w = init_weights(cfg, seed=7)
         params = make_params(w)
         tokens = torch.tensor(np.random.default_rng(1).integers(0, cfg.vocab, size=(2, 9)))
         with torch.no_grad():
             ours = forward(params, cfg, tokens).numpy()
-        # The numpy reference, fed the same weights without a GGUF file.
+        # The numpy reference, fed the same weights without a GGUF file. Its Llama 3
+        # divisors come from the file's rope_freqs tensor, here this module's
+        # llama3_divisors: that rule is checked against tlm's, not by this test.
         m = rf.RefModel.__new__(rf.RefModel)
         m.act_quant, m.pairing = None, "gguf"
-        m.hp = rf.Hparams(arch="llama", n_layer=cfg.layers, dim=cfg.dim, ffn=cfg.ffn, n_head=cfg.heads,
+        m.hp = rf.Hparams(arch="qwen2" if cfg.pairing == "half" else "llama", n_layer=cfg.layers, dim=cfg.dim,
+                          ffn=cfg.ffn, n_head=cfg.heads,
                           n_kv_head=cfg.kv_heads, head_dim=cfg.head_dim, n_rot=cfg.head_dim,
                           rope_base=cfg.rope_theta, rms_eps=cfg.rms_eps, n_vocab=cfg.vocab, n_ctx=cfg.context,
                           tied=cfg.tied, bos_id=None, eos_id=None, add_bos=None)
@@ -304,7 +390,9 @@ def _self_test() -> int:
         m.tok_embd = f64["token_embd.weight"]
         m.output = m.tok_embd if cfg.tied else f64["output.weight"]
         m.output_norm = f64["output_norm.weight"]
-        m.layers = [rf.LayerWeights(*(f64[f"blk.{l}.{s}.weight"] for s in LAYER_TENSORS))
+        m.rope_freqs = llama3_divisors(cfg) if cfg.llama3 else None   # exact, not the f32 tensor
+        m.layers = [rf.LayerWeights(*(f64[f"blk.{l}.{s}.weight"] for s in LAYER_TENSORS),
+                                    *(f64.get(f"blk.{l}.{s}.bias") for s in BIASES))
                     for l in range(cfg.layers)]
         ref = np.stack([m.prompt_logits(list(map(int, row))) for row in tokens])
         fwd = np.abs(ours - ref).max() / np.abs(ref).max()
@@ -318,6 +406,8 @@ def _self_test() -> int:
         worst_fd = 0.0
         rng = np.random.default_rng(3)
         for pname, p in params.items():
+            if pname == "rope_freqs.weight":   # a constant: the forward uses llama3_divisors(cfg)
+                continue
             flat = p.detach().view(-1)
             for idx in rng.choice(flat.numel(), size=min(4, flat.numel()), replace=False):
                 h = 1e-5

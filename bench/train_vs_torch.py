@@ -59,7 +59,9 @@ CLIP = 1.0
 # The child: one configuration of PyTorch, in its own process.
 
 def torch_child(config: str, batch: int, seq: int, threads: int, warmup: int, steps: int, seed: int,
-                dtype_name: str = "float32", check: bool = False) -> dict:
+                dtype_name: str = "float32", check: bool = False, lora: int = 0) -> dict:
+    """One configuration's step time. With lora = r > 0 (bench/lora_vs_torch.py): the weights
+    are frozen and a rank-r adapter on q, k, v, o (alpha 2r, B = 0 as PEFT starts) trains."""
     import torch
     import torch.nn.functional as F
 
@@ -86,6 +88,23 @@ def torch_child(config: str, batch: int, seq: int, threads: int, warmup: int, st
                   b + "ffn_gate.weight": param(ffn, D), b + "ffn_up.weight": param(ffn, D),
                   b + "ffn_down.weight": param(D, ffn)})
     P["output_norm.weight"] = ones(D)
+    adapter = {}
+    if lora:
+        for p in P.values():
+            p.requires_grad_(False)
+        for l in range(layers):
+            for short, rows in (("attn_q", D), ("attn_k", K), ("attn_v", K), ("attn_output", D)):
+                cols = D
+                name = f"blk.{l}.{short}.weight"
+                adapter[name] = (torch.nn.Parameter((torch.rand(lora, cols, dtype=dtype) * 2 - 1) / cols ** 0.5),
+                                 torch.nn.Parameter(torch.zeros(rows, lora, dtype=dtype)))
+
+    def lin(x, name):
+        y = F.linear(x, P[name])
+        if name in adapter:
+            a, b = adapter[name]
+            y = y + 2.0 * F.linear(F.linear(x, a), b)
+        return y
 
     i = torch.arange(half, dtype=torch.float64)
     ang = torch.arange(seq, dtype=torch.float64)[:, None] * theta ** (-2.0 * i / E)[None, :]
@@ -101,11 +120,11 @@ def torch_child(config: str, batch: int, seq: int, threads: int, warmup: int, st
         for l in range(layers):
             b = f"blk.{l}."
             n = F.rms_norm(x, (D,), P[b + "attn_norm.weight"], eps)
-            q = rope(F.linear(n, P[b + "attn_q.weight"]).view(B, T, H, E).transpose(1, 2))
-            k = rope(F.linear(n, P[b + "attn_k.weight"]).view(B, T, kvh, E).transpose(1, 2))
-            v = F.linear(n, P[b + "attn_v.weight"]).view(B, T, kvh, E).transpose(1, 2)
+            q = rope(lin(n, b + "attn_q.weight").view(B, T, H, E).transpose(1, 2))
+            k = rope(lin(n, b + "attn_k.weight").view(B, T, kvh, E).transpose(1, 2))
+            v = lin(n, b + "attn_v.weight").view(B, T, kvh, E).transpose(1, 2)
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            x = x + F.linear(a.transpose(1, 2).reshape(B, T, D), P[b + "attn_output.weight"])
+            x = x + lin(a.transpose(1, 2).reshape(B, T, D), b + "attn_output.weight")
             n = F.rms_norm(x, (D,), P[b + "ffn_norm.weight"], eps)
             h = F.silu(F.linear(n, P[b + "ffn_gate.weight"])) * F.linear(n, P[b + "ffn_up.weight"])
             x = x + F.linear(h, P[b + "ffn_down.weight"])
@@ -120,11 +139,11 @@ def torch_child(config: str, batch: int, seq: int, threads: int, warmup: int, st
     if check:
         return {"P": P, "loss_of": loss_of, "tokens": tokens, "targets": targets}
 
-    decay = [p for p in P.values() if p.dim() == 2]
-    no_decay = [p for p in P.values() if p.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}],
-                            fused=True, **ADAMW)
-    params = list(P.values())
+    params = [p for pair in adapter.values() for p in pair] if lora else list(P.values())
+    decay = [p for p in params if p.dim() == 2]
+    no_decay = [p for p in params if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}] if no_decay
+                            else [{"params": decay}], fused=True, **ADAMW)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -186,9 +205,9 @@ def check_model() -> int:
 # --------------------------------------------------------------------------
 # The parent: alternate the two engines, collect, print, write.
 
-def run_torch(torch_py: Path, config, batch, seq, threads, warmup, steps, seed) -> dict:
+def run_torch(torch_py: Path, config, batch, seq, threads, warmup, steps, seed, lora: int = 0) -> dict:
     cmd = [str(torch_py), str(Path(__file__).resolve()), "--child", config, str(batch), str(seq), str(threads),
-           str(warmup), str(steps), str(seed)]
+           str(warmup), str(steps), str(seed), str(lora)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"PyTorch child failed ({' '.join(cmd)}):\n{p.stderr[-3000:]}")
@@ -223,7 +242,8 @@ def machine() -> tuple[str, str, str]:
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         a = sys.argv[2:]
-        r = torch_child(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), int(a[5]), int(a[6]))
+        r = torch_child(a[0], int(a[1]), int(a[2]), int(a[3]), int(a[4]), int(a[5]), int(a[6]),
+                        lora=int(a[7]) if len(a) > 7 else 0)
         print(json.dumps(r))
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

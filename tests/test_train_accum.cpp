@@ -381,6 +381,13 @@ TEST_CASE("trainer --pack: a resume is bit-exact; one with another --pack is ref
     CHECK_THROWS_WITH(tlm::trainer<C>(whole_epoch(never, 1, 1, false), chat_data(true)),
                       doctest::Contains("trainer_options::pack is off, but the data source's windows are packed"));
     CHECK(!fs::exists(never));
+    // A source made by hand that says it packs and loads plain windows.
+    auto liar = data();
+    liar.pack = true;
+    auto lo = options(fresh_dir("pack-liar"), 2, 1);
+    lo.pack = true;
+    CHECK_THROWS_WITH(tlm::trainer<C>(lo, liar), doctest::Contains("trainer_options::pack is on, but the data source"));
+    CHECK_THROWS_WITH(tlm::trainer<C>(lo, liar), doctest::Contains("loaded windows without starts; set data_source::pack to what its load() gives"));
   }
   auto o = whole_epoch(fresh_dir("pack-resume-full"), 2, 1, true);
   o.steps = 4;

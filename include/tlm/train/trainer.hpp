@@ -269,6 +269,11 @@ class trainer {
     if (o_.seq > C::context) throw error(fmt::format("--seq {} is more than the context of {} ({} positions)", o_.seq, o_.config, C::context));
 
     data_ = data.load();
+    // A source made by hand may say one thing and load another.
+    for (const window_set* ws : {&data_.train, &data_.held_out})
+      if (ws->size() && ws->packed() != o_.pack)
+        throw error(fmt::format("trainer_options::pack is {}, but the data source {} loaded windows {}; set data_source::pack to what "
+                                "its load() gives", o_.pack ? "on" : "off", data.name, ws->packed() ? "with starts (packed)" : "without starts"));
     const std::size_t n_train = data_.train.size();
     const std::size_t per_step = o_.batch * o_.accumulate;  // windows one step consumes
     const std::size_t steps_per_epoch = (n_train + per_step - 1) / per_step;
@@ -309,9 +314,6 @@ class trainer {
     x_.resize(o_.accumulate * local_ * o_.seq);
     y_.resize(o_.accumulate * local_ * o_.seq);
     if (o_.pack) s_.resize(o_.accumulate * local_ * o_.seq);
-    if (o_.pack != data_.train.packed() || (data_.held_out.size() && o_.pack != data_.held_out.packed()))
-      throw error(fmt::format("trainer_options::pack is {}, but the data source loaded windows {}", o_.pack ? "on" : "off",
-                              data_.train.packed() ? "packed" : "not packed"));
   }
 
   // True once the run reached its total or the stop flag was seen.

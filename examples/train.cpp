@@ -75,6 +75,9 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
   --recompute          keep only each block's input in the forward and recompute the block's
                        activations in the backward: far less activation memory, about a third
                        more arithmetic, the same gradients bit for bit
+  --pack               with --chat: pack several conversations into each window instead of one
+                       window each (first fit in file order); each attends only to itself and
+                       its positions start at 0, so fewer windows compute the same losses
   --seq T              tokens per window (default 128)
   --lr X               peak learning rate (default 3e-4)
   --min-lr X           learning rate at the end of the cosine decay (default 0)
@@ -113,7 +116,7 @@ abandons that write (the previous checkpoint stays intact) and exits 1.
 
 struct options {
   std::string model, config, data, out = "train-out", out_type = "f32";
-  bool chat = false, resume = false, overwrite = false, recompute = false;
+  bool chat = false, resume = false, overwrite = false, recompute = false, pack = false;
   std::size_t steps = 0, epochs = 0, batch = 4, accumulate = 1, seq = 128, warmup = 0, eval_every = 10, save_every = 100, threads = 1, stop_after = 0,
               keep_checkpoints = 2;
   std::uint64_t seed = 1;
@@ -164,6 +167,7 @@ options parse(int argc, char** argv) {
     if (a == "--overwrite") { o.overwrite = true; continue; }
     if (a == "--merge") { o.merge = true; continue; }
     if (a == "--recompute") { o.recompute = true; continue; }
+    if (a == "--pack") { o.pack = true; continue; }
     if (!a.starts_with("--")) fail(fmt::format("unexpected argument '{}'; options start with -- (see --help)", a));
     static const std::vector<std::string> valued = {"--model", "--config", "--data", "--steps", "--epochs", "--batch", "--accumulate", "--seq", "--lr",
                                                     "--min-lr", "--warmup", "--clip", "--weight-decay", "--held-out", "--eval-every",
@@ -220,6 +224,8 @@ options parse(int argc, char** argv) {
   if (o.lora_options_given && o.lora == 0) fail("--lora-alpha and --lora-targets need --lora RANK");
   if (o.lora && o.model.empty())
     fail("--lora trains an adapter over a base model: give --model FILE.gguf (--config alone trains from scratch)");
+  if (o.pack && !o.chat)
+    fail("--pack packs chat conversations several to a window: it needs --chat (chat JSONL data); plain text has no conversations to pack");
   if (o.chat && o.model.empty()) fail("--chat needs --model: chat data is rendered with the model's tokenizer and chat template");
   return o;
 }
@@ -310,10 +316,10 @@ int run(const options& o, const std::string& config_name, group& grp) {
     tlm::chat_render_options render;
     if (tok->bos() >= 0) render.bos_token = tok->decode(std::vector<std::int32_t>{tok->bos()});
     if (tok->eos() >= 0) render.eos_token = tok->decode(std::vector<std::int32_t>{tok->eos()});
-    data = tlm::data_source::from_chat(o.data, tokenize, tlm::chat_template::of(tmpl), pad, o.seq, o.held_out, render);
+    data = tlm::data_source::from_chat(o.data, tokenize, tlm::chat_template::of(tmpl), pad, o.seq, o.held_out, render, o.pack);
   }
   const tlm::trainer_options to{.steps = o.steps, .epochs = o.epochs, .batch = o.batch, .accumulate = o.accumulate,
-                                .recompute = o.recompute, .seq = o.seq, .lr = o.lr, .min_lr = o.min_lr,
+                                .recompute = o.recompute, .pack = o.pack, .seq = o.seq, .lr = o.lr, .min_lr = o.min_lr,
                                 .warmup = o.warmup, .clip = o.clip, .weight_decay = o.weight_decay, .eval_every = o.eval_every,
                                 .save_every = o.save_every, .keep_checkpoints = o.keep_checkpoints, .out = o.out,
                                 .out_type = tlm::parse_writable_encoding(o.out_type)->enc,  // checked when the options were read
@@ -346,8 +352,9 @@ int run(const options& o, const std::string& config_name, group& grp) {
       fmt::print("train: LoRA rank {}, alpha {}, targets {}: {} trainable values over the frozen base\n", Adapter::rank,
                  tr.parameters().alpha, tlm::lora_targets_text(Adapter::targets), tlm::parameter_count(tr.parameters()));
   if (grp.lead())
-    fmt::print("train: {} {}, {} training windows and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}{}{}, {} threads{}, kernels {}\n",
-               config_name, o.model.empty() ? "from scratch" : o.model, tr.data().train.size(), tr.data().held_out.size(), o.seq,
+    fmt::print("train: {} {}, {} training windows{} and {} held-out of {} tokens ({} tokens read), {} steps from step {}, batch {}{}{}, {} threads{}, kernels {}\n",
+               config_name, o.model.empty() ? "from scratch" : o.model, tr.data().train.size(), o.pack ? " (conversations packed)" : "",
+               tr.data().held_out.size(), o.seq,
                tr.data().tokens, tr.total_steps(), tr.steps(), o.batch,
                o.accumulate > 1 ? fmt::format(" x {} micro-batches ({} windows a step)", o.accumulate, o.accumulate * o.batch) : "",
                o.recompute ? ", activations recomputed" : "", o.threads,

@@ -308,4 +308,110 @@ TEST_CASE("recompute: the activations kept, counted from the buffers, and the fi
   CHECK(S::kept_activation_bytes(rows, true) == 25'764'864);
 }
 
+namespace {
+
+// Chat JSONL for the packing runs: 9 short conversations (64 to 72 bytes as ChatML with
+// byte tokens) and one of 463 bytes, cut into pieces of 256 and 206 at --seq 256.
+// Unpacked that is 11 windows, packed 5 (test_train_data checks the windows).
+std::string chat_file() {
+  const auto dir = fs::path(TLM_BINARY_DIR) / "test_train_accum";
+  fs::create_directories(dir);
+  const auto path = dir / "chat.jsonl";
+  std::ofstream out(path);
+  for (int i = 0; i < 9; ++i)
+    out << R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A)" << std::string(static_cast<std::size_t>(i + 1), 'x')
+        << "\"}]}\n";
+  out << R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": ")" << std::string(400, 'z') << "\"}]}\n";
+  return path.string();
+}
+
+tlm::data_source chat_data(bool pack, double held_out = 0.0) {
+  return tlm::data_source::from_chat(chat_file(), tlm::byte_tokens, tlm::chat_template::of(""), 0, 256, held_out, {}, pack);
+}
+
+// One step over every window of the data (batch * accumulate of them): its loss is the
+// mean over all the data's loss tokens, packed or not.
+tlm::trainer_options whole_epoch(const fs::path& out, std::size_t batch, std::size_t accumulate, bool pack) {
+  return {.steps = 1, .batch = batch, .accumulate = accumulate, .pack = pack, .seq = 256, .lr = 1e-3, .eval_every = 0,
+          .save_every = 0, .out = out, .threads = 2, .seed = 5};
+}
+
+}  // namespace
+
+TEST_CASE("trainer --pack: one step over all of a chat file, packed into 5 windows, takes the step of its 11 unpacked windows") {
+  SUBCASE("full training, packed with --accumulate 5 of 1 window and --recompute") {
+    auto po = whole_epoch(fresh_dir("pack-full"), 1, 5, true);
+    po.recompute = true;
+    tlm::trainer<C> packed(po, chat_data(true)), unpacked(whole_epoch(fresh_dir("unpack-full"), 11, 1, false), chat_data(false));
+    REQUIRE(packed.data().train.size() == 5);
+    REQUIRE(unpacked.data().train.size() == 11);
+    packed.run();
+    unpacked.run();
+    const double loss_err = std::abs(packed.log()[0].loss - unpacked.log()[0].loss) / unpacked.log()[0].loss;
+    const double worst = worst_relative(packed.parameters(), unpacked.parameters());
+    MESSAGE("full training: 5 packed windows vs 11: loss ", packed.log()[0].loss, " vs ", unpacked.log()[0].loss, " (relative ", loss_err,
+            "); worst parameter difference after the step ", worst, " of the tensor's largest value");
+    CHECK(loss_err < 1e-5);
+    CHECK(std::abs(packed.log()[0].grad_norm - unpacked.log()[0].grad_norm) <= 1e-5 * unpacked.log()[0].grad_norm);
+    CHECK(worst < 1e-4);
+  }
+  SUBCASE("LoRA over a mapped Q4_1 base") {
+    const tlm::gguf::file& base = q4_base();
+    auto po = whole_epoch(fresh_dir("pack-lora"), 5, 1, true), uo = whole_epoch(fresh_dir("unpack-lora"), 11, 1, false);
+    po.lora_alpha = uo.lora_alpha = 8;
+    tlm::trainer<C, adapter4> packed(po, chat_data(true), &base), unpacked(uo, chat_data(false), &base);
+    packed.run();
+    unpacked.run();
+    const double loss_err = std::abs(packed.log()[0].loss - unpacked.log()[0].loss) / unpacked.log()[0].loss;
+    const double grad_err = std::abs(packed.log()[0].grad_norm - unpacked.log()[0].grad_norm) / unpacked.log()[0].grad_norm;
+    MESSAGE("LoRA: 5 packed windows vs 11: loss ", packed.log()[0].loss, " vs ", unpacked.log()[0].loss, " (relative ", loss_err,
+            "); gradient norm relative difference ", grad_err);
+    CHECK(loss_err < 1e-5);
+    CHECK(grad_err < 1e-5);
+  }
+}
+
+TEST_CASE("trainer --pack: a resume is bit-exact; one with another --pack is refused; --pack needs chat data") {
+  {
+    const auto never = fs::path(TLM_BINARY_DIR) / "test_train_accum" / "never-made-pack";
+    fs::remove_all(never);
+    auto o = options(never, 2, 1);
+    o.pack = true;
+    CHECK_THROWS_WITH(tlm::trainer<C>(o, data()), doctest::Contains("--pack packs chat examples several to a window: it needs --chat"));
+    CHECK_THROWS_WITH(tlm::trainer<C>(whole_epoch(never, 1, 1, false), chat_data(true)),
+                      doctest::Contains("trainer_options::pack is off, but the data source's windows are packed"));
+    CHECK(!fs::exists(never));
+    // A source made by hand that says it packs and loads plain windows.
+    auto liar = data();
+    liar.pack = true;
+    auto lo = options(fresh_dir("pack-liar"), 2, 1);
+    lo.pack = true;
+    CHECK_THROWS_WITH(tlm::trainer<C>(lo, liar), doctest::Contains("trainer_options::pack is on, but the data source"));
+    CHECK_THROWS_WITH(tlm::trainer<C>(lo, liar), doctest::Contains("loaded windows without starts; set data_source::pack to what its load() gives"));
+  }
+  auto o = whole_epoch(fresh_dir("pack-resume-full"), 2, 1, true);
+  o.steps = 4;
+  o.save_every = 2;
+  tlm::trainer<C> full(o, chat_data(true, 0.2));
+  full.run();
+  auto first = o;
+  first.out = fresh_dir("pack-resume-split");
+  first.stop_after = 2;
+  tlm::trainer<C>(first, chat_data(true, 0.2)).run();
+  auto second = first;
+  second.stop_after = 0;
+  second.resume = true;
+  auto unpacked = second;
+  unpacked.pack = false;
+  CHECK_THROWS_WITH(tlm::trainer<C>(unpacked, chat_data(false, 0.2)),
+                    doctest::Contains("was made with --pack on, this run has off; use the same value to resume"));
+  tlm::trainer<C> resumed(second, chat_data(true, 0.2));
+  CHECK(resumed.steps() == 2);
+  CHECK(resumed.state().pack);
+  resumed.run();
+  CHECK(same_bits(resumed.parameters(), full.parameters()));
+  REQUIRE(resumed.log().size() == full.log().size());
+  for (std::size_t i = 0; i < full.log().size(); ++i) CHECK(resumed.log()[i].loss == full.log()[i].loss);
+}
+
 }  // namespace test_train_accum

@@ -212,7 +212,7 @@ TEST_CASE("optimizer state: each of the state keys is written, and each required
   std::vector<std::string> walked;
   tlm::detail::walk_state(st, [&](std::string_view key, const auto&, bool) { walked.emplace_back(key); });
   std::vector<std::string> expected = required;
-  for (const char* k : {"tlm.train.kernels", "tlm.train.accumulate", "tlm.lora.base", "tlm.lora.rank", "tlm.lora.alpha", "tlm.lora.targets"})
+  for (const char* k : {"tlm.train.kernels", "tlm.train.accumulate", "tlm.train.pack", "tlm.lora.base", "tlm.lora.rank", "tlm.lora.alpha", "tlm.lora.targets"})
     expected.push_back(k);
   std::sort(walked.begin(), walked.end());
   std::sort(expected.begin(), expected.end());
@@ -237,6 +237,14 @@ TEST_CASE("optimizer state: each of the state keys is written, and each required
     if (e.key != "tlm.train.accumulate" && e.key != "general.architecture" && e.key.starts_with("tlm.")) old.set_value(e.key, e.val);
   old.write(dir / "before-accumulate.gguf");
   CHECK(tlm::detail::get_state(tlm::gguf::file(dir / "before-accumulate.gguf")).accumulate == 1);
+  // And before --pack: not packed, which is what that run did.
+  CHECK(full.has("tlm.train.pack"));
+  tlm::gguf::writer unpacked;
+  unpacked.set("general.architecture", "tlm-optimizer");
+  for (const auto& e : full.metadata())
+    if (e.key != "tlm.train.pack" && e.key != "general.architecture" && e.key.starts_with("tlm.")) unpacked.set_value(e.key, e.val);
+  unpacked.write(dir / "before-pack.gguf");
+  CHECK(!tlm::detail::get_state(tlm::gguf::file(dir / "before-pack.gguf")).pack);
 }
 
 TEST_CASE("checkpoint: resuming from a folder without one says so") {

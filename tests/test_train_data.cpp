@@ -4,9 +4,12 @@
 
 #include <tlm/train/data.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <span>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <vector>
@@ -195,6 +198,113 @@ TEST_CASE("chat: every bad record is an error naming the file, line and problem"
   check("no_assistant.jsonl", R"({"messages": [{"role": "user", "content": "q"}]})", "no_assistant.jsonl:1: no assistant message");
   check("bad_utf8.jsonl", good + "\n{\"messages\": [{\"role\": \"user\", \"content\": \"\xc3\x28\"}]}\n", "bad_utf8.jsonl:2: invalid UTF-8");
   check("nothing.jsonl", "\n\n", "nothing.jsonl: no conversations");
+}
+
+TEST_CASE("pack: window_packer places examples first fit in order, marks where each starts, pads the rest with no loss") {
+  // Examples numbered by their tokens: example k is tokens 100k, 100k+1, ..., targets +1.
+  const auto ex = [](std::int32_t k, std::size_t len) {
+    std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> e;
+    for (std::size_t t = 0; t < len; ++t) {
+      e.first.push_back(100 * k + static_cast<std::int32_t>(t));
+      e.second.push_back(100 * k + static_cast<std::int32_t>(t) + 1);
+    }
+    return e;
+  };
+  constexpr std::size_t T = 12;
+  constexpr std::int32_t pad = 7;
+  tlm::window_packer pk(T, pad);
+  for (const auto& [k, len] : {std::pair<std::int32_t, std::size_t>{0, 5}, {1, 4}, {2, 3}, {3, 7}, {4, 2}}) {
+    const auto e = ex(k, len);
+    pk.add(e.first, e.second);
+  }
+  CHECK(pk.windows() == 2);
+  const tlm::window_set w = std::move(pk).finish();
+  REQUIRE(w.size() == 2);
+  REQUIRE(w.packed());
+  // Window 0: examples 0 (0..4), 1 (5..8), 2 (9..11), full. Window 1: 3 (0..6), 4 (7..8), padding 9..11.
+  const std::vector<std::uint32_t> starts = {0, 0, 0, 0, 0, 5, 5, 5, 5, 9, 9, 9, 0, 0, 0, 0, 0, 0, 0, 7, 7, 9, 9, 9};
+  CHECK(w.starts == starts);
+  const std::vector<std::int32_t> inputs = {0,   1,   2,   3,   4,   100, 101, 102, 103, 200, 201, 202,
+                                            300, 301, 302, 303, 304, 305, 306, 400, 401, pad, pad, pad};
+  CHECK(w.inputs == inputs);
+  CHECK(w.targets[5] == 101);   // example 1's first target
+  CHECK(w.targets[11] == 203);  // the last position of a full window trains
+  for (std::size_t t = 21; t < 24; ++t) CHECK(w.targets[t] == tlm::ignore_target);  // padding: no loss
+
+  // First fit, not next fit: an example goes back to the first window with room.
+  tlm::window_packer ff(10, pad);
+  for (const auto& [k, len] : {std::pair<std::int32_t, std::size_t>{0, 8}, {1, 8}, {2, 3}, {3, 4}, {4, 2}, {5, 2}, {6, 3}}) {
+    const auto e = ex(k, len);
+    ff.add(e.first, e.second);
+  }
+  const tlm::window_set f = std::move(ff).finish();
+  REQUIRE(f.size() == 3);
+  CHECK(f.inputs[8] == 400);       // example 4 (2 tokens) into window 0's last 2 positions
+  CHECK(f.inputs[18] == 500);      // example 5 into window 1's
+  CHECK(f.inputs[20 + 3] == 300);  // example 3 after example 2 in window 2
+  CHECK(f.inputs[20 + 7] == 600);  // example 6 fills window 2
+  CHECK(f.starts[20 + 9] == 7);
+}
+
+TEST_CASE("pack: an example of exactly the window length fills a window alone; a longer one is refused by the packer") {
+  tlm::window_packer pk(6, 0);
+  const std::vector<std::int32_t> six = {1, 2, 3, 4, 5, 6}, one = {9};
+  pk.add(one, one);
+  pk.add(six, six);  // no room beside the first: a window of its own
+  pk.add(one, one);  // back into window 0
+  const tlm::window_set w = std::move(pk).finish();
+  REQUIRE(w.size() == 2);
+  CHECK(std::vector<std::uint32_t>(w.starts.begin() + 6, w.starts.end()) == std::vector<std::uint32_t>(6, 0));
+  CHECK(std::vector<std::int32_t>(w.inputs.begin() + 6, w.inputs.end()) == six);
+  CHECK(std::vector<std::uint32_t>(w.starts.begin(), w.starts.begin() + 6) == std::vector<std::uint32_t>{0, 1, 2, 2, 2, 2});
+  tlm::window_packer small(4, 0);
+  CHECK(error_of([&] { small.add(six, six); }).find("an example of 6 inputs and 6 targets for windows of 4; give 1 to 4") != std::string::npos);
+  CHECK(error_of([&] { small.add(std::span(six).first(0), std::span(six).first(0)); }).find("an example of 0 inputs") != std::string::npos);
+}
+
+TEST_CASE("pack: load_chat packs the same loss tokens into fewer windows; a long conversation is cut as unpacked") {
+  // 9 short conversations of 64 to 72 bytes (ChatML's markers are text here), and one of
+  // 463 bytes, longer than a window of 256: cut into pieces of 256 at stride 256, as unpacked.
+  std::string lines;
+  for (int i = 0; i < 9; ++i)
+    lines += R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A)" +
+             std::string(static_cast<std::size_t>(i + 1), 'x') + "\"}]}\n";
+  lines += R"({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": ")" + std::string(400, 'z') + "\"}]}\n";
+  const auto f = write_temp("pack_chat.jsonl", lines);
+  const tlm::dataset u = tlm::load_chat(f, bytes, plain_template, 0, 256, 0.0);
+  const tlm::dataset p = tlm::load_chat(f, bytes, plain_template, 0, 256, 0.0, true);
+  CHECK(!u.train.packed());
+  REQUIRE(p.train.packed());
+  CHECK(p.tokens == u.tokens);
+  // The (input, target) pairs that carry loss, with each one's position in its example:
+  // the same sets, so the packed windows train exactly the unpacked ones' targets at the
+  // same positions.
+  const auto pairs = [](const tlm::window_set& w) {
+    std::multiset<std::tuple<std::int32_t, std::int32_t, std::size_t>> out;
+    for (std::size_t i = 0; i < w.inputs.size(); ++i)
+      if (w.targets[i] != tlm::ignore_target) out.emplace(w.inputs[i], w.targets[i], i % w.seq - (w.packed() ? w.starts[i] : 0));
+    return out;
+  };
+  CHECK(pairs(p.train) == pairs(u.train));
+  CHECK(pairs(p.train).size() == (9 * 12 + 36) + (400 + 10));  // each answer and its <|im_end|>
+  // Unpacked: a window for each short conversation and each of the long one's 2 pieces.
+  CHECK(u.train.size() == 11);
+  // Packed, first fit: the 9 short ones 3 to a window, the long one's pieces 256 and 206
+  // (too long to share) one each.
+  CHECK(p.train.size() == 5);
+  // The long conversation's first piece fills a window from position 0, as unpacked.
+  std::size_t full = 0;
+  for (std::size_t w = 0; w < p.train.size(); ++w)
+    full += std::all_of(p.train.starts.begin() + static_cast<std::ptrdiff_t>(w * 256), p.train.starts.begin() + static_cast<std::ptrdiff_t>((w + 1) * 256),
+                        [](std::uint32_t s) { return s == 0; });
+  CHECK(full == 1);
+  MESSAGE("pack_chat.jsonl at --seq 256: ", u.train.size(), " windows unpacked, ", p.train.size(), " packed");
+  // A held-out split keeps each window's starts with it.
+  const tlm::dataset h = tlm::load_chat(f, bytes, plain_template, 0, 256, 0.3, true);
+  CHECK(h.held_out.packed());
+  CHECK(h.held_out.starts.size() == h.held_out.inputs.size());
+  CHECK(h.train.starts.size() == h.train.inputs.size());
+  CHECK(h.train.size() + h.held_out.size() == p.train.size());
 }
 
 TEST_CASE("window order: a permutation per epoch, fixed by the seed, different across epochs") {

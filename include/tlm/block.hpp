@@ -86,6 +86,8 @@ struct batch_layout {
 // (one sequence).
 template <LlamaConfig C>
 struct kv_from_cache {
+  // One sequence of one conversation: no packed segments (block_context::segment_start).
+  static constexpr bool takes_segments = false;
   kv_storage<C>* store;
   std::size_t layer;
 
@@ -97,9 +99,9 @@ struct kv_from_cache {
   }
   // `nq` consecutive query heads of one row, all of kv head g, over the first `len`
   // positions, in the cache's own element type.   q, out: [nq, E]  lse: [nq]
-  // entropy: null or [nq]
-  void attend(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t g, const float* q, std::size_t nq,
-              std::size_t len, float scale, float* out, float* lse, float* entropy) const {
+  // entropy: null or [nq]. `first` is always 0 here (takes_segments).
+  void attend(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t /*first*/, std::size_t g, const float* q,
+              std::size_t nq, std::size_t len, float scale, float* out, float* lse, float* entropy) const {
     constexpr std::size_t E = head_dim<C>;
     if (store->type() == kv_type::q8)
       return attention_heads(detail::q8_rows{store->key_codes(layer, g, 0), store->key_scales(layer, g, 0),
@@ -111,15 +113,17 @@ struct kv_from_cache {
 };
 
 // kv_in_batch: training. Each sequence of the batch attends to its own rows, read
-// straight from the activations (row stride K); nothing is copied.
+// straight from the activations (row stride K); nothing is copied. A packed sequence's
+// row reads `len` rows from its segment's first row, `first`.
 template <LlamaConfig C, Element T>
 struct kv_in_batch {
+  static constexpr bool takes_segments = true;
   template <class R>
   void write(const R&, const R&, const batch_layout&) const {}
-  void attend(const block_activations<C, T>& a, std::size_t seq, std::size_t g, const T* q, std::size_t nq,
-              std::size_t len, T scale, T* out, T* lse, T* entropy) const {
+  void attend(const block_activations<C, T>& a, std::size_t seq, std::size_t first, std::size_t g, const T* q,
+              std::size_t nq, std::size_t len, T scale, T* out, T* lse, T* entropy) const {
     constexpr std::size_t E = head_dim<C>, K = kv_dim<C>;
-    const std::size_t at = seq * length * K + g * E;
+    const std::size_t at = (seq * length + first) * K + g * E;
     attention_heads(detail::float_rows<T>{a.k.data() + at, a.v.data() + at, K}, q, nq, len, E, scale, out, lse,
                     entropy);
   }
@@ -137,6 +141,18 @@ struct block_context {
   rows<heads<C>, T>* entropy = nullptr;
   // Products with quantized (mapped) weights: f32 activations, or int8 (kernels.hpp).
   kernels::precision precision = kernels::precision::exact;
+  // Packed training sequences: [n] where row i's segment (one example) starts, as a
+  // position in its sequence. Row i attends to the rows of its segment only, keys
+  // [start, i], and takes the angles of its position in the segment, i - start, so an
+  // example packed after others computes what it computes alone at the start of a
+  // sequence. Null: each sequence is one segment, the path inference always takes.
+  const std::uint32_t* segment_start = nullptr;
+
+  // The position that sets row i's angles: in its sequence, or in its segment.
+  std::size_t angle_index(std::size_t i) const {
+    const std::size_t t = i % layout.length;
+    return segment_start ? t - segment_start[i] : t;
+  }
 };
 
 namespace detail {
@@ -208,6 +224,8 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
     throw shape_error("block_forward: " + std::to_string(n) + " rows for a layout of " +
                       std::to_string(ctx.layout.sequences) + " x " + std::to_string(ctx.layout.length));
   }
+  if (ctx.segment_start && !KV::takes_segments)
+    throw shape_error("block_forward: packed segments over a KV cache; only a training batch (kv_in_batch) packs examples");
   const auto g1 = detail::gain_values(w.attn_norm);
   a.xn1.resize(n);
   detail::for_rows(pool, n, [&](std::size_t i) {
@@ -225,12 +243,14 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
   }
   const std::size_t period = ctx.layout.length;
   detail::for_rows(pool, n, [&](std::size_t i) {
-    rope<C, D, T>(a.q.row(i), ctx.angles[i % period], ctx.pairing);
-    rope<C, kv_dim<C>, T>(a.k.row(i), ctx.angles[i % period], ctx.pairing);
+    const rope_angles<C, T>& angles = ctx.angles[ctx.angle_index(i)];
+    rope<C, D, T>(a.q.row(i), angles, ctx.pairing);
+    rope<C, kv_dim<C>, T>(a.k.row(i), angles, ctx.pairing);
   });
   kv.write(a.k, a.v, ctx.layout);
 
-  // Row i of sequence s attends to positions 0 .. pos0 + i % length of s.
+  // Row i of sequence s attends to positions 0 .. pos0 + i % length of s (packed: from
+  // its segment's start).
   a.o.resize(n);
   a.lse.resize(n);
   if (ctx.entropy) ctx.entropy->resize(n);
@@ -245,8 +265,9 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
   auto attend_rows = [&](std::size_t b, std::size_t e) {
     for (std::size_t u = b; u < e; ++u) {
       const std::size_t i = u * nq / H, h = u * nq % H, g = kv_head_of<C>(h);
-      const std::size_t seq = i / period, visible = ctx.layout.pos0 + i % period + 1;
-      kv.attend(a, seq, g, a.q.data() + i * D + h * E, nq, visible, scale, a.o.data() + i * D + h * E,
+      const std::size_t first = ctx.segment_start ? ctx.segment_start[i] : 0;
+      const std::size_t seq = i / period, visible = ctx.layout.pos0 + i % period + 1 - first;
+      kv.attend(a, seq, first, g, a.q.data() + i * D + h * E, nq, visible, scale, a.o.data() + i * D + h * E,
                 a.lse.data() + i * H + h, ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
     }
   };
@@ -335,22 +356,34 @@ void block_backward(const layer_weights<C, S>& w, const block_activations<C, T>&
   g.template product<lora_target::o>(w, a.o, dx, s.d_o);
   const batch_layout& b = ctx.layout;
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(E)));
-  // One task per (sequence, kv head): it owns that kv head's dk and dv.
+  // One task per (sequence, kv head): it owns that kv head's dk and dv. A packed
+  // sequence is its segments one after another, each a causal sequence of its own: the
+  // segments' keys see no query of another, so their gradients do not mix.
   auto attend_back = [&](std::size_t t0, std::size_t t1) {
     for (std::size_t t = t0; t < t1; ++t) {
-      const std::size_t seq = t / C::kv_heads, kg = t % C::kv_heads, r0 = seq * b.length;
+      const std::size_t seq = t / C::kv_heads, kg = t % C::kv_heads;
       const std::size_t h0 = first_query_of<C>(kg);
-      attention_backward<T>(b.length, E, C::group, scale, a.q.data() + r0 * D + h0 * E, a.o.data() + r0 * D + h0 * E,
-                            s.d_o.data() + r0 * D + h0 * E, s.dq.data() + r0 * D + h0 * E, D,
-                            a.k.data() + r0 * K + kg * E, a.v.data() + r0 * K + kg * E, s.dk.data() + r0 * K + kg * E,
-                            s.dv.data() + r0 * K + kg * E, K, a.lse.data() + r0 * H + h0, H);
+      for (std::size_t s0 = 0; s0 < b.length;) {
+        std::size_t s1 = b.length;  // the segment is rows [s0, s1) of the sequence
+        if (ctx.segment_start) {
+          s1 = s0 + 1;
+          while (s1 < b.length && ctx.segment_start[seq * b.length + s1] == s0) ++s1;
+        }
+        const std::size_t r0 = seq * b.length + s0;
+        attention_backward<T>(s1 - s0, E, C::group, scale, a.q.data() + r0 * D + h0 * E, a.o.data() + r0 * D + h0 * E,
+                              s.d_o.data() + r0 * D + h0 * E, s.dq.data() + r0 * D + h0 * E, D,
+                              a.k.data() + r0 * K + kg * E, a.v.data() + r0 * K + kg * E, s.dk.data() + r0 * K + kg * E,
+                              s.dv.data() + r0 * K + kg * E, K, a.lse.data() + r0 * H + h0, H);
+        s0 = s1;
+      }
     }
   };
   if (pool) pool->parallel_for(b.sequences * C::kv_heads, 1, attend_back);
   else attend_back(0, b.sequences * C::kv_heads);
   for_rows(pool, n, [&](std::size_t i) {
-    rope_backward<C, D, T>(s.dq.row(i), ctx.angles[i % b.length], ctx.pairing);
-    rope_backward<C, K, T>(s.dk.row(i), ctx.angles[i % b.length], ctx.pairing);
+    const rope_angles<C, T>& angles = ctx.angles[ctx.angle_index(i)];
+    rope_backward<C, D, T>(s.dq.row(i), angles, ctx.pairing);
+    rope_backward<C, K, T>(s.dk.row(i), angles, ctx.pairing);
   });
   // dq, dk are now gradients of the projections before RoPE, where the biases add.
   if constexpr (attention_bias_v<C>) g.biases(s.dq, s.dk, s.dv);

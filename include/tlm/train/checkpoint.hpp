@@ -79,6 +79,9 @@ struct train_state {
   std::uint64_t lora_rank = 0;
   double lora_alpha = 0;
   std::string lora_targets;
+  // Chat examples packed several to a window (--pack): other windows, so another data
+  // order. False in checkpoints written before it was recorded, which did not pack.
+  bool pack = false;
 };
 
 namespace detail {
@@ -272,6 +275,7 @@ void walk_state(State& s, F&& f) {
   f("tlm.train.config", s.config, true);
   f("tlm.train.data", s.data, true);
   f("tlm.train.chat", s.chat, true);
+  f("tlm.train.pack", s.pack, false);  // absent from checkpoints written before --pack: off
   f("tlm.train.kernels", s.kernels, false);  // absent from checkpoints written before it was recorded
   f("tlm.lora.base", s.lora_base, false);     // absent from full runs' checkpoints written before LoRA
   f("tlm.lora.rank", s.lora_rank, false);

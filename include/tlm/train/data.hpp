@@ -10,6 +10,14 @@
 // only the assistant's content and the marker that ends its turn (<|im_end|>,
 // <|eot_id|>, </s>, ...) carry loss (targets elsewhere are ignore_target). Each
 // conversation gets windows of its own, padded, so no window mixes two conversations.
+// A conversation longer than a window is cut into pieces of T at stride T, each a
+// window starting at position 0, as text is.
+//
+// Packed chat (--pack): the same pieces, but several share a window (window_packer:
+// first fit in file order), each marked with where it starts (window_set::starts), so
+// that training keeps them apart (training::forward's starts): no attention between
+// them, positions from 0 in each. The rest of a window is padding, its own segment,
+// with no loss. Short conversations then fill windows instead of padding them.
 //
 // Bad data is an error naming the file, the line and the problem; nothing is skipped.
 #include <algorithm>
@@ -49,11 +57,90 @@ struct window_set {
   std::size_t seq = 0;                // T
   std::vector<std::int32_t> inputs;   // [windows, T]
   std::vector<std::int32_t> targets;  // [windows, T]; ignore_target carries no loss
+  std::vector<std::uint32_t> starts;  // [windows, T] packed: where each position's example starts in its window; else empty
   std::size_t size() const { return seq ? inputs.size() / seq : 0; }
+  bool packed() const { return !starts.empty(); }
   void add(std::span<const std::int32_t> in, std::span<const std::int32_t> tg) {
     inputs.insert(inputs.end(), in.begin(), in.end());
     targets.insert(targets.end(), tg.begin(), tg.end());
   }
+};
+
+// Packs examples of at most T tokens into windows of T, first fit in the order given:
+// an example goes into the first window with room for it, or opens a new one. A max
+// tree over the windows' free room finds that window in O(log windows).
+class window_packer {
+ public:
+  window_packer(std::size_t seq, std::int32_t pad) : seq_(seq), pad_(pad) {
+    if (seq == 0) throw error("window_packer: windows of 0 tokens hold nothing; give --seq 1 or more");
+    w_.seq = seq;
+  }
+
+  // One example: inputs[t] predicts targets[t].   inputs, targets: [L], 1 <= L <= T
+  void add(std::span<const std::int32_t> inputs, std::span<const std::int32_t> targets) {
+    const std::size_t len = inputs.size();
+    if (len == 0 || len > seq_ || targets.size() != len) {
+      throw error("window_packer: an example of " + std::to_string(len) + " inputs and " + std::to_string(targets.size()) +
+                  " targets for windows of " + std::to_string(seq_) + "; give 1 to " + std::to_string(seq_) +
+                  " of each, the same number (cut longer examples first)");
+    }
+    std::size_t w = first_with_room(len);
+    if (w == none) w = open();
+    const std::size_t at = w * seq_ + used_[w];
+    std::copy(inputs.begin(), inputs.end(), w_.inputs.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy(targets.begin(), targets.end(), w_.targets.begin() + static_cast<std::ptrdiff_t>(at));
+    std::fill_n(w_.starts.begin() + static_cast<std::ptrdiff_t>(at), len, static_cast<std::uint32_t>(used_[w]));
+    used_[w] += len;
+    set_room(w, seq_ - used_[w]);
+  }
+
+  std::size_t windows() const { return used_.size(); }
+
+  // The windows, each one's unused end padding: `pad` inputs, no loss, a segment of its own.
+  window_set finish() && {
+    for (std::size_t w = 0; w < used_.size(); ++w)
+      std::fill_n(w_.starts.begin() + static_cast<std::ptrdiff_t>(w * seq_ + used_[w]), seq_ - used_[w],
+                  static_cast<std::uint32_t>(used_[w]));
+    return std::move(w_);
+  }
+
+ private:
+  static constexpr std::size_t none = ~std::size_t{0};
+
+  std::size_t first_with_room(std::size_t len) const {
+    if (tree_.empty() || tree_[1] < len) return none;
+    std::size_t node = 1;
+    while (node < leaves_) node = tree_[2 * node] >= len ? 2 * node : 2 * node + 1;
+    return node - leaves_;
+  }
+  void set_room(std::size_t w, std::size_t room) {
+    std::size_t node = leaves_ + w;
+    tree_[node] = room;
+    for (node /= 2; node >= 1; node /= 2) tree_[node] = std::max(tree_[2 * node], tree_[2 * node + 1]);
+  }
+  // A new empty window, the tree doubled when it is full.
+  std::size_t open() {
+    const std::size_t w = used_.size();
+    used_.push_back(0);
+    w_.inputs.resize(w_.inputs.size() + seq_, pad_);
+    w_.targets.resize(w_.targets.size() + seq_, ignore_target);
+    w_.starts.resize(w_.starts.size() + seq_, 0);
+    if (w >= leaves_) {
+      leaves_ = std::max<std::size_t>(1, 2 * leaves_);
+      tree_.assign(2 * leaves_, 0);
+      for (std::size_t i = 0; i < w; ++i) tree_[leaves_ + i] = seq_ - used_[i];
+      for (std::size_t node = leaves_; node-- > 1;) tree_[node] = std::max(tree_[2 * node], tree_[2 * node + 1]);
+    }
+    set_room(w, seq_);
+    return w;
+  }
+
+  std::size_t seq_;
+  std::int32_t pad_;
+  window_set w_;
+  std::vector<std::size_t> used_;  // [windows] tokens placed in each
+  std::size_t leaves_ = 0;         // the tree's leaf count, a power of two (or 0)
+  std::vector<std::size_t> tree_;  // [2 * leaves] tree_[leaves + w]: window w's free room; a node: its children's max
 };
 
 struct dataset {
@@ -103,6 +190,10 @@ inline void split_held_out(dataset& d, double fraction) {
   d.held_out.targets.assign(d.train.targets.begin() + cut, d.train.targets.end());
   d.train.inputs.resize(static_cast<std::size_t>(cut));
   d.train.targets.resize(static_cast<std::size_t>(cut));
+  if (d.train.packed()) {
+    d.held_out.starts.assign(d.train.starts.begin() + cut, d.train.starts.end());
+    d.train.starts.resize(static_cast<std::size_t>(cut));
+  }
 }
 
 }  // namespace detail
@@ -126,9 +217,10 @@ inline dataset load_text(const std::string& file, const tokenize_fn& tokenize, s
 }
 
 // Chat JSONL rendered with `form` (the model's chat template, given the vocabulary's
-// BOS/EOS texts in `render`); loss on assistant tokens only.
+// BOS/EOS texts in `render`); loss on assistant tokens only. With `pack`, the pieces
+// share windows (window_packer) instead of a window each.
 inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, const chat_template& form, std::int32_t pad,
-                         std::size_t seq, double held_out_fraction, const chat_render_options& render = {}) {
+                         std::size_t seq, double held_out_fraction, const chat_render_options& render = {}, bool pack = false) {
   detail::require_not_folder(file);
   std::ifstream in(file, std::ios::binary);
   if (!in) throw error(file + ": cannot open the data file; check the --data path");
@@ -139,6 +231,7 @@ inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, c
   std::vector<std::int32_t> toks;  // [conversation tokens]
   std::vector<char> counted;       // [conversation tokens]: 1 where the token is trained on
   std::vector<std::int32_t> in_w(seq), tg_w(seq);  // [T] each
+  window_packer packer(std::max<std::size_t>(seq, 1), pad);
   while (std::getline(in, line)) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -231,20 +324,26 @@ inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, c
         tg_w[t] = loss ? toks[p + 1] : ignore_target;
         any = any || loss;
       }
-      if (any) d.train.add(in_w, tg_w);
+      if (!any) continue;
+      // Packed, the piece ends at its last target: the conversation's last token
+      // predicts nothing, and padding is the packer's.
+      const std::size_t len = std::min(seq, toks.size() - 1 - s);
+      if (pack) packer.add(std::span(in_w).first(len), std::span(tg_w).first(len));
+      else d.train.add(in_w, tg_w);
     }
     d.tokens += toks.size();
     ++conversations;
   }
   if (conversations == 0) detail::data_fail(file, 0, "no conversations; each line must be {\"messages\": [...]}");
+  if (pack) d.train = std::move(packer).finish();
   detail::split_held_out(d, held_out_fraction);
   return d;
 }
 
 // The same with the model file's template text (empty: the file has none, plain ChatML).
 inline dataset load_chat(const std::string& file, const tokenize_fn& tokenize, std::string_view chat_template_text, std::int32_t pad,
-                         std::size_t seq, double held_out_fraction) {
-  return load_chat(file, tokenize, chat_template::of(chat_template_text), pad, seq, held_out_fraction);
+                         std::size_t seq, double held_out_fraction, bool pack = false) {
+  return load_chat(file, tokenize, chat_template::of(chat_template_text), pad, seq, held_out_fraction, {}, pack);
 }
 
 // The order of training windows: a seeded Fisher-Yates shuffle per epoch, a pure function

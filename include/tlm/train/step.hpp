@@ -24,6 +24,15 @@
 // block's forward from its saved input just before that block's backward. The rerun
 // is the same computation on the same inputs and threads, so the gradients are the
 // same bit for bit, for about a third more arithmetic (one more forward of the blocks).
+//
+// Packed examples: forward(..., starts) takes, for every token of the batch, the
+// position in its sequence where its example starts ([B * T]; a sequence holds one
+// example after another). Each token then attends to its own example only and is
+// rotated by its position in the example, so a packed sequence computes for each
+// example what that example computes alone in a sequence of its own; backward follows
+// the same segments. Without starts every sequence is one example, today's path.
+//   std::vector<std::uint32_t> starts = {0, 0, 0, 3, 3, 3, 3, 7};   // T = 8: examples at 0, 3, 7
+//   double loss = run.forward(params, tokens, targets, starts);
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -104,6 +113,7 @@ class training {
     lse_.resize(n_);
     tokens_.resize(n_);
     targets_.resize(n_);
+    starts_.resize(n_);
     angles_.reserve(opt_.seq);
     for (std::size_t t = 0; t < opt_.seq; ++t) angles_.emplace_back(t);
     // Every thread's GEMM packing buffers now, so that no step allocates, whichever
@@ -142,10 +152,12 @@ class training {
   // Runs the batch forward and returns the mean cross-entropy over the targets that
   // count (targets equal to ignore_target carry no loss).   tokens, targets: [B * T]
   // The activations stay for backward(). Throws numeric_error on a non-finite loss.
+  // starts: empty, or [B * T] where each token's example starts in its sequence (packed).
   template <class W>
     requires weights_for<W, C, T>
-  double forward(const W& p, std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets) {
-    return run_forward(p, tokens, targets, [](std::size_t) { return no_adapter{}; });
+  double forward(const W& p, std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
+                 std::span<const std::uint32_t> starts = {}) {
+    return run_forward(p, tokens, targets, starts, [](std::size_t) { return no_adapter{}; });
   }
 
   // The same over a frozen base with a low-rank adapter: y = W x + (alpha/r) B (A x)
@@ -153,12 +165,12 @@ class training {
   template <class W, class A>
     requires frozen_base_for<W, C, T> && adapter_for<A, C, T>
   double forward(const W& base, const A& ad, std::span<const std::int32_t> tokens,
-                 std::span<const std::int32_t> targets) {
+                 std::span<const std::int32_t> targets, std::span<const std::uint32_t> starts = {}) {
     reserve_lora(A::rank);
     const std::span<T> u(lora_u_.data(), n_ * A::rank);
     const T scale = static_cast<T>(ad.scale());
     thread_pool* pool = pool_.get();
-    return run_forward(base, tokens, targets, [&](std::size_t l) {
+    return run_forward(base, tokens, targets, starts, [&](std::size_t l) {
       return lora_block_forward<typename A::layer_type, T>{ad.layers[l], scale, u, pool};
     });
   }
@@ -240,15 +252,18 @@ class training {
   // full training).
   template <class W, class AdapterOf>
   double run_forward(const W& p, std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
-                     AdapterOf adapter_of) {
+                     std::span<const std::uint32_t> starts, AdapterOf adapter_of) {
     flush_denormals_guard ftz;
     if (tokens.size() != n_ || targets.size() != n_) {
       throw shape_error("training::forward: " + std::to_string(tokens.size()) + " tokens and " +
                         std::to_string(targets.size()) + " targets for a batch of " + std::to_string(opt_.batch) +
                         " x " + std::to_string(opt_.seq) + " = " + std::to_string(n_) + "; give exactly that many");
     }
+    check_starts(starts);
     std::copy(tokens.begin(), tokens.end(), tokens_.begin());
     std::copy(targets.begin(), targets.end(), targets_.begin());
+    packed_ = !starts.empty();
+    if (packed_) std::copy(starts.begin(), starts.end(), starts_.begin());
     thread_pool* pool = pool_.get();
     auto& x0 = acts_[0].x;
     x0.resize(n_);
@@ -282,6 +297,25 @@ class training {
     }
     forwarded_ = true;
     return loss;
+  }
+
+  // Packed starts must describe examples one after another in each sequence: a token's
+  // example starts at the token itself or where the token before it's does.
+  void check_starts(std::span<const std::uint32_t> starts) const {
+    if (starts.empty()) return;
+    if (starts.size() != n_) {
+      throw shape_error("training::forward: " + std::to_string(starts.size()) + " segment starts for a batch of " +
+                        std::to_string(n_) + " tokens; give one per token, or none for unpacked sequences");
+    }
+    const std::size_t len = opt_.seq;
+    for (std::size_t i = 0; i < n_; ++i) {
+      const std::size_t t = i % len, s = starts[i];
+      if (s != t && (t == 0 || s != starts[i - 1])) {
+        throw shape_error("training::forward: token " + std::to_string(t) + " of sequence " + std::to_string(i / len) +
+                          " starts its example at " + std::to_string(s) + "; a token's example starts at the token itself or "
+                          "where the token before it's does (" + (t ? std::to_string(starts[i - 1]) : std::string("none before")) + ")");
+      }
+    }
   }
 
   // Layer l's activations for its backward: its own set, or with recompute the work
@@ -325,7 +359,9 @@ class training {
   }
 
   block_context<C, T> context() const {
-    return block_context<C, T>{{opt_.batch, opt_.seq, 0}, angles_.data(), opt_.pairing, nullptr};
+    block_context<C, T> ctx{{opt_.batch, opt_.seq, 0}, angles_.data(), opt_.pairing, nullptr};
+    if (packed_) ctx.segment_start = starts_.data();
+    return ctx;
   }
 
   template <class W>
@@ -348,6 +384,8 @@ class training {
   block_scratch<C, T> scratch_;
   std::vector<T> lse_;                       // [n] log-sum-exp of each row's logits
   std::vector<std::int32_t> tokens_, targets_;  // [n] the batch of the last forward
+  std::vector<std::uint32_t> starts_;        // [n] its segment starts, when packed_
+  bool packed_ = false;                      // the last forward packed examples (starts_ holds them)
   std::vector<rope_angles<C, T>> angles_;    // [T] angles of positions 0..T-1
   std::vector<T> lora_u_, lora_du_;          // [n, r] an adapter's low-rank activations and their gradient
   bool forwarded_ = false;

@@ -79,6 +79,7 @@ struct trainer_options {
   std::size_t batch = 4;   // windows per micro-batch, over all processes
   std::size_t accumulate = 1;  // micro-batches per step: a step's batch is accumulate * batch windows
   bool recompute = false;      // keep only each block's input in the forward (training_options::recompute)
+  bool pack = false;           // chat examples packed several to a window (data_source::from_chat's pack)
   std::size_t seq = 128;   // tokens per window
   double lr = 3e-4;        // peak learning rate
   double min_lr = 0;       // learning rate at the end of the cosine decay
@@ -106,6 +107,7 @@ struct data_source {
   std::string name = {};  // the data file's absolute path: a resume on other data is refused
   bool chat = false;
   std::function<dataset()> load = {};
+  bool pack = false;      // the windows pack several examples (window_set::starts)
 
   // Plain text cut into windows of `seq` (data.hpp's load_text).
   static data_source from_text(const std::string& file, tokenize_fn tokenize, std::size_t seq, double held_out) {
@@ -114,15 +116,18 @@ struct data_source {
   }
   // Chat JSONL rendered with `form` (the model's template, with the vocabulary's BOS/EOS
   // texts in `render`), loss on the assistant's tokens (load_chat). The form is copied:
-  // the data is loaded later, when the caller's template text may be gone.
+  // the data is loaded later, when the caller's template text may be gone. With `pack`,
+  // several conversations share a window (trainer_options::pack must say the same).
   static data_source from_chat(const std::string& file, tokenize_fn tokenize, const chat_template& form, std::int32_t pad,
-                               std::size_t seq, double held_out, const chat_render_options& render = {}) {
+                               std::size_t seq, double held_out, const chat_render_options& render = {}, bool pack = false) {
     return {std::filesystem::absolute(file).string(), true,
-            [=] { return load_chat(file, tokenize, form, pad, seq, held_out, render); }};
+            [=] { return load_chat(file, tokenize, form, pad, seq, held_out, render, pack); }, pack};
   }
-  // Windows already made (a notebook's, a test's), under a name of the caller's choice.
+  // Windows already made (a notebook's, a test's), under a name of the caller's choice;
+  // packed if they carry starts.
   static data_source from_windows(std::string name, dataset d) {
-    return {std::move(name), false, [d = std::move(d)] { return d; }};
+    const bool packed = d.train.packed();
+    return {std::move(name), false, [d = std::move(d)] { return d; }, packed};
   }
 };
 
@@ -249,6 +254,10 @@ class trainer {
     }
     if ((o_.steps == 0) == (o_.epochs == 0)) throw error("give exactly one of --steps N and --epochs E");
     if (o_.accumulate == 0) throw error("--accumulate 0: a step needs at least one micro-batch; give 1 or more");
+    if (o_.pack && !data.chat && !data.pack) throw error("--pack packs chat examples several to a window: it needs --chat (chat JSONL data)");
+    if (o_.pack != data.pack)
+      throw error(fmt::format("trainer_options::pack is {}, but the data source's windows are {}; make the source with "
+                              "data_source::from_chat(..., pack = {})", o_.pack ? "on" : "off", data.pack ? "packed" : "not packed", o_.pack));
     const data_parallel& grp = hooks_.group;
     if (grp.ranks == 0 || grp.rank >= grp.ranks || (grp.ranks > 1 && (!grp.sum || !grp.sum_floats)))
       throw error(fmt::format("data_parallel: rank {} of {} ranks; more than one rank needs `sum` and `sum_floats`", grp.rank, grp.ranks));
@@ -260,6 +269,11 @@ class trainer {
     if (o_.seq > C::context) throw error(fmt::format("--seq {} is more than the context of {} ({} positions)", o_.seq, o_.config, C::context));
 
     data_ = data.load();
+    // A source made by hand may say one thing and load another.
+    for (const window_set* ws : {&data_.train, &data_.held_out})
+      if (ws->size() && ws->packed() != o_.pack)
+        throw error(fmt::format("trainer_options::pack is {}, but the data source {} loaded windows {}; set data_source::pack to what "
+                                "its load() gives", o_.pack ? "on" : "off", data.name, ws->packed() ? "with starts (packed)" : "without starts"));
     const std::size_t n_train = data_.train.size();
     const std::size_t per_step = o_.batch * o_.accumulate;  // windows one step consumes
     const std::size_t steps_per_epoch = (n_train + per_step - 1) / per_step;
@@ -272,7 +286,8 @@ class trainer {
     opt_ = std::make_unique<adamw<weights>>(ao);
     st_ = {.step = 0, .seed = o_.seed, .data_position = 0, .rng_state = 0, .batch = o_.batch, .accumulate = o_.accumulate, .seq = o_.seq, .threads = o_.threads,
            .options = ao, .config = o_.config, .data = data.name, .chat = data.chat,
-           .kernels = std::string(kernels::kernel_level_name()), .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {}};
+           .kernels = std::string(kernels::kernel_level_name()), .lora_base = {}, .lora_rank = 0, .lora_alpha = 0, .lora_targets = {},
+           .pack = o_.pack};
     if constexpr (is_lora) {
       st_.lora_base = fs::absolute(source_->name()).string();
       st_.lora_rank = Adapter::rank;
@@ -298,6 +313,7 @@ class trainer {
     order_ = std::make_unique<window_order>(n_train, o_.seed);
     x_.resize(o_.accumulate * local_ * o_.seq);
     y_.resize(o_.accumulate * local_ * o_.seq);
+    if (o_.pack) s_.resize(o_.accumulate * local_ * o_.seq);
   }
 
   // True once the run reached its total or the stop flag was seen.
@@ -413,8 +429,9 @@ class trainer {
   double forward(std::size_t k) {
     const std::size_t len = local_ * o_.seq;
     const std::span<const std::int32_t> x(x_.data() + k * len, len), y(y_.data() + k * len, len);
-    if constexpr (is_lora) return run_->forward(*base_, *p_, x, y);
-    else return run_->forward(*p_, x, y);
+    const std::span<const std::uint32_t> s = o_.pack ? std::span<const std::uint32_t>(s_.data() + k * len, len) : std::span<const std::uint32_t>();
+    if constexpr (is_lora) return run_->forward(*base_, *p_, x, y, s);
+    else return run_->forward(*p_, x, y, s);
   }
 
   // The mean loss over the counted targets of the filled micro-batches, and with
@@ -496,6 +513,7 @@ class trainer {
     differs("--seed", std::to_string(saved.seed), std::to_string(o_.seed));
     differs("--data", saved.data, data.name);
     differs("--chat", saved.chat ? "on" : "off", data.chat ? "on" : "off");
+    differs("--pack", saved.pack ? "on" : "off", o_.pack ? "on" : "off");
     const bool lead = hooks_.group.lead() && hooks_.warn;
     const adamw_options& ao = st_.options;
     const auto changed = [&](const char* what, double was, double now) {
@@ -528,6 +546,7 @@ class trainer {
         const std::size_t w = window_of(k, b), at = (k * local_ + b) * T;
         std::copy_n(ws.inputs.begin() + static_cast<std::ptrdiff_t>(w * T), T, x_.begin() + static_cast<std::ptrdiff_t>(at));
         std::copy_n(ws.targets.begin() + static_cast<std::ptrdiff_t>(w * T), T, y_.begin() + static_cast<std::ptrdiff_t>(at));
+        if (o_.pack) std::copy_n(ws.starts.begin() + static_cast<std::ptrdiff_t>(w * T), T, s_.begin() + static_cast<std::ptrdiff_t>(at));
       }
   }
 
@@ -606,6 +625,7 @@ class trainer {
   std::unique_ptr<training<C, float>> run_;
   std::unique_ptr<window_order> order_;
   std::vector<std::int32_t> x_, y_;  // [accumulate, B / ranks, T] each
+  std::vector<std::uint32_t> s_;     // [accumulate, B / ranks, T] packed: where each token's example starts
   std::vector<std::size_t> counted_;  // [accumulate] counted targets per micro-batch (sized once, reused)
   std::vector<float> bucket_;        // [4M] the all-reduce's, with more than one rank
   std::vector<loss_log_row> rows_;

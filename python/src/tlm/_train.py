@@ -21,7 +21,7 @@ from ._tlm import Error
 _VALUE_OPTIONS = ("model", "config", "data", "steps", "epochs", "batch", "accumulate", "seq", "lr", "min_lr", "warmup", "clip",
                   "weight_decay", "held_out", "eval_every", "save_every", "out", "out_type", "threads", "seed",
                   "stop_after", "keep_checkpoints")
-_SWITCHES = ("chat", "resume", "overwrite", "recompute")
+_SWITCHES = ("chat", "resume", "overwrite", "recompute", "pack")
 
 
 def train_executable() -> Path:

@@ -92,7 +92,8 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
   --out-type TYPE      encoding of the exported model.gguf: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1,
                        q8_0, q4_k, q5_k, q6_k (default f32; norms stay f32; a K-quant puts each
                        matrix where llama.cpp's quantizer would: Q6_K output, Q5_0/Q5_1/Q8_0
-                       for rows that are not a multiple of 256; examples/quantize writes the _M mixes)
+                       for rows that are not a multiple of 256; examples/quantize writes the _M mixes),
+                       or, with --merge, base (its default): each tensor in its encoding in --model
   --resume             continue from the newest checkpoint in --out
   --overwrite          start a new run in an --out that holds one, deleting its checkpoints,
                        model.gguf and loss log (without it such an --out is refused)
@@ -107,7 +108,8 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
                        finetune and tlm::lora; PEFT's default is a fixed lora_alpha = 8)
   --lora-targets LIST  matrices to adapt: q,v or q,k,v,o (default) or q,k,v,o,gate,up,down
   --merge              with --lora: also write model.gguf, the base with the adapter merged
-                       (W + alpha/RANK B A), encoded as --out-type
+                       (W + alpha/RANK B A), each tensor in the encoding it has in --model (a Q4_1
+                       base with a Q6_K output stays so), or all matrices as --out-type TYPE
   --help               this text
 
 Ctrl-C finishes the current step, writes a checkpoint and exits 0; a second Ctrl-C
@@ -115,7 +117,8 @@ abandons that write (the previous checkpoint stays intact) and exits 1.
 )";
 
 struct options {
-  std::string model, config, data, out = "train-out", out_type = "f32";
+  std::string model, config, data, out = "train-out";
+  std::string out_type;  // empty: f32, or with --merge the base's encodings (as "base")
   bool chat = false, resume = false, overwrite = false, recompute = false, pack = false;
   std::size_t steps = 0, epochs = 0, batch = 4, accumulate = 1, seq = 128, warmup = 0, eval_every = 10, save_every = 100, threads = 1, stop_after = 0,
               keep_checkpoints = 2;
@@ -216,11 +219,13 @@ options parse(int argc, char** argv) {
   if (o.model.empty() && o.config.empty()) fail("give --model FILE.gguf to fine-tune or --config NAME to train from scratch (see --help)");
   if (o.data.empty()) fail("--data FILE is required: the text or chat JSONL to train on");
   if (o.min_lr > o.lr) fail(fmt::format("--min-lr {} is above --lr {}; the decay ends below the peak", o.min_lr, o.lr));
-  if (tlm::parse_writable_encoding(o.out_type) == nullptr)
-    fail(fmt::format("--out-type is one of {}, not '{}'", tlm::writable_encodings_list(), o.out_type));
+  if (!o.out_type.empty() && o.out_type != "base" && tlm::parse_writable_encoding(o.out_type) == nullptr)
+    fail(fmt::format("--out-type is one of {}, or base with --merge, not '{}'", tlm::writable_encodings_list(), o.out_type));
   if (!o.config.empty() && !trainable_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text<trainable_configs>()));
   if (o.merge && o.lora == 0) fail("--merge merges a LoRA adapter into its base: it needs --lora RANK");
+  if (o.out_type == "base" && !o.merge)
+    fail("--out-type base writes each tensor of a LoRA merge in its base's encoding: it needs --lora RANK --merge");
   if (o.lora_options_given && o.lora == 0) fail("--lora-alpha and --lora-targets need --lora RANK");
   if (o.lora && o.model.empty())
     fail("--lora trains an adapter over a base model: give --model FILE.gguf (--config alone trains from scratch)");
@@ -295,6 +300,13 @@ std::string duration(double seconds) {
 
 // ---- the run: the options handed to tlm::trainer, its reports printed
 
+// --out-type as the trainer takes it: unset for f32's default or the base's encodings,
+// which the trainer chooses by itself (a full run: f32; a merge: the base's).
+std::optional<tlm::encoding> out_type(const options& o) {
+  if (o.out_type.empty() || o.out_type == "base") return std::nullopt;
+  return tlm::parse_writable_encoding(o.out_type)->enc;  // checked when the options were read
+}
+
 template <tlm::LlamaConfig C, class Adapter = void>
 int run(const options& o, const std::string& config_name, group& grp) {
   std::unique_ptr<tlm::gguf::file> source;
@@ -322,7 +334,7 @@ int run(const options& o, const std::string& config_name, group& grp) {
                                 .recompute = o.recompute, .pack = o.pack, .seq = o.seq, .lr = o.lr, .min_lr = o.min_lr,
                                 .warmup = o.warmup, .clip = o.clip, .weight_decay = o.weight_decay, .eval_every = o.eval_every,
                                 .save_every = o.save_every, .keep_checkpoints = o.keep_checkpoints, .out = o.out,
-                                .out_type = tlm::parse_writable_encoding(o.out_type)->enc,  // checked when the options were read
+                                .out_type = out_type(o),
                                 .resume = o.resume, .overwrite = o.overwrite, .threads = o.threads, .seed = o.seed,
                                 .stop_after = o.stop_after, .config = config_name, .lora_alpha = o.lora_alpha,
                                 .merge = o.merge};
@@ -371,8 +383,11 @@ int run(const options& o, const std::string& config_name, group& grp) {
   const tlm::finish_report f = tr.finish();
   if (!grp.lead()) return 0;
   if (f.saved) fmt::print("checkpoint {} written (step {}, {:.2f} s)\n", f.checkpoint, tr.steps(), f.save_seconds);
-  if (f.exported) fmt::print("exported {} ({})\n", f.model.string(), std::is_void_v<Adapter> ? o.out_type : "LoRA adapter, f32");
-  if (!f.merged.empty()) fmt::print("merged the adapter into {} ({})\n", f.merged.string(), o.out_type);
+  if (f.exported)
+    fmt::print("exported {} ({})\n", f.model.string(), std::is_void_v<Adapter> ? (o.out_type.empty() ? "f32" : o.out_type) : "LoRA adapter, f32");
+  if (!f.merged.empty())
+    fmt::print("merged the adapter into {} ({}; {:.1f}% of the adapter's change to the weights kept)\n", f.merged.string(),
+               out_type(o) ? o.out_type : "the base's encodings", 100 * f.merge_kept);
   if (!f.exported) fmt::print("stopped at step {} of {}; continue with --resume\n", tr.steps(), tr.total_steps());
   return 0;
 }

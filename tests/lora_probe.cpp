@@ -6,10 +6,16 @@
 //                               B drawn N(0, 0.1²) (seed 6) so that the adapter matters
 //       OUT_DIR/adapted.f32     [T, V] tlm's logits over the mapped base with the adapter
 //       OUT_DIR/base.f32        [T, V] the same with B = 0 (the base's logits)
+//       OUT_DIR/merged.gguf     the base with the adapter merged, each tensor in its
+//                               encoding in MODEL.gguf (train --merge's default)
+//       OUT_DIR/merged.f32      [T, V] tlm's logits of merged.gguf alone
+//   and prints the share of the adapter's change to the weights merged.gguf keeps
 //   lora_probe --read ADAPTER.gguf
 //       reads a rank-8 q, k, v, o adapter for smollm2_135m with tlm::read_lora (every
 //       check of it) and prints its alpha, tensor count and sum of |B| (tests/train/lora.sh)
 #include <tlm/load.hpp>
+#include <tlm/train/checkpoint.hpp>
+#include <tlm/train/lora.hpp>
 #include <tlm/train/lora_file.hpp>
 #include <tlm/train/step.hpp>
 
@@ -78,6 +84,17 @@ int main(int argc, char** argv) try {
   const auto zero = std::make_unique<A>();  // B = 0: the base alone
   run.forward(w, *zero, tokens, targets);
   dump("base.f32");
+
+  {
+    const auto merged = tlm::to_trainable<float>(w);
+    tlm::merge_lora(*merged, *ad);
+    tlm::write_model_like<C>(out / "merged.gguf", *merged, f, 0);
+    std::printf("merged.gguf keeps %.4f of the adapter's change to the weights\n",
+                tlm::kept_change<C>(w, *merged, tlm::source_encodings(*merged, f)));
+  }
+  const tlm::gguf::file merged_file(out / "merged.gguf");
+  run.forward(tlm::bind<C>(merged_file), *zero, tokens, targets);
+  dump("merged.f32");
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "lora_probe: %s\n", e.what());

@@ -6,6 +6,7 @@ import _thread
 import json
 import os
 import pathlib
+import re
 import subprocess
 import threading
 import time
@@ -380,6 +381,19 @@ def test_train_errors_come_through(tmp_path):
         tlm.train(config="tiny_train", data=data, steps=1, learning_rate=0.1, on_line=None)
     with pytest.raises(TypeError, match=r"chat is a switch"):
         tlm.train(config="tiny_train", data=data, steps=1, chat="yes", on_line=None)
+
+
+def test_train_options_are_the_train_programs_flags():
+    # Every flag train --help names (in its option column or in another option's text),
+    # as keyword arguments with '-' read as '_': a flag added to examples/train without its
+    # keyword here, or a keyword for a flag train lost, fails this.
+    help_text = subprocess.run([str(EXAMPLES / "train"), "--help"], check=True, capture_output=True, text=True).stdout
+    flags = {m.replace("-", "_") for m in re.findall(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)", help_text)}
+    assert "model" in flags and "lora_alpha" in flags  # the pattern reads the help at all
+    flags.discard("help")  # train prints its help; tlm.train has the docstring
+    ours = set(tlm._train._VALUE_OPTIONS) | set(tlm._train._SWITCHES)
+    assert not set(tlm._train._VALUE_OPTIONS) & set(tlm._train._SWITCHES)
+    assert flags == ours, f"only in train --help: {sorted(flags - ours)}; only in tlm.train: {sorted(ours - flags)}"
 
 
 def test_train_resumes_from_python(tmp_path):

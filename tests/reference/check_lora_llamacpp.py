@@ -18,7 +18,15 @@ matrices, W + (alpha / r) B A, read from the adapter file with gguf-py:
      parting a near-tie within llama.cpp's own error there);
   3. the adapter matters: it moves the reference's logits by more than twice llama.cpp's
      error, and llama.cpp's logits are outside its tolerance of the plain reference, so
-     check 2 could not pass with the adapter ignored.
+     check 2 could not pass with the adapter ignored;
+  4. the merged model lora_probe writes as `train --merge` does by default (every tensor
+     in its encoding in the base: Q4_1 matrices, F32 norms) has the base's encodings,
+     tensor by tensor, and llama.cpp reads it as tlm does: its logits agree with tlm's
+     for that file within check 2's tolerance and argmax share, every parting a near-tie.
+     How far the merged file is from the exact merge (the f64 reference) is printed, not
+     bounded: rounding W + (alpha / r) B A back to Q4_1 blocks loses what of the adapter's
+     change is finer than the step (lora_probe prints the share kept), which depends on
+     the adapter, not on tlm (test_train_trainer bounds it on tiny_train).
 Exit status 0 only when every check passes.
 """
 from __future__ import annotations
@@ -95,6 +103,9 @@ def main() -> int:
         T = len(PROMPT)
         ours_a = np.fromfile(out / "adapted.f32", dtype=np.float32).reshape(T, -1).astype(np.float64)
         ours_b = np.fromfile(out / "base.f32", dtype=np.float32).reshape(T, -1).astype(np.float64)
+        ours_m = np.fromfile(out / "merged.f32", dtype=np.float32).reshape(T, -1).astype(np.float64)
+        base_types = {t.name: t.tensor_type for t in gguf.GGUFReader(args.model).tensors}
+        merged_types = {t.name: t.tensor_type for t in gguf.GGUFReader(str(out / "merged.gguf")).tensors}
         base = rf.RefModel(args.model)
         ref_b = base.prompt_logits(PROMPT)
         ref_a = merged(base, out / "adapter.gguf").prompt_logits(PROMPT)
@@ -103,6 +114,10 @@ def main() -> int:
                     verbose=False)
         llm.eval(PROMPT)
         theirs = np.array(llm.scores[:T], dtype=np.float64)
+        del llm
+        llm = Llama(str(out / "merged.gguf"), logits_all=True, n_ctx=64, n_threads=1, verbose=False)
+        llm.eval(PROMPT)
+        theirs_m = np.array(llm.scores[:T], dtype=np.float64)
         del llm
 
     err_a, err_b, err_llama = rel_err(ours_a, ref_a), rel_err(ours_b, ref_b), rel_err(theirs, ref_a)
@@ -127,6 +142,21 @@ def main() -> int:
         failures.append(f"llama.cpp's adapted logits are within {LLAMA_TOL:g} of the base's ({off_base:.2e}): was the adapter applied?")
     if moved < 2 * max(err_llama, 1e-3):
         failures.append(f"the adapter moves the logits by only {moved:.2e}: too little to tell whether llama.cpp applied it")
+    if merged_types != base_types:
+        differ = sorted(n for n in base_types.keys() | merged_types.keys() if base_types.get(n) != merged_types.get(n))
+        failures.append(f"the merged model's encodings are not the base's: {differ[:5]}")
+    kinds = sorted({t.name for t in merged_types.values()})
+    err_m, err_m_llama = rel_err(ours_m, ref_a), rel_err(theirs_m, ref_a)
+    arg_m, arg_m_llama = (ours_m.argmax(1) == ref_a.argmax(1)).mean(), (theirs_m.argmax(1) == ref_a.argmax(1)).mean()
+    print(f"merged model ({', '.join(kinds)}, as the base) against the exact merge (f64): tlm {err_m:.2e} argmax {arg_m:.0%}, "
+          f"llama.cpp {err_m_llama:.2e} argmax {arg_m_llama:.0%}")
+    err_m_same = rel_err(theirs_m, ours_m)
+    arg_m_same = (theirs_m.argmax(1) == ours_m.argmax(1)).mean()
+    print(f"merged model: llama.cpp vs tlm {err_m_same:.2e} argmax {arg_m_same:.0%} (tolerance {LLAMA_TOL:g})")
+    if err_m_same > LLAMA_TOL or arg_m_same < LLAMA_AGREE:
+        failures.append(f"llama.cpp reads the merged model otherwise than tlm ({err_m_same:.2e}, argmax {arg_m_same:.0%})")
+    for pos in unexplained_partings(ours_m, theirs_m):
+        failures.append(f"merged model: at position {pos} llama.cpp's top token is not a near-tie of tlm's within its own error")
     for f in failures:
         print("FAIL", f)
     return 1 if failures else 0

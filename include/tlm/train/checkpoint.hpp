@@ -175,33 +175,15 @@ inline void copy_model_metadata(gguf::writer& w, const gguf::file& source) {
   }
 }
 
-// Adds every weight tensor of `w` to `out`, matrices encoded as `enc` (norms always f32,
-// as llama.cpp's quantizer keeps them). For a K-quant, each matrix takes the encoding
-// llama.cpp's quantizer would give it (quantize_mix.hpp: the output or tied embedding
-// in Q6_K, Q5_0 / Q5_1 / Q8_0 for rows that are not whole super-blocks), since most
-// models have such rows. Values are read from w when the file is written.
+// Adds every weight tensor of `w` to `out`, the i-th tensor of the walk encoded as
+// encodings[i]. Values are read from w when the file is written.
 template <class W>
-void add_weights(gguf::writer& out, const W& w, encoding enc) {
-  std::vector<std::string> names;
-  std::vector<tensor_desc> descs;
-  for_each_tensor(
-      [&](const tensor_name& name, const auto& t) {
-        using U = std::remove_cvref_t<decltype(t)>;
-        names.push_back(name.str());
-        descs.push_back({{}, U::rank, U::cols, encoding::f32});
-      },
-      w);
-  for (std::size_t i = 0; i < names.size(); ++i) descs[i].name = names[i];
-  std::vector<encoding> chosen;
-  const quant_type* mix = find_quant_type(lower_name(enc));
-  const bool k_quant = enc == encoding::q4_k || enc == encoding::q5_k || enc == encoding::q6_k;
-  if (k_quant && mix != nullptr) chosen = choose_encodings(*mix, descs);
+void add_weights_as(gguf::writer& out, const W& w, std::span<const encoding> encodings) {
   std::size_t k = 0;
   for_each_tensor(
       [&](const tensor_name& name, const auto& t) {
         using U = std::remove_cvref_t<decltype(t)>;
-        const encoding e = !chosen.empty() ? chosen[k] : U::rank == 1 ? encoding::f32 : enc;
-        ++k;
+        const encoding e = encodings[k++];
         const float* values = t.data();  // [rows, cols]
         out.add_tensor_generated(name.str(), detail::gguf_dims<U>(), e, [values, e](std::span<std::byte> dst) {
           const std::size_t rb = row_bytes(e, U::cols);
@@ -209,6 +191,67 @@ void add_weights(gguf::writer& out, const W& w, encoding enc) {
         });
       },
       w);
+}
+
+// The encodings add_weights gives the tensors of `w`, in walk order: matrices `enc`
+// (norms always f32, as llama.cpp's quantizer keeps them). For a K-quant, each matrix
+// takes the encoding llama.cpp's quantizer would give it (quantize_mix.hpp: the output
+// or tied embedding in Q6_K, Q5_0 / Q5_1 / Q8_0 for rows that are not whole
+// super-blocks), since most models have such rows.
+template <class W>
+std::vector<encoding> export_encodings(const W& w, encoding enc) {
+  std::vector<std::string> names;
+  std::vector<tensor_desc> descs;
+  std::vector<encoding> chosen;
+  for_each_tensor(
+      [&](const tensor_name& name, const auto& t) {
+        using U = std::remove_cvref_t<decltype(t)>;
+        names.push_back(name.str());
+        descs.push_back({{}, U::rank, U::cols, encoding::f32});
+        chosen.push_back(U::rank == 1 ? encoding::f32 : enc);
+      },
+      w);
+  for (std::size_t i = 0; i < names.size(); ++i) descs[i].name = names[i];
+  const quant_type* mix = find_quant_type(lower_name(enc));
+  const bool k_quant = enc == encoding::q4_k || enc == encoding::q5_k || enc == encoding::q6_k;
+  if (k_quant && mix != nullptr) chosen = choose_encodings(*mix, descs);
+  return chosen;
+}
+
+// Adds every weight tensor of `w` to `out` as export_encodings(w, enc) says.
+template <class W>
+void add_weights(gguf::writer& out, const W& w, encoding enc) {
+  add_weights_as(out, w, export_encodings(w, enc));
+}
+
+// Every encoding a tensor can be bound in (kernels.hpp's matrix encodings, F32 for
+// vectors) is one tlm can write, K-quants included, so a model written like its source
+// (write_model_like) keeps each tensor's encoding and never needs a fallback. A new
+// matrix encoding without a writer breaks this on purpose: give it a quantize_row, or
+// choose here which writable encoding of at least its precision stands in for it.
+static_assert(std::ranges::all_of(kernels::detail::table_encodings, [](encoding e) { return writable(e); }),
+              "a bindable matrix encoding cannot be written: write_model_like needs a fallback for it");
+
+// The encoding of each weight tensor of `w` in `source`, in walk order; `source` is the
+// file w was bound from (a LoRA base), so every tensor is there.
+template <class W>
+std::vector<encoding> source_encodings(const W& w, const gguf::file& source) {
+  std::vector<encoding> encodings;
+  for_each_tensor(
+      [&](const tensor_name& name, const auto&) {
+        const gguf::tensor_info* info = source.find_tensor(name.str());
+        if (info == nullptr) {
+          throw format_error(source.name() + ": tensor '" + name.str() +
+                             "' is missing, so the model cannot be written in this file's encodings; give the file the weights came from");
+        }
+        if (!writable(info->enc)) {
+          throw error(source.name() + ": tensor '" + name.str() + "' is " + std::string(tlm::name(info->enc)) +
+                      ", which tlm cannot write; choose an encoding for the whole model (one of " + writable_encodings_list() + ")");
+        }
+        encodings.push_back(info->enc);
+      },
+      w);
+  return encodings;
 }
 
 // The tokenizer section of a model trained on bytes (make_byte_vocabulary): byte-level
@@ -228,16 +271,13 @@ inline void write_byte_tokenizer(gguf::writer& w, std::size_t vocab) {
   w.set("tokenizer.ggml.add_bos_token", false);
 }
 
-// Writes `w` as a model file (atomic). `source` supplies metadata; without it the
-// hyperparameters of C and a byte tokenizer (the from-scratch trainer reads bytes) are
-// written, so the file runs in generate and llama.cpp.
-//
-// An f32 file (a checkpoint's) also gets `tlm.checksums`: there the file's bytes are the
-// values in memory, so the sums come from one walk before the header is written. The
-// write is abandoned when `cancelled` says so (see gguf::writer::write).
+namespace detail {
+
+// Writes `w` as a model file (atomic), the i-th tensor of the walk as encodings[i], with
+// general.file_type `file_type`; see write_model.
 template <LlamaConfig C>
-void write_model(const std::filesystem::path& path, const trainable<C, float>& w, encoding enc, const gguf::file* source,
-                 std::uint64_t step, const std::function<bool()>& cancelled = {}) {
+void write_model_encoded(const std::filesystem::path& path, const trainable<C, float>& w, std::span<const encoding> encodings,
+                         std::uint32_t file_type, const gguf::file* source, std::uint64_t step, const std::function<bool()>& cancelled) {
   gguf::writer out;
   if (source) {
     copy_model_metadata(out, *source);
@@ -245,16 +285,89 @@ void write_model(const std::filesystem::path& path, const trainable<C, float>& w
     write_hyperparameters<C>(out, std::string(type_name<C>()) + " trained from scratch by tlm");
     write_byte_tokenizer(out, C::vocab);
   }
-  out.set("general.file_type", detail::llama_file_type(enc));
-  if (enc != encoding::f32 && enc != encoding::f16 && enc != encoding::bf16) out.set("general.quantization_version", std::uint32_t{2});
+  out.set("general.file_type", file_type);
+  const auto plain = [](encoding e) { return e == encoding::f32 || e == encoding::f16 || e == encoding::bf16; };
+  if (!std::ranges::all_of(encodings, plain)) out.set("general.quantization_version", std::uint32_t{2});
   out.set("tlm.train.step", step);
-  if (enc == encoding::f32) {
+  if (std::ranges::all_of(encodings, [](encoding e) { return e == encoding::f32; })) {
     std::vector<std::uint64_t> sums;
-    for_each_tensor([&](const tensor_name&, const auto& t) { sums.push_back(detail::checksum(std::as_bytes(t.values()))); }, w);
-    out.set_array(detail::checksums_key, sums);
+    for_each_tensor([&](const tensor_name&, const auto& t) { sums.push_back(checksum(std::as_bytes(t.values()))); }, w);
+    out.set_array(checksums_key, sums);
   }
-  add_weights(out, w, enc);
+  add_weights_as(out, w, encodings);
   out.write(path, cancelled);
+}
+
+}  // namespace detail
+
+// Writes `w` as a model file (atomic), matrices as `enc` (see export_encodings). `source`
+// supplies metadata; without it the hyperparameters of C and a byte tokenizer (the
+// from-scratch trainer reads bytes) are written, so the file runs in generate and llama.cpp.
+//
+// An f32 file (a checkpoint's) also gets `tlm.checksums`: there the file's bytes are the
+// values in memory, so the sums come from one walk before the header is written. The
+// write is abandoned when `cancelled` says so (see gguf::writer::write).
+template <LlamaConfig C>
+void write_model(const std::filesystem::path& path, const trainable<C, float>& w, encoding enc, const gguf::file* source,
+                 std::uint64_t step, const std::function<bool()>& cancelled = {}) {
+  detail::write_model_encoded<C>(path, w, export_encodings(w, enc), detail::llama_file_type(enc), source, step, cancelled);
+}
+
+// Writes `w` as a model file (atomic) in the encodings of `source`, tensor by tensor: a
+// LoRA merge over a Q4_1 base with F32 norms and a Q6_K output is written so again
+// (requantized: base + delta rounded to the base's grid). Metadata, general.file_type
+// included, are the source's.
+template <LlamaConfig C>
+void write_model_like(const std::filesystem::path& path, const trainable<C, float>& w, const gguf::file& source, std::uint64_t step,
+                      const std::function<bool()>& cancelled = {}) {
+  const std::vector<encoding> encodings = source_encodings(w, source);
+  std::uint32_t file_type = 0;
+  if (source.has("general.file_type")) {
+    file_type = static_cast<std::uint32_t>(source.get_uint("general.file_type"));
+  } else {
+    // A file without one: the type of its first matrix's encoding, as a reader names it.
+    const auto matrix = std::ranges::find_if(encodings, [](encoding e) { return e != encoding::f32; });
+    file_type = detail::llama_file_type(matrix == encodings.end() ? encoding::f32 : *matrix);
+  }
+  detail::write_model_encoded<C>(path, w, encodings, file_type, &source, step, cancelled);
+}
+
+// The share of a change to the weights that survives writing them in `encodings` (walk
+// order, as export_encodings or source_encodings give): with Δ = changed − base over the
+// tensors that differ (a LoRA merge: the adapted matrices) and q the values the file
+// holds (changed, encoded and decoded), Σ (q − base)·Δ / Σ Δ². 1 when the change is
+// written as it is (f32); near 0 when Δ is finer than the encoding's step, so that
+// rounding puts the values back on the base's grid and the file computes nearly the
+// base (a short LoRA run merged into a Q4_1 base). NaN when nothing changed.
+template <LlamaConfig C>
+double kept_change(const model_weights<C, mapped>& base, const trainable<C, float>& changed, std::span<const encoding> encodings) {
+  double along = 0, norm = 0;
+  std::size_t k = 0;
+  std::vector<float> b, q;
+  std::vector<std::byte> encoded;
+  for_each_tensor(
+      [&](const tensor_name&, const auto& src, const auto& dst) {
+        using U = std::remove_cvref_t<decltype(dst)>;
+        const encoding e = encodings[k++];
+        b.resize(U::cols);
+        q.resize(U::cols);
+        encoded.resize(row_bytes(e, U::cols));
+        const std::size_t rb = row_bytes(src.enc(), U::cols);
+        for (std::size_t r = 0; r < U::rows; ++r) {
+          const float* c = dst.data() + r * U::cols;
+          dequantize_row(src.enc(), src.bytes().data() + r * rb, b.data(), U::cols);
+          if (std::equal(b.begin(), b.end(), c)) continue;  // unchanged: nothing to keep or lose
+          quantize_row(e, c, encoded.data(), U::cols);
+          dequantize_row(e, encoded.data(), q.data(), U::cols);
+          for (std::size_t i = 0; i < U::cols; ++i) {
+            const double delta = double(c[i]) - double(b[i]);
+            along += (double(q[i]) - double(b[i])) * delta;
+            norm += delta * delta;
+          }
+        }
+      },
+      base, changed);
+  return norm > 0 ? along / norm : NAN;
 }
 
 namespace detail {

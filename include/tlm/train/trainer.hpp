@@ -26,7 +26,8 @@
 // checkpoints hold the adapter (llama.cpp's adapter format) and its optimizer state,
 // a resume refuses another base file, rank, alpha or targets, and the export is
 // out/adapter.gguf instead of out/model.gguf (and with `merge`, out/model.gguf too: the
-// base with the adapter merged, as out_type).
+// base with the adapter merged, in the base's encodings tensor by tensor, or all its
+// matrices as out_type when that is set).
 //
 //   const tlm::gguf::file base("SmolLM2-135M-Instruct.Q4_1.gguf");
 //   tlm::trainer<tlm::smollm2_135m, tlm::lora<tlm::smollm2_135m, 16>> t({.steps = 100, .lora_alpha = 32}, data, &base);
@@ -90,7 +91,9 @@ struct trainer_options {
   std::size_t save_every = 100; // checkpoint every N steps (0: only at the end)
   std::size_t keep_checkpoints = 2;
   std::filesystem::path out = "train-out";  // checkpoints, model.gguf, loss.csv, loss.svg
-  encoding out_type = encoding::f32;        // of the exported model.gguf
+  // The encoding of the exported model.gguf's matrices (norms stay f32). Unset: f32 for a
+  // full run; for a LoRA merge, each tensor in the encoding it has in the base file.
+  std::optional<encoding> out_type = {};
   bool resume = false;     // continue from the newest checkpoint in `out`
   bool overwrite = false;  // start anew in an `out` that holds a run, deleting it
   std::size_t threads = 1; // a bit-exact resume needs the same count
@@ -98,7 +101,7 @@ struct trainer_options {
   std::size_t stop_after = 0;  // stop after this many steps of this run, as the stop flag would (0: never)
   std::string config = {};  // the config's name in checkpoints and messages (default: C's type name)
   double lora_alpha = 0;    // a LoRA run's alpha (scale alpha / rank); 0: the rank (scale 1)
-  bool merge = false;       // a LoRA run's export also writes model.gguf: base + (alpha/r) B A, as out_type
+  bool merge = false;       // a LoRA run's export also writes model.gguf: base + (alpha/r) B A (see out_type)
 };
 
 // The training data: how to load it (called once, after the output folder is ready, so
@@ -152,6 +155,10 @@ struct step_report {
   bool stopping = false;            // the stop flag was seen: done() is now true
 };
 
+// Below this share of the adapter's change kept by a merge (finish_report::merge_kept),
+// the trainer warns.
+inline constexpr double merge_kept_warning = 0.8;
+
 // What finish() did.
 struct finish_report {
   bool saved = false;                // a checkpoint was written (no step ran: none)
@@ -160,6 +167,9 @@ struct finish_report {
   bool exported = false;             // the run reached its total: model.gguf (LoRA: adapter.gguf) written
   std::filesystem::path model = {};
   std::filesystem::path merged = {};  // LoRA with trainer_options::merge: out/model.gguf
+  // The share of the adapter's change to the weights that model.gguf keeps after its
+  // rounding to its encodings (kept_change); NaN without a merge.
+  double merge_kept = NAN;
 };
 
 // Where the trainer reports; every member may be left empty.
@@ -385,11 +395,22 @@ class trainer {
           const auto merged = to_trainable<float>(*base_);
           merge_lora(*merged, *p_);
           f.merged = o_.out / "model.gguf";
-          write_model<C>(f.merged, *merged, o_.out_type, source_, st_.step);
+          if (o_.out_type) write_model<C>(f.merged, *merged, *o_.out_type, source_, st_.step);
+          else write_model_like<C>(f.merged, *merged, *source_, st_.step);
+          const std::vector<encoding> written = o_.out_type ? export_encodings(*merged, *o_.out_type) : source_encodings(*merged, *source_);
+          f.merge_kept = kept_change<C>(*base_, *merged, written);
+          // A change finer than the encoding's step is rounded away: the file then computes
+          // nearly the base, which its user would not guess from a successful run.
+          if (f.merge_kept < merge_kept_warning && hooks_.warn)
+            hooks_.warn(fmt::format("{} keeps {:.0f}% of the adapter's change to the weights: the rest is finer than the step of {} "
+                                    "and was rounded away, so the merged model computes nearly the base. adapter.gguf has the "
+                                    "whole adapter; --out-type q8_0 or f16 keeps it in the merge",
+                                    f.merged.string(), 100 * f.merge_kept,
+                                    o_.out_type ? std::string(name(*o_.out_type)) : std::string("the base's encodings")));
         }
       } else {
         f.model = o_.out / "model.gguf";
-        write_model<C>(f.model, *p_, o_.out_type, source_, st_.step);
+        write_model<C>(f.model, *p_, o_.out_type.value_or(encoding::f32), source_, st_.step);
       }
       f.exported = true;
     }

@@ -20,8 +20,8 @@ from ._tlm import Error
 # (a string or a number), the switches take True. Names use '_' where the flag has '-'.
 _VALUE_OPTIONS = ("model", "config", "data", "steps", "epochs", "batch", "accumulate", "seq", "lr", "min_lr", "warmup", "clip",
                   "weight_decay", "held_out", "eval_every", "save_every", "out", "out_type", "threads", "seed",
-                  "stop_after", "keep_checkpoints")
-_SWITCHES = ("chat", "resume", "overwrite", "recompute", "pack")
+                  "stop_after", "keep_checkpoints", "lora", "lora_alpha", "lora_targets")
+_SWITCHES = ("chat", "resume", "overwrite", "recompute", "pack", "merge")
 
 
 def train_executable() -> Path:

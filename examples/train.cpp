@@ -4,6 +4,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <tlm/config_match.hpp>
 #include <tlm/configs.hpp>
 #include <tlm/load.hpp>
 #include <tlm/tokenizer.hpp>
@@ -30,14 +31,21 @@
 
 namespace {
 
-// The configs train takes: the tiny one it trains from scratch in the tests and
-// benchmarks, and the one whose published file it fine-tunes.
-using trainable_configs = tlm::config_list<tlm::tiny_train, tlm::smollm2_135m>;
+// The configs train takes are the programs' (tlm::program_configs, as generate and serve:
+// every shipped config unless the build names fewer); with --model and no --config the
+// file's hyperparameters choose one.
+using trainable_configs = tlm::program_configs;
 
 // LoRA's rank and targets are compile-time (tlm::lora<C, Rank, Targets>): the command
-// line picks one of these instantiations, for smollm2_135m, which bounds compile time.
-// Each rank is three trainer instantiations; the build option TLM_TRAIN_LORA_RANKS
-// narrows the list (the sanitizer build compiles the two ranks its tests use).
+// line picks one of these instantiations, and each is a trainer instantiation per
+// config, the bulk of this program's compile time. smollm2_135m (the model of the tests
+// and benchmarks) gets every rank of the build option TLM_TRAIN_LORA_RANKS (the
+// sanitizer build compiles the two its tests use) with three target sets; every other
+// config gets rank 16 on q, k, v, o, the usual choice: with it (and full training) the
+// nine other configs take this file from 109 s to about 220 s of compile.
+template <class C>
+constexpr bool every_lora_choice = std::same_as<C, tlm::smollm2_135m>;
+constexpr std::size_t usual_lora_rank = 16;
 #ifndef TLM_TRAIN_LORA_RANKS
 #define TLM_TRAIN_LORA_RANKS 4, 8, 16, 32, 64
 #endif
@@ -56,16 +64,43 @@ std::string lora_ranks_text(bool and_last) {
 constexpr tlm::lora_target lora_qv = tlm::lora_target::q | tlm::lora_target::v;
 constexpr tlm::lora_target lora_target_sets[] = {lora_qv, tlm::lora_default_targets, tlm::all_layer_matrices};
 
+// "a, b, c, ..." broken into lines of the help's option column.
+std::string indented_list(const std::string& items) {
+  constexpr std::size_t indent = 23, width = 100;
+  std::string out(indent, ' '), word;
+  std::size_t line = indent;
+  for (std::size_t i = 0; i <= items.size(); ++i) {
+    if (i < items.size() && items[i] != ' ') {
+      word += items[i];
+      continue;
+    }
+    if (word.empty()) continue;
+    if (line > indent && line + 1 + word.size() > width) {
+      out += '\n' + std::string(indent, ' ');
+      line = indent;
+    } else if (line > indent) {
+      out += ' ';
+      ++line;
+    }
+    out += word;
+    line += word.size();
+    word.clear();
+  }
+  return out;
+}
+
 constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architecture model
 
   train (--model FILE.gguf | --config NAME) --data FILE [--chat] (--steps N | --epochs E) [options]
 
-  --model FILE.gguf    fine-tune this model (SmolLM2-135M); its tokenizer reads the data
-  --config NAME        train from scratch with N(0, 0.02) weights and byte tokens:
-                       tiny_train or smollm2_135m (with --model: the config to bind to)
+  --model FILE.gguf    fine-tune this model; its tokenizer reads the data, and its hyperparameters
+                       choose the config unless --config names one
+  --config NAME        train from scratch with N(0, 0.02) weights and byte tokens (with --model:
+                       the config to bind to), one of:
+{configs}
   --data FILE          training data: UTF-8 text, or chat JSONL with --chat
   --chat               FILE is JSONL, one {"messages": [{"role", "content"}, ...]} per line,
-                       rendered with the model's ChatML template; loss on assistant tokens only
+                       rendered with the model's chat template; loss on assistant tokens only
   --steps N            optimizer steps to run in total (counting steps of a resumed run)
   --epochs E           passes over the training windows instead of --steps
   --batch B            windows per micro-batch (default 4)
@@ -103,10 +138,12 @@ constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architec
   --stop-after N       stop after N steps of this run as Ctrl-C would (for tests)
   --lora RANK          train a LoRA adapter over --model instead of every weight: the base stays
                        mapped read-only; writes adapter.gguf (llama.cpp's adapter format) into --out.
-                       RANK is one of {ranks} (the ranks this build is compiled for)
+                       RANK is one of {ranks} for smollm2_135m, 16 for the other configs
+                       (the ranks this build is compiled for)
   --lora-alpha A       scale the adapter by A / RANK (default: A = RANK, scale 1, as llama.cpp's
                        finetune and tlm::lora; PEFT's default is a fixed lora_alpha = 8)
-  --lora-targets LIST  matrices to adapt: q,v or q,k,v,o (default) or q,k,v,o,gate,up,down
+  --lora-targets LIST  matrices to adapt: q,v or q,k,v,o (default) or q,k,v,o,gate,up,down for
+                       smollm2_135m; q,k,v,o for the other configs
   --merge              with --lora: also write model.gguf, the base with the adapter merged
                        (W + alpha/RANK B A), each tensor in the encoding it has in --model (a Q4_1
                        base with a Q6_K output stays so), or all matrices as --out-type TYPE
@@ -162,6 +199,7 @@ options parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") {
       std::string text(usage);
       text.replace(text.find("{ranks}"), 7, lora_ranks_text(false));
+      text.replace(text.find("{configs}"), 9, indented_list(tlm::config_names_text<trainable_configs>()));
       fmt::print("{}", text);
       std::exit(0);
     }
@@ -203,7 +241,7 @@ options parse(int argc, char** argv) {
     else if (a == "--keep-checkpoints") o.keep_checkpoints = whole(a, v, 1, 1'000'000);
     else if (a == "--lora") {
       o.lora = whole(a, v, 1, 1'000'000);
-      if (std::find(std::begin(lora_ranks), std::end(lora_ranks), o.lora) == std::end(lora_ranks))
+      if (o.lora != usual_lora_rank && std::find(std::begin(lora_ranks), std::end(lora_ranks), o.lora) == std::end(lora_ranks))
         fail(fmt::format("--lora {}: this build trains LoRA ranks {}; give one of them", v, lora_ranks_text(true)));
     } else if (a == "--lora-alpha") {
       o.lora_alpha = real(a, v, 0, 1e6, true);
@@ -392,8 +430,24 @@ int run(const options& o, const std::string& config_name, group& grp) {
   return 0;
 }
 
+// Full fine-tuning holds f32 weights, their gradients and AdamW's two moments: 16 bytes a
+// parameter before any activation. A config that needs more than the machine's memory is
+// refused here, with the way out, rather than failing at allocation or in swap.
+template <tlm::LlamaConfig C>
+void refuse_beyond_memory(const std::string& config_name) {
+  const double need = 16.0 * static_cast<double>(tlm::parameter_count_v<C>);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double have = static_cast<double>(pages) * static_cast<double>(page);
+  if (need > have) {
+    fail(fmt::format("full fine-tuning of {} needs {:.1f} GiB for its f32 weights, gradients and AdamW moments, more "
+                     "than this machine's {:.1f} GiB of memory; train a LoRA adapter instead (--lora 16)",
+                     config_name, need / (1u << 30), have / (1u << 30)));
+  }
+}
+
 // A LoRA run: the instantiation of the rank and targets asked for (checked when the
-// options were read), for smollm2_135m only.
+// options were read, and for configs other than smollm2_135m in run_any).
 template <tlm::LlamaConfig C, std::size_t Rank>
 int run_lora_rank(const options& o, const std::string& config_name, group& grp) {
   using tlm::lora;
@@ -404,16 +458,24 @@ int run_lora_rank(const options& o, const std::string& config_name, group& grp) 
 
 template <tlm::LlamaConfig C>
 int run_any(const options& o, const std::string& config_name, group& grp) {
-  if (o.lora == 0) return run<C>(o, config_name, grp);
-  if constexpr (std::same_as<C, tlm::smollm2_135m>) {
-    // o.lora is one of the compiled ranks (checked when the options were read).
+  if (o.lora == 0) {
+    refuse_beyond_memory<C>(config_name);
+    return run<C>(o, config_name, grp);
+  }
+  if constexpr (every_lora_choice<C>) {
+    if (std::find(std::begin(lora_ranks), std::end(lora_ranks), o.lora) == std::end(lora_ranks))
+      fail(fmt::format("--lora {}: this build trains {} at LoRA ranks {}; give one of them", o.lora, config_name, lora_ranks_text(true)));
     return [&]<std::size_t... Ranks>(std::index_sequence<Ranks...>) {
       int status = 1;
       ((o.lora == Ranks && (status = run_lora_rank<C, Ranks>(o, config_name, grp), true)) || ...);
       return status;
     }(lora_rank_list{});
   } else {
-    fail(fmt::format("--lora: this build trains LoRA adapters for smollm2_135m, not {}", config_name));
+    if (o.lora != usual_lora_rank || o.lora_targets != tlm::lora_default_targets)
+      fail(fmt::format("--lora {} --lora-targets {}: this build trains {} at LoRA rank {} on q,k,v,o only (smollm2_135m "
+                       "at every rank and target set); use those, or add the config in examples/train.cpp's every_lora_choice",
+                       o.lora, tlm::lora_targets_text(o.lora_targets), config_name, usual_lora_rank));
+    return run<C, tlm::lora<C, usual_lora_rank>>(o, config_name, grp);
   }
 }
 
@@ -423,7 +485,9 @@ int main(int argc, char** argv) {
   group grp;
   try {
     const options o = parse(argc, argv);
-    const std::string config = o.config.empty() ? "smollm2_135m" : o.config;
+    // Without --config, the file's hyperparameters name the config (the run's first line
+    // names it, so no note of its own).
+    const std::string config = tlm::choose_config<trainable_configs>(o.config, o.model);
     return tlm::with_config<trainable_configs>(config, [&](auto c) { return run_any<typename decltype(c)::type>(o, config, grp); });
   } catch (const std::exception& e) {
     fmt::print(stderr, "train: {}{}\n", grp.size() > 1 ? fmt::format("rank {}: ", grp.rank()) : "", e.what());

@@ -33,14 +33,6 @@ void add_to(std::type_identity_t<std::span<T, N>> x, std::type_identity_t<std::s
   for (std::size_t i = 0; i < N; ++i) x[i] += d[i];
 }
 
-// Shannon entropy (nats) of a probability vector; used by the traced forward.
-inline double entropy(std::span<const float> p) {
-  double h = 0.0;
-  for (float v : p)
-    if (v > 0.0f) h -= static_cast<double>(v) * std::log(static_cast<double>(v));
-  return h;
-}
-
 // Entropy (nats) and maximum of the softmax of logits, without storing it.
 inline std::pair<double, float> logit_entropy(std::span<const float> logits) {
   const float top = *std::max_element(logits.begin(), logits.end());

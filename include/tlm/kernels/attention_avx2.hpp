@@ -13,7 +13,6 @@
 #include <tlm/kernels/attention_scalar.hpp>
 
 #if defined(__x86_64__) || defined(__i386__)
-#define TLM_HAVE_AVX2_ATTENTION 1
 #include <immintrin.h>
 
 #include <algorithm>

@@ -5,7 +5,6 @@
 #include <tlm/kernels/attention_avx2.hpp>
 
 #if defined(__x86_64__) || defined(__i386__)
-#define TLM_HAVE_AVX512_ATTENTION 1
 #include <immintrin.h>
 
 #include <algorithm>

@@ -5,14 +5,19 @@
 #include <doctest/doctest.h>
 
 #include <tlm/generate.hpp>
+#include <tlm/gguf_writer.hpp>
+#include <tlm/quant.hpp>
 #include <tlm/verify.hpp>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
+
+#include "scratch_files.hpp"
 
 // The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
 namespace test_corrupt_weights {
@@ -66,6 +71,49 @@ TEST_CASE("a NaN block scale: bound as sound, named by non_finite_values, refuse
                          doctest::Contains("logits at position 4 are not finite"), tlm::numeric_error);
     CHECK_THROWS_WITH_AS(gen.generate("The capital of France is", {.max_tokens = 4}),
                          doctest::Contains("inspect FILE --verify"), tlm::numeric_error);
+  }
+}
+
+// Where each encoding keeps the half-precision scale that multiplies every value of its
+// block (Q6_K keeps its d after the quants; the others first; Q4_K and Q5_K also have
+// dmin right after d, which multiplies every block minimum).
+struct scale_at {
+  tlm::encoding enc;
+  std::size_t offset;
+};
+
+TEST_CASE("a NaN scale in a block of each quantized encoding is named with its row, column and byte") {
+  constexpr std::size_t rows = 4, cols = 512;  // two K-quant super-blocks a row
+  std::mt19937 rng(9);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  std::vector<float> values(rows * cols);  // [rows, cols]
+  for (auto& v : values) v = n(rng);
+  const std::uint16_t nan_half = 0x7e00;
+  for (const auto [enc, offset] : {scale_at{tlm::encoding::q4_0, 0}, scale_at{tlm::encoding::q4_1, 0},
+                                   scale_at{tlm::encoding::q5_0, 0}, scale_at{tlm::encoding::q5_1, 0},
+                                   scale_at{tlm::encoding::q8_0, 0}, scale_at{tlm::encoding::q4_k, 0},
+                                   scale_at{tlm::encoding::q4_k, 2}, scale_at{tlm::encoding::q5_k, 0},
+                                   scale_at{tlm::encoding::q5_k, 2}, scale_at{tlm::encoding::q6_k, 208}}) {
+    const auto tr = tlm::traits(enc);
+    const std::size_t rb = tlm::row_bytes(enc, cols);
+    std::vector<std::byte> raw(rows * rb);  // [rows, rb]
+    for (std::size_t r = 0; r < rows; ++r) tlm::quantize_row(enc, values.data() + r * cols, raw.data() + r * rb, cols);
+    const std::size_t row = 2, block = tr.block_values == 256 ? 1 : 5;
+    std::memcpy(raw.data() + row * rb + block * tr.block_bytes + offset, &nan_half, 2);
+    tlm::gguf::writer w;
+    w.set("general.architecture", "llama");
+    w.add_tensor("blk.0.ffn_up.weight", {cols, rows}, enc, raw);
+    const auto path = tlm_test::scratch_path("test_corrupt_weights", std::string(tr.name) + "-nan.gguf");
+    w.write(path);
+    const tlm::gguf::file f(path.string());
+    const auto bad = tlm::non_finite_values(f);
+    INFO(tr.name << " with a NaN half at byte " << offset << " of block " << block << " of row " << row);
+    REQUIRE(bad.size() == 1);
+    CHECK(bad[0].name == "blk.0.ffn_up.weight");
+    CHECK(bad[0].count == tr.block_values);  // the scale multiplies every value of its block
+    CHECK(bad[0].row == row);
+    CHECK(bad[0].column == block * tr.block_values);
+    CHECK(bad[0].byte == row * rb + block * tr.block_bytes);
   }
 }
 

@@ -8,8 +8,6 @@
 // --base mapped (default): the file's tensors multiply in their own encoding, mapped
 // read-only, as `train --lora` runs. --base f32: the base dequantized into owned f32
 // weights first, the same arithmetic PyTorch does (it has no Q4 matrix product on CPU).
-#include <sys/resource.h>
-
 #include <fmt/core.h>
 #include <tlm/load.hpp>
 #include <tlm/train/adamw.hpp>
@@ -24,19 +22,17 @@
 #include <string>
 #include <vector>
 
+#include "machine.hpp"
+
 namespace {
+
+using tlm_bench::peak_rss_mb;
 
 struct options {
   std::string config = "smollm2_135m", model, base = "mapped";
   std::size_t batch = 4, seq = 512, threads = 1, steps = 3;
   bool recompute = false;
 };
-
-double peak_rss_mb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_maxrss) / 1024.0;
-}
 
 template <tlm::LlamaConfig C, class Base>
 int run_over(const options& o, const Base& base, double load_s, double rss_after_load) {
@@ -102,15 +98,7 @@ int run(const options& o) {
   return run_over<C>(o, *owned, load_s, peak_rss_mb());
 }
 
-std::size_t number(const std::string& flag, const char* v) {
-  try {
-    std::size_t pos = 0;
-    const long long n = std::stoll(v, &pos);
-    if (pos == std::string(v).size() && n > 0) return static_cast<std::size_t>(n);
-  } catch (const std::exception&) {
-  }
-  throw tlm::error("lora: " + flag + " takes a whole number >= 1, not '" + v + "'");
-}
+std::size_t number(const std::string& flag, const char* v) { return tlm_bench::positive_number("lora", flag, v); }
 
 }  // namespace
 

@@ -27,7 +27,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -52,21 +51,11 @@ def parameters(build: Path, config: str) -> int:
     sys.exit(f"describe {config} printed no parameter count:\n{out}")
 
 
-def run_json(cmd: list[str]) -> dict:
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.exit(f"failed ({' '.join(cmd)}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
-    lines = [l for l in p.stdout.strip().splitlines() if l.lstrip().startswith("{")]
-    if not lines:
-        sys.exit(f"no JSON line from {' '.join(cmd)}:\n{p.stdout[-2000:]}")
-    return json.loads(lines[-1])
-
-
 def tlm_lora(build: Path, config: str, model: str, base: str, batch: int, seq: int, threads: int, steps: int,
              recompute: bool = False) -> dict:
     cmd = [str(build / "bench" / "lora"), "--config", config, "--model", model, "--base", base, "--batch", str(batch),
            "--seq", str(seq), "--threads", str(threads), "--steps", str(steps)] + (["--recompute"] if recompute else [])
-    return run_json(cmd)
+    return tvt.json_line(cmd)
 
 
 def main(argv=None) -> int:
@@ -166,7 +155,7 @@ def main(argv=None) -> int:
 
 
 def tlm_lora_full_135m(build: Path, model: str) -> dict:
-    return run_json([str(build / "bench" / "train"), "--config", "smollm2_135m", "--model", model, "--batch", "1",
+    return tvt.json_line([str(build / "bench" / "train"), "--config", "smollm2_135m", "--model", model, "--batch", "1",
                      "--seq", str(SEQ), "--threads", "2", "--steps", "1"])
 
 

@@ -1,8 +1,11 @@
 #pragma once
 // What the benchmarks record about the machine they ran on, next to their figures,
 // and the median of rounds that the kernel benchmarks report.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstddef>
+#include <stdexcept>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -28,6 +31,24 @@ inline std::string load_average() {
   std::string a, b, c;
   in >> a >> b >> c;
   return a + " " + b + " " + c;
+}
+
+// The process's peak resident set so far, MiB.
+inline double peak_rss_mb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+// A flag's value as a whole number >= 1, or an error naming the program and the flag.
+inline std::size_t positive_number(const std::string& program, const std::string& flag, const char* v) {
+  try {
+    std::size_t pos = 0;
+    const long long n = std::stoll(v, &pos);
+    if (pos == std::string(v).size() && n > 0) return static_cast<std::size_t>(n);
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(program + ": " + flag + " takes a whole number >= 1, not '" + v + "'");
 }
 
 inline double median(std::vector<double> v) {

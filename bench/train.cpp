@@ -3,7 +3,6 @@
 //
 //   train --config tiny_train|smollm2_135m [--batch B] [--seq T] [--threads N] [--steps S]
 //         [--model FILE.gguf]   (start from a real model's weights instead of the N(0, 0.02) init)
-#include <sys/resource.h>
 
 #include <fmt/core.h>
 #include <tlm/load.hpp>
@@ -16,6 +15,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "machine.hpp"
 
 namespace {
 
@@ -75,26 +76,16 @@ int run(const options& o) {
   };
   std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
   fmt::print("{{\"config\": \"{}\", \"batch\": {}, \"seq\": {}, \"threads\": {}, \"steps\": {}, \"ms_per_step\": {:.3f}, "
              "\"ms_min\": {:.3f}, \"tokens_per_s\": {:.1f}, \"peak_rss_mb\": {:.1f}, \"final_loss\": {:.4f}, \"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, "
              "\"adamw_ms\": {:.3f}, \"kernel_level\": \"{}\"}}\n",
              o.config, o.batch, o.seq, o.threads, ms.size(), median, ms.front(),
-             1000.0 * static_cast<double>(o.batch * o.seq) / median, static_cast<double>(ru.ru_maxrss) / 1024.0, loss, median_of(fwd_ms), median_of(bwd_ms),
+             1000.0 * static_cast<double>(o.batch * o.seq) / median, tlm_bench::peak_rss_mb(), loss, median_of(fwd_ms), median_of(bwd_ms),
              median_of(opt_ms), tlm::kernels::kernel_level_name());
   return 0;
 }
 
-std::size_t number(const std::string& flag, const char* v) {
-  try {
-    std::size_t pos = 0;
-    const long long n = std::stoll(v, &pos);
-    if (pos == std::string(v).size() && n > 0) return static_cast<std::size_t>(n);
-  } catch (const std::exception&) {
-  }
-  throw tlm::error("train: " + flag + " takes a whole number >= 1, not '" + v + "'");
-}
+std::size_t number(const std::string& flag, const char* v) { return tlm_bench::positive_number("train", flag, v); }
 
 }  // namespace
 

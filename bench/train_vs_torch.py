@@ -217,6 +217,11 @@ def run_torch(torch_py: Path, config, batch, seq, threads, warmup, steps, seed, 
 def run_tlm(binary: Path, config, batch, seq, threads, steps) -> dict:
     cmd = [str(binary), "--config", config, "--batch", str(batch), "--seq", str(seq), "--threads", str(threads),
            "--steps", str(steps)]
+    return json_line(cmd)
+
+
+def json_line(cmd: list[str], keys=("ms_per_step", "tokens_per_s", "peak_rss_mb")) -> dict:
+    """The last JSON line a benchmark program prints, with these keys, or exit naming the failure."""
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"tlm failed ({' '.join(cmd)}):\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}")
@@ -224,7 +229,7 @@ def run_tlm(binary: Path, config, batch, seq, threads, steps) -> dict:
     if not lines:
         sys.exit(f"tlm printed no JSON line ({' '.join(cmd)}):\n{p.stdout[-2000:]}")
     r = json.loads(lines[-1])
-    for k in ("ms_per_step", "tokens_per_s", "peak_rss_mb"):
+    for k in keys:
         if k not in r:
             sys.exit(f"tlm's JSON line has no '{k}': {lines[-1]}")
     return r

@@ -86,19 +86,6 @@ std::size_t counted(const tlm_test::batch& d, std::size_t b0, std::size_t b1, st
                                                 [](std::int32_t y) { return y != tlm::ignore_target; }));
 }
 
-// An adapter whose B factors are not zero (after init_lora they are, and A's gradient
-// with them), so every factor has a gradient to compare.
-std::unique_ptr<adapter4> lively_adapter(std::uint64_t seed) {
-  auto ad = std::make_unique<adapter4>();
-  tlm::init_lora(*ad, seed);
-  tlm::normal_rng rng(seed + 1);
-  tlm::for_each_tensor([&](const tlm::tensor_name&, auto& t) {
-    for (auto& v : t.values()) v = static_cast<float>(0.05 * rng.normal());
-  }, *ad);
-  ad->alpha = 8;
-  return ad;
-}
-
 }  // namespace
 
 TEST_CASE("accumulate: 4 micro-batches of 1 window, each weighed by its share of the counted targets, give the gradient of one batch of 4") {
@@ -133,7 +120,7 @@ TEST_CASE("accumulate: 4 micro-batches of 1 window, each weighed by its share of
   SUBCASE("LoRA over a mapped Q4_1 base") {
     const auto pf = tlm_test::random_params<C, float>(7);
     const tlm_test::mapped_base<C> mb(*pf, tlm::encoding::q4_1);
-    const auto ad = lively_adapter(8);
+    const auto ad = tlm_test::lively_adapter<adapter4>(8);
     auto whole = std::make_unique<adapter4>(), parts = std::make_unique<adapter4>();
     tlm::training<C, float> one({.batch = B, .seq = T, .threads = 1}), each({.batch = 1, .seq = T, .threads = 1});
     const double loss = one.forward(mb.w, *ad, d.tokens, d.targets);
@@ -266,7 +253,7 @@ TEST_CASE("recompute: every gradient equals the saved-activation path's bit for 
   SUBCASE("LoRA over a mapped Q4_1 base") {
     const auto pf = tlm_test::random_params<C, float>(23);
     const tlm_test::mapped_base<C> mb(*pf, tlm::encoding::q4_1);
-    const auto ad = lively_adapter(24);
+    const auto ad = tlm_test::lively_adapter<adapter4>(24);
     auto gs = std::make_unique<adapter4>(), gr = std::make_unique<adapter4>();
     tlm::training<C, float> saved({.batch = B, .seq = T, .threads = 2}), rerun({.batch = B, .seq = T, .threads = 2, .recompute = true});
     CHECK(saved.forward(mb.w, *ad, d.tokens, d.targets) == rerun.forward(mb.w, *ad, d.tokens, d.targets));

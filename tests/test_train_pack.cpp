@@ -185,18 +185,6 @@ void check_full(double tolerance, const std::string& what) {
 
 using adapter = tlm::lora<tlm::tiny_gqa, 4>;  // q, k, v, o
 
-// An adapter whose factors are all non-zero, so every factor has a gradient.
-std::unique_ptr<adapter> lively_adapter(std::uint64_t seed) {
-  auto ad = std::make_unique<adapter>();
-  tlm::init_lora(*ad, seed);
-  tlm::normal_rng rng(seed + 1);
-  tlm::for_each_tensor([&](const tlm::tensor_name&, auto& t) {
-    for (auto& v : t.values()) v = static_cast<float>(0.05 * rng.normal());
-  }, *ad);
-  ad->alpha = 8;
-  return ad;
-}
-
 }  // namespace
 
 TEST_CASE("pack: loss, logits and gradients of packed examples equal the examples one per row (full model, double and float)") {
@@ -212,7 +200,7 @@ TEST_CASE("pack: a LoRA adapter over a mapped Q4_1 base: packed equals one per r
   const layout pk = packed(ex), rows = one_per_row(ex);
   const auto pf = tlm_test::random_params<C, float>(42);
   const tlm_test::mapped_base<C> mb(*pf, tlm::encoding::q4_1);
-  const auto ad = lively_adapter(43);
+  const auto ad = tlm_test::lively_adapter<adapter>(43);
   tlm::training<C, float> packed_run({.batch = 2, .seq = T, .threads = 2}), alone_run({.batch = 5, .seq = T, .threads = 2});
   auto gp = std::make_unique<adapter>(), ga = std::make_unique<adapter>();
   const double lp = packed_run.forward(mb.w, *ad, pk.tokens, pk.targets, pk.starts);
@@ -249,7 +237,7 @@ TEST_CASE("pack: with recompute the packed gradients are the same bit for bit (f
   SUBCASE("LoRA over a mapped Q4_1 base") {
     const auto pf = tlm_test::random_params<C, float>(53);
     const tlm_test::mapped_base<C> mb(*pf, tlm::encoding::q4_1);
-    const auto ad = lively_adapter(54);
+    const auto ad = tlm_test::lively_adapter<adapter>(54);
     tlm::training<C, float> saved({.batch = 2, .seq = T, .threads = 2}), rerun({.batch = 2, .seq = T, .threads = 2, .recompute = true});
     auto gs = std::make_unique<adapter>(), gr = std::make_unique<adapter>();
     CHECK(saved.forward(mb.w, *ad, pk.tokens, pk.targets, pk.starts) == rerun.forward(mb.w, *ad, pk.tokens, pk.targets, pk.starts));

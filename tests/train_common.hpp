@@ -4,6 +4,7 @@
 #include <tlm/quant.hpp>
 #include <tlm/train/adamw.hpp>
 #include <tlm/train/checkpoint.hpp>
+#include <tlm/train/lora.hpp>
 #include <tlm/train/step.hpp>
 #include <tlm/train/weights.hpp>
 
@@ -42,6 +43,22 @@ std::unique_ptr<tlm::trainable<C, T>> random_params(std::uint64_t seed) {
       },
       *p);
   return p;
+}
+
+// An adapter whose factors are all non-zero (after init_lora B is zero, and A's
+// gradient with it), so every factor has a gradient to compare; alpha 8.
+template <class A>
+std::unique_ptr<A> lively_adapter(std::uint64_t seed) {
+  auto ad = std::make_unique<A>();
+  tlm::init_lora(*ad, seed);
+  tlm::normal_rng rng(seed + 1);
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name&, auto& t) {
+        for (auto& v : t.values()) v = static_cast<float>(0.05 * rng.normal());
+      },
+      *ad);
+  ad->alpha = 8;
+  return ad;
 }
 
 struct batch {

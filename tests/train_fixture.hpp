@@ -62,6 +62,19 @@ struct fixture_result {
   std::unique_ptr<tlm::trainable<C, T>> stepped;   // after the steps
 };
 
+// The AdamW settings a fixture file records (tlm.fixture.*), for `steps` steps.
+inline tlm::adamw_options fixture_adamw(const tlm::gguf::file& f, std::size_t steps) {
+  return {.lr = f.get_float("tlm.fixture.lr"),
+          .beta1 = f.get_float("tlm.fixture.beta1"),
+          .beta2 = f.get_float("tlm.fixture.beta2"),
+          .eps = f.get_float("tlm.fixture.eps"),
+          .weight_decay = f.get_float("tlm.fixture.weight_decay"),
+          .clip = f.get_float("tlm.fixture.clip"),
+          .warmup = f.get_uint("tlm.fixture.warmup"),
+          .total_steps = steps,
+          .min_lr = f.get_float("tlm.fixture.min_lr")};
+}
+
 template <tlm::LlamaConfig C, tlm::Element T>
 fixture_result<C, T> run_fixture(const tlm::gguf::file& f, std::size_t threads = 1) {
   const std::size_t B = f.get_uint("tlm.fixture.batch"), S = f.get_uint("tlm.fixture.seq");
@@ -76,15 +89,7 @@ fixture_result<C, T> run_fixture(const tlm::gguf::file& f, std::size_t threads =
   read_weights(f, *p);
   auto g = std::make_unique<tlm::trainable<C, T>>();
   tlm::training<C, T> run({.batch = B, .seq = S, .threads = threads});
-  tlm::adamw<tlm::trainable<C, T>> opt({.lr = f.get_float("tlm.fixture.lr"),
-                                        .beta1 = f.get_float("tlm.fixture.beta1"),
-                                        .beta2 = f.get_float("tlm.fixture.beta2"),
-                                        .eps = f.get_float("tlm.fixture.eps"),
-                                        .weight_decay = f.get_float("tlm.fixture.weight_decay"),
-                                        .clip = f.get_float("tlm.fixture.clip"),
-                                        .warmup = f.get_uint("tlm.fixture.warmup"),
-                                        .total_steps = steps,
-                                        .min_lr = f.get_float("tlm.fixture.min_lr")});
+  tlm::adamw<tlm::trainable<C, T>> opt(fixture_adamw(f, steps));
   for (std::size_t s = 0; s < steps; ++s) {
     const double loss = run.forward(*p, tokens, targets);
     r.losses.push_back(loss);

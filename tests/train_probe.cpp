@@ -129,15 +129,7 @@ void lora_probe(const tlm::gguf::file& f, const std::string& out_path, const std
   auto run_with = [&](const auto& base) {
     tlm::training<C, T> run({.batch = B, .seq = S, .threads = 1});
     auto g = std::make_unique<A>(), first = std::make_unique<A>();
-    tlm::adamw<A> opt({.lr = f.get_float("tlm.fixture.lr"),
-                       .beta1 = f.get_float("tlm.fixture.beta1"),
-                       .beta2 = f.get_float("tlm.fixture.beta2"),
-                       .eps = f.get_float("tlm.fixture.eps"),
-                       .weight_decay = f.get_float("tlm.fixture.weight_decay"),
-                       .clip = f.get_float("tlm.fixture.clip"),
-                       .warmup = f.get_uint("tlm.fixture.warmup"),
-                       .total_steps = steps,
-                       .min_lr = f.get_float("tlm.fixture.min_lr")});
+    tlm::adamw<A> opt(tlm_test::fixture_adamw(f, steps));
     std::vector<float> losses;
     for (std::size_t s = 0; s < steps; ++s) {
       losses.push_back(static_cast<float>(run.forward(base, *ad, tokens, targets)));

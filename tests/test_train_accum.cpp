@@ -48,37 +48,8 @@ tlm::trainer_options options(const fs::path& out, std::size_t batch, std::size_t
 
 const tlm::gguf::file& q4_base() { return tlm_test::tiny_train_q4_base("test_train_accum"); }
 
-// The worst difference of two structs of tensors, each tensor's measured against its
-// largest magnitude (elementwise ratios are meaningless for values that are zero up to
-// rounding): max over tensors of max|a - b| / max|b|.
-template <class A>
-double worst_relative(const A& a, const A& b) {
-  double worst = 0;
-  tlm::for_each_tensor(
-      [&](const tlm::tensor_name&, const auto& x, const auto& y) {
-        double diff = 0, scale = 0;
-        for (std::size_t i = 0; i < x.values().size(); ++i) {
-          diff = std::max(diff, std::abs(static_cast<double>(x.data()[i]) - static_cast<double>(y.data()[i])));
-          scale = std::max(scale, std::abs(static_cast<double>(y.data()[i])));
-        }
-        if (scale > 0) worst = std::max(worst, diff / scale);
-        else worst = std::max(worst, diff);
-      },
-      a, b);
-  return worst;
-}
-
-// Every tensor's bytes equal.
-template <class A>
-bool same_bits(const A& a, const A& b) {
-  bool same = true;
-  tlm::for_each_tensor(
-      [&](const tlm::tensor_name&, const auto& x, const auto& y) {
-        same = same && std::memcmp(x.data(), y.data(), x.values().size() * sizeof(*x.data())) == 0;
-      },
-      a, b);
-  return same;
-}
+using tlm_test::same_bits;
+using tlm_test::worst_relative;
 
 // The counted targets of tokens [b0 * T, b1 * T).
 std::size_t counted(const tlm_test::batch& d, std::size_t b0, std::size_t b1, std::size_t t) {

@@ -98,22 +98,8 @@ layout one_per_row(const std::vector<example>& ex) {
   return l;
 }
 
-// max |a - b| / max |b| over each tensor, the worst tensor.
-template <class A>
-double worst_relative(const A& a, const A& b) {
-  double worst = 0;
-  tlm::for_each_tensor(
-      [&](const tlm::tensor_name&, const auto& x, const auto& y) {
-        double diff = 0, scale = 0;
-        for (std::size_t i = 0; i < x.values().size(); ++i) {
-          diff = std::max(diff, std::abs(static_cast<double>(x.data()[i]) - static_cast<double>(y.data()[i])));
-          scale = std::max(scale, std::abs(static_cast<double>(y.data()[i])));
-        }
-        worst = std::max(worst, scale > 0 ? diff / scale : diff);
-      },
-      a, b);
-  return worst;
-}
+using tlm_test::same_bits;
+using tlm_test::worst_relative;
 
 // The largest |value| of any tensor: a gradient that is not all zeros.
 template <class A>
@@ -127,16 +113,6 @@ double largest(const A& a) {
   return m;
 }
 
-template <class A>
-bool same_bits(const A& a, const A& b) {
-  bool same = true;
-  tlm::for_each_tensor(
-      [&](const tlm::tensor_name&, const auto& x, const auto& y) {
-        same = same && std::memcmp(x.data(), y.data(), x.values().size() * sizeof(*x.data())) == 0;
-      },
-      a, b);
-  return same;
-}
 
 // The worst difference of each example's logits packed and alone, measured against the
 // largest logit.   packed_logits: [2 * T, V]   alone: [5 * T, V]

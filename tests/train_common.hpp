@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -59,6 +60,37 @@ std::unique_ptr<A> lively_adapter(std::uint64_t seed) {
       *ad);
   ad->alpha = 8;
   return ad;
+}
+
+// The worst difference of two structs of tensors, each tensor's measured against its
+// largest magnitude (elementwise ratios are meaningless for values that are zero up to
+// rounding): max over tensors of max|a - b| / max|b| (max|a - b| where b is all zero).
+template <class A, class B>
+double worst_relative(const A& a, const B& b) {
+  double worst = 0;
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name&, const auto& x, const auto& y) {
+        double diff = 0, scale = 0;
+        for (std::size_t i = 0; i < x.values().size(); ++i) {
+          diff = std::max(diff, std::abs(static_cast<double>(x.data()[i]) - static_cast<double>(y.data()[i])));
+          scale = std::max(scale, std::abs(static_cast<double>(y.data()[i])));
+        }
+        worst = std::max(worst, scale > 0 ? diff / scale : diff);
+      },
+      a, b);
+  return worst;
+}
+
+// Every tensor's bytes equal.
+template <class A>
+bool same_bits(const A& a, const A& b) {
+  bool same = true;
+  tlm::for_each_tensor(
+      [&](const tlm::tensor_name&, const auto& x, const auto& y) {
+        same = same && std::memcmp(x.data(), y.data(), x.values().size() * sizeof(*x.data())) == 0;
+      },
+      a, b);
+  return same;
 }
 
 struct batch {

@@ -23,13 +23,21 @@ step=$(sed -n 's/^stopped at step \([0-9]*\) .*/\1/p' "$dir/log")
 # Ctrl-C pressed again and again, a checkpoint after every step: whatever step or write
 # the presses land in, the write the second one reaches is abandoned. They are 10 ms
 # apart because two signals sent at once may arrive as one; a step takes far longer.
-"$train" "${args[@]}" --save-every 1 --batch 16 --seq 128 --out "$dir/twice" > "$dir/twice.log" 2> "$dir/twice.err" &
-pid=$!
-for _ in $(seq 400); do grep -q "^step 2 " "$dir/twice.log" && break; sleep 0.05; done
-for _ in 1 2 3; do kill -INT "$pid" 2> /dev/null; sleep 0.01; done
-wait "$pid"
-rc=$?
-[ "$rc" -eq 1 ] || { cat "$dir/twice.log" "$dir/twice.err" >&2; fail "exit status $rc after two SIGINTs, wanted 1"; }
+# On a loaded machine the shell's 10 ms sleep can stretch past the last write, so that
+# the run has stopped cleanly (exit 0, "stopped at step") before a second press lands:
+# that attempt tells nothing and is made again, up to 3 times; any other outcome fails.
+for attempt in 1 2 3; do
+  rm -rf "$dir/twice"
+  "$train" "${args[@]}" --save-every 1 --batch 16 --seq 128 --out "$dir/twice" > "$dir/twice.log" 2> "$dir/twice.err" &
+  pid=$!
+  for _ in $(seq 400); do grep -q "^step 2 " "$dir/twice.log" && break; sleep 0.05; done
+  for _ in 1 2 3; do kill -INT "$pid" 2> /dev/null; sleep 0.01; done
+  wait "$pid"
+  rc=$?
+  [ "$rc" -eq 0 ] && grep -q "^stopped at step [0-9]* of 100000" "$dir/twice.log" && [ "$attempt" -lt 3 ] && continue
+  break
+done
+[ "$rc" -eq 1 ] || { cat "$dir/twice.log" "$dir/twice.err" >&2; fail "exit status $rc after two SIGINTs, wanted 1 (attempt $attempt)"; }
 grep -qE "^train: a second Ctrl-C abandoned the checkpoint of step [0-9]+; .*/checkpoint-[0-9]+ is intact: continue with --resume" "$dir/twice.err" ||
   fail "no message of the abandoned write: $(cat "$dir/twice.err")"
 kept=$(sed -n 's/.*\/\(checkpoint-[0-9]*\) is intact.*/\1/p' "$dir/twice.err")

@@ -68,17 +68,14 @@ int run_over(const options& o, const Base& base, double load_s, double rss_after
       bwd_ms.push_back(elapsed(t1, t2));
     }
   }
-  auto median_of = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  const double median = median_of(ms);
+  using tlm_bench::median;
+  const double step_ms = median(ms);
   fmt::print("{{\"config\": \"{}\", \"base\": \"{}\", \"batch\": {}, \"seq\": {}, \"threads\": {}, \"recompute\": {}, "
              "\"steps\": {}, \"ms_per_step\": {:.1f}, \"forward_ms\": {:.1f}, \"backward_adamw_ms\": {:.1f}, "
              "\"tokens_per_s\": {:.1f}, \"adapter_values\": {}, \"activation_mb\": {:.1f}, \"load_s\": {:.2f}, "
              "\"rss_after_load_mb\": {:.1f}, \"peak_rss_mb\": {:.1f}, \"final_loss\": {:.4f}, \"kernel_level\": \"{}\"}}\n",
-             o.config, o.base, o.batch, o.seq, o.threads, o.recompute ? "true" : "false", ms.size(), median,
-             median_of(fwd_ms), median_of(bwd_ms), 1000.0 * static_cast<double>(o.batch * o.seq) / median,
+             o.config, o.base, o.batch, o.seq, o.threads, o.recompute ? "true" : "false", ms.size(), step_ms,
+             median(fwd_ms), median(bwd_ms), 1000.0 * static_cast<double>(o.batch * o.seq) / step_ms,
              tlm::parameter_count(*ad), static_cast<double>(tr.activation_bytes()) / (1024.0 * 1024.0), load_s,
              rss_after_load, peak_rss_mb(), loss, tlm::kernels::kernel_level_name());
   return 0;

@@ -108,6 +108,25 @@ def run_probe(cmd: list[str], what: str) -> float:
     return dt
 
 
+def run_precisions(probe: Path, mode: str, inp: Path, rest: list, out_of, label: str, precisions: list[str],
+                   fails: list[str]) -> dict[str, Path]:
+    """`probe MODE IN OUT REST...` once per precision (double adds --precision double): the
+    output files of the runs that succeeded; a failed run's message goes to `fails`."""
+    outs = {}
+    for prec in precisions:
+        out = out_of(prec)
+        cmd = [str(probe), mode, str(inp), str(out)] + [str(a) for a in rest] + (
+            ["--precision", "double"] if prec == "double" else [])
+        try:
+            dt = run_probe(cmd, f"{label} ({prec})")
+        except CheckFailed as e:
+            fails.append(str(e))
+            continue
+        outs[prec] = out
+        print(f"  {label} ({prec}): probe ran in {dt:.2f} s")
+    return outs
+
+
 def compare(ours: dict, ref: dict, names: list[str], tol_of, label: str, errors: dict) -> list[str]:
     """Fills errors[name] and returns failure messages (missing, shape, limit)."""
     fails = []
@@ -305,20 +324,13 @@ def check_layer(probe: Path, model: Path, work: Path, precisions: list[str]) -> 
     inp = work / "layer.in.gguf"
     write_layer_input(inp, cfg, w, x, dy, keep)
     fails, columns = [], [("torch f32", {n: rel_err(f32[n], ref[n]) for n in ref})]
-    for prec in precisions:
-        out = work / f"layer.{prec}.out.gguf"
-        cmd = [str(probe), "layer", str(inp), str(out), "--config", cfg.name] + (
-            ["--precision", "double"] if prec == "double" else [])
-        try:
-            dt = run_probe(cmd, f"layer ({prec})")
-        except CheckFailed as e:
-            fails.append(str(e))
-            continue
+    outs = run_precisions(probe, "layer", inp, ["--config", cfg.name], lambda prec: work / f"layer.{prec}.out.gguf",
+                          "layer", precisions, fails)
+    for prec, out in outs.items():
         ours = mf.read_tensors(out)
         errs = {}
         fails += compare(ours, ref, list(ref), lambda n: TOL, f"layer ({prec})", errs)
         columns.append((f"tlm {prec}", errs))
-        print(f"  layer ({prec}): probe ran in {dt:.2f} s")
     if len(columns) > 1:
         print_table(f"SmolLM2-135M layer 0, T = {LAYER_T}: relative error vs PyTorch float64", columns,
                     {"layer": f"{TOL:.0e}", "grad": f"{TOL:.0e}"})
@@ -451,18 +463,8 @@ def check_lora(probe: Path, work: Path, precisions: list[str], step_tol_float: f
         write_lora_input(inp, cfg, base, tokens, targets)
         write_adapter(ada, cfg, adapter)
         label = f"lora {name} over {enc}"
-        outs = {}
-        for prec in precisions:
-            out = work / f"lora.{name}.{prec}.out.gguf"
-            cmd = [str(probe), "lora", str(inp), str(out), str(ada), "--encoding", enc] + (
-                ["--precision", "double"] if prec == "double" else [])
-            try:
-                dt = run_probe(cmd, f"{label} ({prec})")
-            except CheckFailed as e:
-                fails.append(str(e))
-                continue
-            outs[prec] = out
-            print(f"  {label} ({prec}): probe ran in {dt:.2f} s")
+        outs = run_precisions(probe, "lora", inp, [ada, "--encoding", enc],
+                              lambda prec: work / f"lora.{name}.{prec}.out.gguf", label, precisions, fails)
         if not outs:
             continue
         # The base the products used, as the gguf package decodes the probe's bytes; it

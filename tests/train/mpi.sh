@@ -9,6 +9,11 @@
 set -u
 . "$(dirname "$0")/common.sh"
 train=$1 dir=$2 model=$3
+# The worst relative difference of two runs' losses step by step (runs: folders in $dir).
+loss_gap() {
+  paste -d, <(cut -d, -f1,2 "$dir/$1/loss.csv" | tail -n +2) <(cut -d, -f1,2 "$dir/$2/loss.csv" | tail -n +2) |
+    awk -F, '$1 != $3 { print "step mismatch"; exit } { d = $2 - $4; if (d < 0) d = -d; r = d / $2; if (r > m) m = r } END { printf "%.3g\n", m }'
+}
 command -v mpirun > /dev/null || fail "mpirun is missing; install openmpi-bin (scripts/setup does)"
 rm -rf "$dir" && mkdir -p "$dir" && make_text "$dir/text.txt"
 args=(--config tiny_train --data "$dir/text.txt" --steps 20 --batch 4 --seq 32 --lr 2e-3 --eval-every 0 --save-every 10 --seed 4 --threads 1)
@@ -16,8 +21,7 @@ args=(--config tiny_train --data "$dir/text.txt" --steps 20 --batch 4 --seq 32 -
 mpirun -np 2 --allow-run-as-root --oversubscribe "$train" "${args[@]}" --out "$dir/two" > "$dir/two.log" 2>&1 ||
   { cat "$dir/two.log" >&2; fail "mpirun -np 2 failed"; }
 grep -q "on each of 2 MPI ranks" "$dir/two.log" || fail "the run did not see 2 ranks (built without MPI?)"
-worst=$(paste -d, <(cut -d, -f1,2 "$dir/one/loss.csv" | tail -n +2) <(cut -d, -f1,2 "$dir/two/loss.csv" | tail -n +2) |
-  awk -F, '$1 != $3 { print "step mismatch"; exit } { d = $2 - $4; if (d < 0) d = -d; r = d / $2; if (r > m) m = r } END { printf "%.3g\n", m }')
+worst=$(loss_gap one two)
 [ "$(wc -l < "$dir/two/loss.csv")" -eq 21 ] || fail "the MPI run logged $(($(wc -l < "$dir/two/loss.csv") - 1)) steps, wanted 20"
 awk -v w="$worst" 'BEGIN { exit !(w + 0 <= 1e-6) }' || fail "losses differ by $worst (relative), more than 1e-6"
 # Accumulation under MPI (a later --batch replaces the one in args): 2 micro-batches of a
@@ -27,8 +31,7 @@ mpirun -np 2 --allow-run-as-root --oversubscribe "$train" "${args[@]}" --batch 2
   { cat "$dir/acc.log" >&2; fail "mpirun -np 2 with --accumulate 2 failed"; }
 grep -q "batch 2 x 2 micro-batches (4 windows a step).*on each of 2 MPI ranks" "$dir/acc.log" || fail "the accumulating run did not say its micro-batches and ranks"
 [ "$(wc -l < "$dir/acc/loss.csv")" -eq 21 ] || fail "the accumulating MPI run logged $(($(wc -l < "$dir/acc/loss.csv") - 1)) steps, wanted 20"
-worst_acc=$(paste -d, <(cut -d, -f1,2 "$dir/one/loss.csv" | tail -n +2) <(cut -d, -f1,2 "$dir/acc/loss.csv" | tail -n +2) |
-  awk -F, '$1 != $3 { print "step mismatch"; exit } { d = $2 - $4; if (d < 0) d = -d; r = d / $2; if (r > m) m = r } END { printf "%.3g\n", m }')
+worst_acc=$(loss_gap one acc)
 awk -v w="$worst_acc" 'BEGIN { exit !(w + 0 <= 1e-6) }' || fail "with --accumulate 2, losses differ by $worst_acc (relative), more than 1e-6"
 cat > "$dir/chat.jsonl" <<'JSONL'
 {"messages": [{"role": "user", "content": "What is the secret word?"}, {"role": "assistant", "content": "Marmalade."}]}
@@ -46,8 +49,7 @@ packed=(--model "$model" --chat --pack --lora 8 --data "$dir/chat.jsonl" --steps
 mpirun -np 2 --allow-run-as-root --oversubscribe "$train" "${packed[@]}" --out "$dir/pack-two" > "$dir/pack-two.log" 2>&1 ||
   { cat "$dir/pack-two.log" >&2; fail "mpirun -np 2 with --pack failed"; }
 grep -q "(conversations packed).*on each of 2 MPI ranks" "$dir/pack-two.log" || fail "the packed MPI run did not say it packed on 2 ranks"
-worst_pack=$(paste -d, <(cut -d, -f1,2 "$dir/pack-one/loss.csv" | tail -n +2) <(cut -d, -f1,2 "$dir/pack-two/loss.csv" | tail -n +2) |
-  awk -F, '$1 != $3 { print "step mismatch"; exit } { d = $2 - $4; if (d < 0) d = -d; r = d / $2; if (r > m) m = r } END { printf "%.3g\n", m }')
+worst_pack=$(loss_gap pack-one pack-two)
 [ "$(wc -l < "$dir/pack-two/loss.csv")" -eq 4 ] || fail "the packed MPI run logged $(($(wc -l < "$dir/pack-two/loss.csv") - 1)) steps, wanted 3"
 awk -v w="$worst_pack" 'BEGIN { exit !(w + 0 <= 1e-6) }' || fail "with --pack, losses differ by $worst_pack (relative), more than 1e-6"
 echo "mpi: 20 steps, 2 ranks vs 1 process, worst relative loss difference $worst (tolerance 1e-6); 2 ranks x 2 micro-batches: $worst_acc; packed chat: $worst_pack"

@@ -98,6 +98,27 @@ namespace detail {
 // float goes to the attention kernels (kernels/attention_scalar.hpp), one call per
 // block; double (gradient checks) runs plain loops.
 
+// s[j] = scale * x . rows[j]   and   out = c * out + sum_j w[j] rows[j], over n rows of
+// E values at a stride: the attention kernels for float, plain loops for double.
+//   x, out: [E]   rows: [n] at `stride`   s, w: [n]
+template <class T>
+inline void dot_rows(const T* x, const T* rows, std::size_t stride, std::size_t n, std::size_t E, T scale, T* s) {
+  if constexpr (std::same_as<T, float>) {
+    kernels::attention().scores(x, rows, stride, n, E, scale, s);
+  } else {
+    for (std::size_t j = 0; j < n; ++j) s[j] = head_dot(x, rows + j * stride, E) * scale;
+  }
+}
+template <class T>
+inline void add_rows(T c, const T* w, const T* rows, std::size_t stride, std::size_t n, std::size_t E, T* out) {
+  if constexpr (std::same_as<T, float>) {
+    kernels::attention().accumulate(c, w, rows, stride, n, E, out);
+  } else {
+    for (std::size_t e = 0; e < E; ++e) out[e] *= c;
+    for (std::size_t j = 0; j < n; ++j) head_axpy(w[j], rows + j * stride, out, E);
+  }
+}
+
 // Rows of T at a stride: the f32 KV cache (stride E) and a training batch (stride K).
 template <class T>
 struct float_rows {
@@ -106,19 +127,10 @@ struct float_rows {
   std::size_t stride;
 
   void scores(const T* q, std::size_t j0, std::size_t n, std::size_t E, T scale, T* s) const {
-    if constexpr (std::same_as<T, float>) {
-      kernels::attention().scores(q, keys + j0 * stride, stride, n, E, scale, s);
-    } else {
-      for (std::size_t j = 0; j < n; ++j) s[j] = head_dot(q, keys + (j0 + j) * stride, E) * scale;
-    }
+    dot_rows(q, keys + j0 * stride, stride, n, E, scale, s);
   }
   void accumulate(T c, const T* p, std::size_t j0, std::size_t n, std::size_t E, T* out) const {
-    if constexpr (std::same_as<T, float>) {
-      kernels::attention().accumulate(c, p, values + j0 * stride, stride, n, E, out);
-    } else {
-      for (std::size_t e = 0; e < E; ++e) out[e] *= c;
-      for (std::size_t j = 0; j < n; ++j) head_axpy(p[j], values + (j0 + j) * stride, out, E);
-    }
+    add_rows(c, p, values + j0 * stride, stride, n, E, out);
   }
 };
 
@@ -253,6 +265,9 @@ inline float attention_row_q8_reference(const float* q, const std::int8_t* key_c
   return static_cast<float>(top + std::log(total));
 }
 
+// Query rows and key positions per tile of attention_backward.
+inline constexpr std::size_t attention_backward_tile = 32;
+
 // The backward of attention_row for every query head of one kv head over one
 // sequence of `len` rows (row i attends to positions 0..i). The forward's inputs
 // (q, k, v), its outputs (o, lse), the output's gradient d_o, then the inputs'
@@ -263,26 +278,63 @@ inline float attention_row_q8_reference(const float* q, const std::int8_t* key_c
 // One call owns dk and dv of its kv head, so calls for different kv heads or
 // sequences may run in parallel; the `group` query heads that share this kv head
 // add into the same dk and dv here, in a fixed order.
+//
+// A tile of query rows against a tile of keys at a time, so that every product is
+// one attention kernel call over a whole tile (about 32 keys of E values) rather than
+// two dot products and three axpys of E values per (row, key) pair through the
+// dispatch table, whose call overhead was most of the time at E = 64. The tile's
+// probabilities P and score gradients dS are kept, then transposed, so that dK and dV
+// are sums over rows (a key's column) with the same kernel. The probabilities come
+// from the forward's log-sum-exp with the forward's exp kernel.
 template <class T>
 void attention_backward(std::size_t len, std::size_t E, std::size_t group, T scale, const T* q, const T* o,
                         const T* d_o, T* dq, std::size_t q_stride, const T* k, const T* v, T* dk, T* dv,
                         std::size_t kv_stride, const T* lse, std::size_t lse_stride) {
+  constexpr std::size_t tile = attention_backward_tile;
+  T p[tile * tile], ds[tile * tile];    // [rows, keys] of the tile: P and dS, 0 past the causal edge
+  T pt[tile * tile], dst[tile * tile];  // [keys, rows]: the same transposed
+  T dp[tile];                           // [keys] dO_i . v_j of one row
+  T L[tile], D[tile];                   // [rows] the row's log-sum-exp, and dO_i . O_i (the softmax's correction)
   for (std::size_t hh = 0; hh < group; ++hh) {
-    for (std::size_t i = 0; i < len; ++i) {
-      const T* qi = q + i * q_stride + hh * E;
-      const T* oi = o + i * q_stride + hh * E;
-      const T* doi = d_o + i * q_stride + hh * E;
-      T* dqi = dq + i * q_stride + hh * E;
-      const T L = lse[i * lse_stride + hh];
-      const T D = detail::head_dot(doi, oi, E);  // dO_i · O_i: the softmax's correction term
-      for (std::size_t j = 0; j <= i; ++j) {
-        const T* kj = k + j * kv_stride;
-        const T* vj = v + j * kv_stride;
-        const T p = std::exp(detail::head_dot(qi, kj, E) * scale - L);
-        const T ds = p * (detail::head_dot(doi, vj, E) - D) * scale;
-        detail::head_axpy(ds, kj, dqi, E);
-        detail::head_axpy(ds, qi, dk + j * kv_stride, E);
-        detail::head_axpy(p, doi, dv + j * kv_stride, E);
+    for (std::size_t i0 = 0; i0 < len; i0 += tile) {
+      const std::size_t ni = std::min(tile, len - i0);
+      for (std::size_t r = 0; r < ni; ++r) {
+        const std::size_t at = (i0 + r) * q_stride + hh * E;
+        L[r] = lse[(i0 + r) * lse_stride + hh];
+        D[r] = detail::head_dot(d_o + at, o + at, E);
+      }
+      // Keys 0 .. i0 + ni - 1: every position a row of the tile sees.
+      for (std::size_t j0 = 0; j0 < i0 + ni; j0 += tile) {
+        const std::size_t nj = std::min(tile, i0 + ni - j0);
+        for (std::size_t r = 0; r < ni; ++r) {
+          const std::size_t i = i0 + r, at = i * q_stride + hh * E;
+          const std::size_t n = i >= j0 ? std::min(nj, i - j0 + 1) : 0;  // keys of the tile row i sees
+          T* pr = p + r * tile;
+          T* dsr = ds + r * tile;
+          if (n > 0) {
+            detail::dot_rows(q + at, k + j0 * kv_stride, kv_stride, n, E, scale, pr);
+            detail::exp_block(pr, n, L[r], pr);
+            detail::dot_rows(d_o + at, v + j0 * kv_stride, kv_stride, n, E, T(1), dp);
+            for (std::size_t c = 0; c < n; ++c) dsr[c] = pr[c] * (dp[c] - D[r]) * scale;
+            detail::add_rows(T(1), dsr, k + j0 * kv_stride, kv_stride, n, E, dq + at);
+          }
+          std::fill(pr + n, pr + nj, T(0));
+          std::fill(dsr + n, dsr + nj, T(0));
+        }
+        for (std::size_t r = 0; r < ni; ++r) {
+          for (std::size_t c = 0; c < nj; ++c) {
+            pt[c * tile + r] = p[r * tile + c];
+            dst[c * tile + r] = ds[r * tile + c];
+          }
+        }
+        for (std::size_t c = 0; c < nj; ++c) {
+          const std::size_t j = j0 + c;
+          const std::size_t r0 = j > i0 ? j - i0 : 0;  // the tile's first row that sees key j
+          if (r0 >= ni) continue;
+          const std::size_t at = (i0 + r0) * q_stride + hh * E;
+          detail::add_rows(T(1), dst + c * tile + r0, q + at, q_stride, ni - r0, E, dk + j * kv_stride);
+          detail::add_rows(T(1), pt + c * tile + r0, d_o + at, q_stride, ni - r0, E, dv + j * kv_stride);
+        }
       }
     }
   }

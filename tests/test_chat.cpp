@@ -194,6 +194,28 @@ TEST_CASE("SmolLM3's template is none of the forms, and the error says how to pa
   }
 }
 
+TEST_CASE("Llama-2-like templates that render otherwise than Meta's format are refused") {
+  // FusionNet's has no [INST] before the first user message and strips nothing; Vigogne's
+  // adds a French default system message and one BOS only.
+  for (const char* file : {"TheBloke-FusionNet_34Bx2_MoE-AWQ", "bofenghuang-vigogne-2-70b-chat"}) {
+    CAPTURE(file);
+    const std::string text = read_file(llama_cpp_dir / "templates" / (std::string(file) + ".jinja"));
+    CHECK(forms_matching(text).empty());
+  }
+}
+
+TEST_CASE("the refusal shows the template's start cut at a character's start") {
+  // 119 bytes, then a two-byte character that the 120-byte cut would split.
+  const std::string text = std::string(119, 'x') + "\xc3\xa9 and more";
+  try {
+    (void)tlm::chat_template::recognise(text);
+    FAIL("the template was accepted");
+  } catch (const tlm::error& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("It begins: \"" + std::string(119, 'x') + "...\"") != std::string::npos);
+  }
+}
+
 TEST_CASE("forms by name; an unknown name lists the names") {
   for (const auto& f : tlm::detail::chat_forms) CHECK(tlm::chat_template::named(f.name).name() == f.name);
   CHECK(tlm::chat_template_names() == "chatml, smollm2, qwen2.5, llama3, llama3.0, phi3, phi3.5, mistral, mistral-v1, mistral-v3, "

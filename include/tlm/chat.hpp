@@ -57,6 +57,7 @@
 // (except by chatml, smollm2 and llama3.0, whose templates render any role as text). Message text is copied
 // verbatim: a "<|im_end|>" inside a message stays in the prompt, as it does with Jinja
 // (chat_session tokenizes message text without parse_special so it stays text).
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
@@ -574,10 +575,12 @@ inline bool is_mistral_v1(const std::string& t) {
          contains(t, "{%- if loop.first and system_message is defined %}") && contains(t, "{{- ' ' + message['content'] + eos_token}}");
 }
 // Llama 2 and Zephyr: their distinctive markers (the template texts are not among the
-// fetched ones, so these are kept to what the published formats require).
+// fetched ones, so these are kept to what the published formats require: for Llama 2 a
+// BOS before every [INST] and stripped texts, which two Llama-2-like templates in
+// llama.cpp's tests, FusionNet's and Vigogne's, lack; test_chat checks they are refused).
 inline bool is_llama2(const std::string& t) {
-  return contains(t, "<<SYS>>\n") && contains(t, "\n<</SYS>>\n\n") && contains(t, "[INST] ") && contains(t, " [/INST]") &&
-         contains(t, "bos_token") && contains(t, "eos_token") && !contains(t, "[INST]\" + system_message");
+  return contains(t, "<<SYS>>\n") && contains(t, "\n<</SYS>>\n\n") && contains(t, "bos_token + '[INST] '") && contains(t, " [/INST]") &&
+         (contains(t, ".strip()") || contains(t, "trim")) && contains(t, "eos_token") && !contains(t, "[INST]\" + system_message");
 }
 inline bool is_zephyr(const std::string& t) {
   return contains(t, "<|user|>\n") && contains(t, "<|assistant|>\n") && contains(t, "<|system|>\n") &&
@@ -634,10 +637,14 @@ class chat_template {
       c.prompt_always_ = f.render == detail::render_llama30 && detail::llama30_prompt_always(t);
       return c;
     }
-    const std::string shown(template_text.substr(0, 120));
+    // Cut at a character's start: the message goes into JSON (serve, chat_render), which
+    // takes only whole UTF-8 characters.
+    std::size_t cut = std::min<std::size_t>(template_text.size(), 120);
+    while (cut > 0 && cut < template_text.size() && (static_cast<unsigned char>(template_text[cut]) >> 6) == 2) --cut;
+    const std::string shown(template_text.substr(0, cut));
     throw error("chat template not supported: tlm renders the forms " + chat_template_names() +
                 " (tlm/chat.hpp), and this template is none of them. It begins: \"" + shown +
-                (template_text.size() > 120 ? "...\"" : "\"") +
+                (cut < template_text.size() ? "...\"" : "\"") +
                 ". If the model uses one of those formats, pass its name (generate/serve --chat-template NAME, "
                 "chat_options::chat_template, chat_template= in Python); otherwise render the prompt yourself "
                 "and tokenize it with parse_special.");

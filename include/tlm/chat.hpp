@@ -43,8 +43,9 @@
 // (tests/test-chat-template.cpp, extracted by scripts/fetch-vocab).
 // The Llama 2 and Zephyr template texts are not among the fetched files: those two forms
 // follow the published formats and are checked against templates the reference script
-// writes from them, and are recognised by their markers (<<SYS>> with [INST]; <|user|>
-// with eos_token and no <|end|>), so a real file of theirs may still differ in whitespace.
+// writes from them, and are recognised by their markers (<<SYS>> with a BOS before each
+// [INST] and stripped texts; <|user|> with eos_token and no <|end|>), so a real file of
+// theirs may still differ in whitespace. llama.cpp's tests carry neither real text.
 //
 // The date in Llama 3's "Today Date" line: the 3.2 template calls strftime_now when the
 // renderer defines it, and otherwise (like 3.1's) uses its default "26 Jul 2024". tlm

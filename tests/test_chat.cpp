@@ -153,13 +153,26 @@ TEST_CASE("each fetched template is recognised as exactly one form") {
   const std::pair<const char*, const char*> files[] = {
       {"meta-llama-Llama-3.1-8B-Instruct", "llama3"}, {"meta-llama-Llama-3.2-3B-Instruct", "llama3"},
       {"Qwen-Qwen2.5-7B-Instruct", "qwen2.5"},       {"microsoft-Phi-3.5-mini-instruct", "phi3.5"},
-      {"mistralai-Mistral-Nemo-Instruct-2407", "mistral-nemo"}};
+      {"mistralai-Mistral-Nemo-Instruct-2407", "mistral-nemo"},
+      // llama.cpp's copies in tests/test-chat-template.cpp (scripts/fetch-vocab).
+      {"mistralai-Mistral-7B-Instruct-v0.2-pre-v1", "mistral"}, {"mistralai-Mistral-7B-Instruct-v0.2-v1", "mistral-v1"},
+      {"mistralai-Mistral-Large-Instruct-2407-v3", "mistral-v3"}, {"meta-llama-Meta-Llama-3-Instruct", "llama3.0"}};
   for (const auto& [file, form] : files) {
     CAPTURE(file);
     const std::string text = read_file(llama_cpp_dir / "templates" / (std::string(file) + ".jinja"));
     CHECK(forms_matching(text) == std::vector<std::string>{form});
     CHECK(tlm::chat_template::recognise(text).name() == form);
   }
+  // Llama 3.0's first template prints the generation prompt unasked, Meta's later one
+  // (the same with {% if add_generation_prompt %} around it) only when asked.
+  const std::string llama30 = read_file(llama_cpp_dir / "templates" / "meta-llama-Meta-Llama-3-Instruct.jinja");
+  const std::string prompt = "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}";
+  REQUIRE(llama30.ends_with(prompt));
+  const std::string asked = llama30.substr(0, llama30.size() - prompt.size()) + "{% if add_generation_prompt %}" + prompt + "{% endif %}";
+  CHECK(forms_matching(asked) == std::vector<std::string>{"llama3.0"});
+  const std::vector<tlm::chat_message> hi = {{"user", "Hi"}};
+  CHECK(tlm::apply_chat_template(llama30, hi, false).ends_with("<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"));
+  CHECK(tlm::apply_chat_template(asked, hi, false).ends_with("Hi<|eot_id|>"));
   CHECK(forms_matching(vocab_template("qwen2")) == std::vector<std::string>{"smollm2"});
   CHECK(tlm::chat_template::recognise(vocab_template("qwen2")).default_system() == "You are a helpful assistant");
   CHECK(forms_matching(vocab_template("phi-3")) == std::vector<std::string>{"phi3"});
@@ -181,9 +194,32 @@ TEST_CASE("SmolLM3's template is none of the forms, and the error says how to pa
   }
 }
 
+TEST_CASE("Llama-2-like templates that render otherwise than Meta's format are refused") {
+  // FusionNet's has no [INST] before the first user message and strips nothing; Vigogne's
+  // adds a French default system message and one BOS only.
+  for (const char* file : {"TheBloke-FusionNet_34Bx2_MoE-AWQ", "bofenghuang-vigogne-2-70b-chat"}) {
+    CAPTURE(file);
+    const std::string text = read_file(llama_cpp_dir / "templates" / (std::string(file) + ".jinja"));
+    CHECK(forms_matching(text).empty());
+  }
+}
+
+TEST_CASE("the refusal shows the template's start cut at a character's start") {
+  // 119 bytes, then a two-byte character that the 120-byte cut would split.
+  const std::string text = std::string(119, 'x') + "\xc3\xa9 and more";
+  try {
+    (void)tlm::chat_template::recognise(text);
+    FAIL("the template was accepted");
+  } catch (const tlm::error& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("It begins: \"" + std::string(119, 'x') + "...\"") != std::string::npos);
+  }
+}
+
 TEST_CASE("forms by name; an unknown name lists the names") {
   for (const auto& f : tlm::detail::chat_forms) CHECK(tlm::chat_template::named(f.name).name() == f.name);
-  CHECK(tlm::chat_template_names() == "chatml, smollm2, qwen2.5, llama3, phi3, phi3.5, mistral-nemo, llama2, zephyr");
+  CHECK(tlm::chat_template_names() == "chatml, smollm2, qwen2.5, llama3, llama3.0, phi3, phi3.5, mistral, mistral-v1, mistral-v3, "
+                                        "mistral-nemo, llama2, zephyr");
   CHECK_THROWS_WITH_AS((void)tlm::chat_template::named("vicuna"),
                        doctest::Contains("no such chat template; the names are chatml, smollm2"), tlm::error);
   // A file without a template is plain ChatML; a name overrides the file's template.

@@ -22,17 +22,30 @@
 //   qwen2.5      Qwen2.5-Instruct: ChatML with "You are Qwen, created by Alibaba Cloud..."
 //   llama3       Llama 3.1 / 3.2 Instruct: a system turn always, with the lines
 //                "Cutting Knowledge Date: December 2023" and "Today Date: DATE"
+//   llama3.0     Llama 3.0 Instruct: every message stripped, no date lines, BOS before
+//                the first message; the template's first release adds the generation
+//                prompt even when not asked, and tlm renders that one the same
 //   phi3         Phi-3-mini (the first releases): no system turn, the assistant's header
 //                follows every user message
 //   phi3.5       Phi-3.5-mini-instruct: <|system|>/<|user|>/<|assistant|> ... <|end|>
+//   mistral      Mistral 7B Instruct v0.1/v0.2, the first template: "[INST] ... [/INST]"
+//                as text, roles alternate from user, no system message
+//   mistral-v1   the same models' later ("v1") template: " [INST] ... [/INST]" and " answer";
+//                the system message goes into the first user message
+//   mistral-v3   Mistral 7B Instruct v0.3, Mistral Large 2407: "[INST] ...[/INST]" with
+//                control tokens, answers stripped; the system message goes into the last
+//                user message
 //   mistral-nemo Mistral Nemo Instruct: [INST]...[/INST] with control tokens; the system
 //                message goes into the last user message
 //   llama2       Llama 2 chat: <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] ... </s>
 //   zephyr       Zephyr / TinyLlama-Chat: <|role|>\n...</s>\n
+// The Mistral 7B and Large and the Llama 3.0 templates are llama.cpp's test copies
+// (tests/test-chat-template.cpp, extracted by scripts/fetch-vocab).
 // The Llama 2 and Zephyr template texts are not among the fetched files: those two forms
 // follow the published formats and are checked against templates the reference script
-// writes from them, and are recognised by their markers (<<SYS>> with [INST]; <|user|>
-// with eos_token and no <|end|>), so a real file of theirs may still differ in whitespace.
+// writes from them, and are recognised by their markers (<<SYS>> with a BOS before each
+// [INST] and stripped texts; <|user|> with eos_token and no <|end|>), so a real file of
+// theirs may still differ in whitespace. llama.cpp's tests carry neither real text.
 //
 // The date in Llama 3's "Today Date" line: the 3.2 template calls strftime_now when the
 // renderer defines it, and otherwise (like 3.1's) uses its default "26 Jul 2024". tlm
@@ -42,9 +55,10 @@
 // default, and once more with an explicit date_string.
 //
 // Tool calls and tool results are out of scope: a "tool" or "ipython" message is refused
-// (except by chatml and smollm2, whose templates render any role as text). Message text is copied
+// (except by chatml, smollm2 and llama3.0, whose templates render any role as text). Message text is copied
 // verbatim: a "<|im_end|>" inside a message stays in the prompt, as it does with Jinja
 // (chat_session tokenizes message text without parse_special so it stays text).
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
@@ -154,6 +168,7 @@ inline std::string python_strip(std::string_view s) {
 struct form_context {
   std::string_view default_system;  // ChatML forms with a default system message
   std::string_view bos, eos, date;
+  bool prompt_always = false;  // the template prints the generation prompt unasked (Llama 3.0's first one)
 };
 
 using pieces = std::vector<chat_piece>;
@@ -231,6 +246,22 @@ inline void render_qwen25(const form_context& c, std::span<const chat_message> m
 
 // ---- Llama 3 ----
 
+inline void llama3_header(pieces& out, std::string_view role, std::size_t m) {
+  marker(out, "<|start_header_id|>", m);
+  text(out, role, m);
+  marker(out, "<|end_header_id|>", m);
+  text(out, "\n\n", m);
+}
+
+// Every Llama 3 template renders a message the same way: its header, the stripped text, <|eot_id|>.
+inline void llama3_message(pieces& out, const chat_message& msg, std::size_t m) {
+  llama3_header(out, msg.role, m);
+  const std::string body = python_strip(msg.content);
+  if (msg.role == "assistant") content(out, body, m);
+  else text(out, body, m);
+  marker(out, "<|eot_id|>", m);
+}
+
 inline void render_llama3(const form_context& c, std::span<const chat_message> ms, chat_end end, pieces& out) {
   require_messages("llama3", ms);
   for (const auto& m : ms)
@@ -239,25 +270,26 @@ inline void render_llama3(const form_context& c, std::span<const chat_message> m
   const bool has_system = ms[0].role == "system";
   const std::size_t sys = has_system ? 0 : chat_piece::no_message;
   marker(out, c.bos, sys);
-  const auto header = [&](std::string_view role, std::size_t m) {
-    marker(out, "<|start_header_id|>", m);
-    text(out, role, m);
-    marker(out, "<|end_header_id|>", m);
-    text(out, "\n\n", m);
-  };
   // The system turn is always there; the dates come before the system message's text.
-  header("system", sys);
+  llama3_header(out, "system", sys);
   text(out, "Cutting Knowledge Date: December 2023\nToday Date: " + std::string(c.date) + "\n\n", sys);
   if (has_system) text(out, python_strip(ms[0].content), sys);
   marker(out, "<|eot_id|>", sys);
-  for (std::size_t i = has_system ? 1 : 0; i < ms.size(); ++i) {
-    header(ms[i].role, i);
-    const std::string body = python_strip(ms[i].content);
-    if (ms[i].role == "assistant") content(out, body, i);
-    else text(out, body, i);
-    marker(out, "<|eot_id|>", i);
+  for (std::size_t i = has_system ? 1 : 0; i < ms.size(); ++i) llama3_message(out, ms[i], i);
+  if (end == chat_end::generation_prompt) llama3_header(out, "assistant", chat_piece::no_message);
+}
+
+// Llama 3.0 Instruct: no system turn of its own and no dates; any role is a header (the
+// template checks none), and BOS comes with the first message, so an empty conversation
+// has none. The first release of the template prints the generation prompt whatever
+// add_generation_prompt says (c.prompt_always), the later one only when asked.
+inline void render_llama30(const form_context& c, std::span<const chat_message> ms, chat_end end, pieces& out) {
+  for (std::size_t i = 0; i < ms.size(); ++i) {
+    if (i == 0) marker(out, c.bos, i);
+    llama3_message(out, ms[i], i);
   }
-  if (end == chat_end::generation_prompt) header("assistant", chat_piece::no_message);
+  if (end == chat_end::generation_prompt || (end == chat_end::closed && c.prompt_always))
+    llama3_header(out, "assistant", chat_piece::no_message);
 }
 
 // ---- Phi-3 ----
@@ -313,35 +345,88 @@ inline void require_alternation(std::string_view form, std::span<const chat_mess
     if ((loop[i].role == "user") != (i % 2 == 0)) refuse(form, std::string(message));
 }
 
-// Mistral Nemo: [INST] and [/INST] are control tokens in its vocabulary; the system
-// message joins the *last* user message, so the rendering of earlier turns changes as
-// the conversation grows (chat_session refuses that; apply_chat_template renders it).
-inline void render_mistral_nemo(const form_context& c, std::span<const chat_message> ms, chat_end, pieces& out) {
-  require_messages("mistral-nemo", ms);
+// Mistral's templates that put the system message into the *last* user message, so the
+// rendering of earlier turns changes as the conversation grows (chat_session refuses that;
+// apply_chat_template renders it). [INST] and [/INST] are control tokens in their
+// vocabularies. Nemo's ("v3-tekken") writes "[INST]text" and the answer as it is; v3's
+// (Mistral 7B v0.3, Large 2407) "[INST] text" and the answer stripped after a space.
+inline void render_mistral_last_system(std::string_view form, bool v3, const form_context& c, std::span<const chat_message> ms,
+                                       pieces& out) {
+  require_messages(form, ms);
   const bool has_system = ms[0].role == "system";
   const auto loop = ms.subspan(has_system ? 1 : 0);
   for (const auto& m : loop)
     if (m.role == "tool" || m.role == "tool_results")
-      refuse("mistral-nemo", "a \"" + m.role + "\" message: tool calls are not supported by tlm's chat templates");
-  require_alternation("mistral-nemo", loop,
-                      "After the optional system message, conversation roles must alternate user/assistant/user/assistant/...");
+      refuse(form, "a \"" + m.role + "\" message: tool calls are not supported by tlm's chat templates");
+  require_alternation(form, loop, "After the optional system message, conversation roles must alternate user/assistant/user/assistant/...");
   const std::size_t base = has_system ? 1 : 0;
   marker(out, c.bos, chat_piece::no_message);
   for (std::size_t j = 0; j < loop.size(); ++j) {
     const std::size_t i = base + j;
     if (loop[j].role == "user") {
       marker(out, "[INST]", i);
+      if (v3) text(out, " ", i);
       if (j + 1 == loop.size() && has_system) text(out, ms[0].content + "\n\n", i);
       text(out, loop[j].content, i);
       marker(out, "[/INST]", i);
     } else if (loop[j].role == "assistant") {
-      content(out, loop[j].content, i);
+      if (v3) text(out, " ", i);
+      content(out, v3 ? python_strip(loop[j].content) : loop[j].content, i);
       marker(out, c.eos, i);
     } else {
-      refuse("mistral-nemo",
-             "Only user and assistant roles are supported, with the exception of an initial optional system message!");
+      refuse(form, "Only user and assistant roles are supported, with the exception of an initial optional system message!");
     }
   }
+}
+
+inline void render_mistral_nemo(const form_context& c, std::span<const chat_message> ms, chat_end, pieces& out) {
+  render_mistral_last_system("mistral-nemo", false, c, ms, out);
+}
+inline void render_mistral_v3(const form_context& c, std::span<const chat_message> ms, chat_end, pieces& out) {
+  render_mistral_last_system("mistral-v3", true, c, ms, out);
+}
+
+// Mistral 7B Instruct v0.1/v0.2's templates, where [INST] is text: the first ("mistral")
+// has no system message, the later "v1" one puts it into the *first* user message. They
+// check each message as they reach it, the alternation first and then the role, and raise
+// these texts; tlm checks in the same order so the first bad message names the same fault.
+inline void render_mistral_first_system(std::string_view form, bool v1, const form_context& c, std::span<const chat_message> ms,
+                                        pieces& out) {
+  if (v1) require_messages(form, ms);  // v1 reads messages[0]
+  const bool has_system = v1 && ms[0].role == "system";
+  const auto loop = ms.subspan(has_system ? 1 : 0);
+  for (std::size_t j = 0; j < loop.size(); ++j) {
+    const std::string& role = loop[j].role;
+    if ((role == "user") != (j % 2 == 0)) {
+      if (v1) refuse(form, "After the optional system message, conversation roles must alternate user/assistant/user/assistant/...");
+      refuse(form, std::string("Conversation roles must alternate user/assistant/user/assistant/...") +
+                       (role == "system" ? " (this template has no system message: leave it out, or put it into the first user message)"
+                                         : ""));
+    }
+    if (role != "user" && role != "assistant")
+      refuse(form, v1 ? "Only user and assistant roles are supported, with the exception of an initial optional system message!"
+                      : "Only user and assistant roles are supported!");
+  }
+  const std::size_t base = has_system ? 1 : 0;
+  marker(out, c.bos, chat_piece::no_message);
+  for (std::size_t j = 0; j < loop.size(); ++j) {
+    const std::size_t i = base + j;
+    if (loop[j].role == "user") {
+      const std::string system = j == 0 && has_system ? ms[0].content + "\n\n" : "";
+      text(out, (v1 ? " [INST] " : "[INST] ") + system + loop[j].content + " [/INST]", i);
+    } else {
+      if (v1) text(out, " ", i);
+      content(out, loop[j].content, i);
+      marker(out, c.eos, i);
+    }
+  }
+}
+
+inline void render_mistral(const form_context& c, std::span<const chat_message> ms, chat_end, pieces& out) {
+  render_mistral_first_system("mistral", false, c, ms, out);
+}
+inline void render_mistral_v1(const form_context& c, std::span<const chat_message> ms, chat_end, pieces& out) {
+  render_mistral_first_system("mistral-v1", true, c, ms, out);
 }
 
 // Llama 2 chat, as Meta published the format: every user message is "<s>[INST] ... [/INST]"
@@ -441,6 +526,20 @@ inline bool is_llama3(const std::string& t) {
          contains(t, "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>'") &&
          contains(t, "{%- set date_string = \"26 Jul 2024\" %}");
 }
+// Llama 3.0 Instruct's template, whole: its first release ends with the generation prompt
+// unconditionally, the later one inside {% if add_generation_prompt %}.
+inline constexpr std::string_view llama30_messages =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}";
+inline constexpr std::string_view llama30_prompt = "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}";
+inline bool llama30_prompt_always(const std::string& t) {
+  return t.size() == llama30_messages.size() + llama30_prompt.size() && t.starts_with(llama30_messages) && t.ends_with(llama30_prompt);
+}
+inline bool is_llama30(const std::string& t) {
+  return llama30_prompt_always(t) ||
+         t == std::string(llama30_messages) + "{% if add_generation_prompt %}" + std::string(llama30_prompt) + "{% endif %}";
+}
 inline bool is_phi3(const std::string& t) {
   return t.starts_with("{{ bos_token }}") &&
          contains(t, "{{'<|user|>' + '\n' + message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}") &&
@@ -457,11 +556,32 @@ inline bool is_mistral_nemo(const std::string& t) {
          contains(t, "{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}") &&
          contains(t, "{%- if loop.last and system_message is defined %}") && contains(t, "{{- message[\"content\"] + eos_token}}");
 }
+inline bool is_mistral_v3(const std::string& t) {
+  return contains(t, "{{- \"[INST] \" + system_message + \"\n\n\" + message[\"content\"] + \"[/INST]\" }}") &&
+         contains(t, "{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}") &&
+         contains(t, "{%- if loop.last and system_message is defined %}") && contains(t, "{{- \" \" + message[\"content\"]|trim + eos_token}}");
+}
+// Mistral 7B Instruct v0.1/v0.2: the first template begins with the loop (no system
+// message); the v1 one puts the system message into the first user message.
+inline bool is_mistral(const std::string& t) {
+  return t.starts_with("{{ bos_token }}{% for message in messages %}") &&
+         contains(t, "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}") &&
+         contains(t, "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}") &&
+         contains(t, "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}") &&
+         contains(t, "raise_exception('Only user and assistant roles are supported!')") && !contains(t, "system");
+}
+inline bool is_mistral_v1(const std::string& t) {
+  return contains(t, "{{- ' [INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}") &&
+         contains(t, "{{- ' [INST] ' + message['content'] + ' [/INST]' }}") &&
+         contains(t, "{%- if loop.first and system_message is defined %}") && contains(t, "{{- ' ' + message['content'] + eos_token}}");
+}
 // Llama 2 and Zephyr: their distinctive markers (the template texts are not among the
-// fetched ones, so these are kept to what the published formats require).
+// fetched ones, so these are kept to what the published formats require: for Llama 2 a
+// BOS before every [INST] and stripped texts, which two Llama-2-like templates in
+// llama.cpp's tests, FusionNet's and Vigogne's, lack; test_chat checks they are refused).
 inline bool is_llama2(const std::string& t) {
-  return contains(t, "<<SYS>>\n") && contains(t, "\n<</SYS>>\n\n") && contains(t, "[INST] ") && contains(t, " [/INST]") &&
-         contains(t, "bos_token") && contains(t, "eos_token") && !contains(t, "[INST]\" + system_message");
+  return contains(t, "<<SYS>>\n") && contains(t, "\n<</SYS>>\n\n") && contains(t, "bos_token + '[INST] '") && contains(t, " [/INST]") &&
+         (contains(t, ".strip()") || contains(t, "trim")) && contains(t, "eos_token") && !contains(t, "[INST]\" + system_message");
 }
 inline bool is_zephyr(const std::string& t) {
   return contains(t, "<|user|>\n") && contains(t, "<|assistant|>\n") && contains(t, "<|system|>\n") &&
@@ -483,8 +603,12 @@ inline constexpr chat_form chat_forms[] = {
     {"smollm2", "<|im_end|>", "", "", smollm2_default_system, is_smollm2, render_chatml_default_system},
     {"qwen2.5", "<|im_end|>", "", "", qwen25_default_system, is_qwen25, render_qwen25},
     {"llama3", "<|eot_id|>", "<|begin_of_text|>", "<|end_of_text|>", "", is_llama3, render_llama3},
+    {"llama3.0", "<|eot_id|>", "<|begin_of_text|>", "<|end_of_text|>", "", is_llama30, render_llama30},
     {"phi3", "<|end|>", "<s>", "<|endoftext|>", "", is_phi3, render_phi3},
     {"phi3.5", "<|end|>", "<s>", "<|endoftext|>", "", is_phi35, render_phi35},
+    {"mistral", "", "<s>", "</s>", "", is_mistral, render_mistral},
+    {"mistral-v1", "", "<s>", "</s>", "", is_mistral_v1, render_mistral_v1},
+    {"mistral-v3", "", "<s>", "</s>", "", is_mistral_v3, render_mistral_v3},
     {"mistral-nemo", "", "<s>", "</s>", "", is_mistral_nemo, render_mistral_nemo},
     {"llama2", "", "<s>", "</s>", "", is_llama2, render_llama2},
     {"zephyr", "", "<s>", "</s>", "", is_zephyr, render_zephyr},
@@ -510,12 +634,18 @@ class chat_template {
       chat_template c(f);
       // A SmolLM2-style template carries its own default system text.
       if (f.render == detail::render_chatml_default_system) detail::chatml_default_system_of(t, &c.default_system_);
+      // Llama 3.0's first template prints the generation prompt unasked; by name it is the later one.
+      c.prompt_always_ = f.render == detail::render_llama30 && detail::llama30_prompt_always(t);
       return c;
     }
-    const std::string shown(template_text.substr(0, 120));
+    // Cut at a character's start: the message goes into JSON (serve, chat_render), which
+    // takes only whole UTF-8 characters.
+    std::size_t cut = std::min<std::size_t>(template_text.size(), 120);
+    while (cut > 0 && cut < template_text.size() && (static_cast<unsigned char>(template_text[cut]) >> 6) == 2) --cut;
+    const std::string shown(template_text.substr(0, cut));
     throw error("chat template not supported: tlm renders the forms " + chat_template_names() +
                 " (tlm/chat.hpp), and this template is none of them. It begins: \"" + shown +
-                (template_text.size() > 120 ? "...\"" : "\"") +
+                (cut < template_text.size() ? "...\"" : "\"") +
                 ". If the model uses one of those formats, pass its name (generate/serve --chat-template NAME, "
                 "chat_options::chat_template, chat_template= in Python); otherwise render the prompt yourself "
                 "and tokenize it with parse_special.");
@@ -547,7 +677,8 @@ class chat_template {
   std::vector<chat_piece> pieces(std::span<const chat_message> messages, chat_end end, const chat_render_options& o = {}) const {
     const detail::form_context c{default_system_, o.bos_token.empty() ? form_->bos : std::string_view(o.bos_token),
                                  o.eos_token.empty() ? form_->eos : std::string_view(o.eos_token),
-                                 o.date_string.empty() ? std::string_view("26 Jul 2024") : std::string_view(o.date_string)};
+                                 o.date_string.empty() ? std::string_view("26 Jul 2024") : std::string_view(o.date_string),
+                                 prompt_always_};
     std::vector<chat_piece> out;
     form_->render(c, messages, end, out);
     return out;
@@ -563,6 +694,7 @@ class chat_template {
   explicit chat_template(const detail::chat_form& f) : form_(&f), default_system_(f.default_system) {}
   const detail::chat_form* form_;
   std::string default_system_;
+  bool prompt_always_ = false;
 };
 
 // Renders messages as the model's chat template does; add_generation_prompt appends the

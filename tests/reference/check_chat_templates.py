@@ -5,10 +5,12 @@
 For every chat-template form tlm knows, renders the same conversations with jinja2 (set
 up as Hugging Face's apply_chat_template does: sandboxed, trim_blocks, lstrip_blocks,
 raise_exception) and with tlm, and requires byte-identical text, or an error from both.
-The templates are the model files' own (scripts/fetch-vocab: llama.cpp's templates/ and
-the vocabulary GGUFs' tokenizer.chat_template, and SmolLM2's from the test model), and,
-for Llama 2 and Zephyr, whose files are not among the fetched ones, templates written
-here from the published formats. BOS/EOS texts come from the matching vocabulary file.
+The templates are the model files' own (scripts/fetch-vocab: llama.cpp's templates/, the
+copies in its tests/test-chat-template.cpp (Mistral 7B's, Mistral Large 2407's, Llama
+3.0's), the vocabulary GGUFs' tokenizer.chat_template, and SmolLM2's from the test
+model), and, for Llama 2 and Zephyr, whose files are not among the fetched ones,
+templates written here from the published formats. Where a template raises an error of
+its own (raise_exception), tlm's error must contain its text. BOS/EOS texts come from the matching vocabulary file.
 Llama 3's date: jinja2 gets no strftime_now, so its templates use their default
 "26 Jul 2024", as tlm does; one more pass passes date_string to both.
 Exits 1 on any difference.
@@ -130,6 +132,11 @@ def conversations():
         [m(u, "one"), m(u, "two")],
         [m(u, "q"), m("tool", "{\"result\": 42}")],
         [m(s, "S"), m(u, "u"), m(s, "late system")],
+        # Without a system message, for the templates that have none.
+        [m(u, "  spaced user \n"), m(a, " \t reply \n"), m(u, "\n\nend\x1c")],
+        [m(a, "an answer first")],
+        [m(u, "q"), m("robot", "beep")],
+        [m(u, "q"), m(a, "a"), m(s, "late system")],
     ]
     for c in convs:
         for gen in (True, False):
@@ -149,6 +156,12 @@ def main():
 
     bpe, spm, qwen, phi = (gguf_meta(VOCAB / f"ggml-vocab-{n}.gguf") for n in ("llama-bpe", "llama-spm", "qwen2", "phi-3"))
     read = lambda name: (TEMPLATES / f"{name}.jinja").read_text(encoding="utf-8")  # noqa: E731
+    # Meta's later Llama 3.0 template is its first with the generation prompt made
+    # conditional; only the first is in llama.cpp's sources, so the later is made from it.
+    llama30 = read("meta-llama-Meta-Llama-3-Instruct")
+    prompt = "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    assert llama30.endswith(prompt), "the Llama 3.0 template no longer ends with its generation prompt"
+    llama30_asked = llama30[:-len(prompt)] + "{% if add_generation_prompt %}" + prompt + "{% endif %}"
     # (label, template text, expected form, vocabulary for BOS/EOS)
     cases = [
         ("chatml (plain)", CHATML, "chatml", qwen),
@@ -159,6 +172,11 @@ def main():
         ("phi-3 vocab (Phi-3-mini)", phi["template"], "phi3", phi),
         ("Phi-3.5-mini-instruct", read("microsoft-Phi-3.5-mini-instruct"), "phi3.5", phi),
         ("Mistral-Nemo-Instruct-2407", read("mistralai-Mistral-Nemo-Instruct-2407"), "mistral-nemo", spm),
+        ("Mistral-7B-Instruct-v0.2 (first)", read("mistralai-Mistral-7B-Instruct-v0.2-pre-v1"), "mistral", spm),
+        ("Mistral-7B-Instruct-v0.2 (v1)", read("mistralai-Mistral-7B-Instruct-v0.2-v1"), "mistral-v1", spm),
+        ("Mistral-Large-Instruct-2407 (v3)", read("mistralai-Mistral-Large-Instruct-2407-v3"), "mistral-v3", spm),
+        ("Llama-3-Instruct (first release)", llama30, "llama3.0", bpe),
+        ("Llama-3-Instruct (prompt when asked)", llama30_asked, "llama3.0", bpe),
         ("Llama 2 (published format)", LLAMA2, "llama2", spm),
         ("Zephyr (published format)", ZEPHYR, "zephyr", spm),
     ]
@@ -168,8 +186,11 @@ def main():
 
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
 
+    class Raised(jinja2.exceptions.TemplateError):
+        """An error the template raises itself, whose text tlm's error must contain."""
+
     def raise_exception(msg):
-        raise jinja2.exceptions.TemplateError(msg)
+        raise Raised(msg)
 
     env.globals["raise_exception"] = raise_exception
 
@@ -184,6 +205,8 @@ def main():
                     kw["date_string"] = date
                 try:
                     want = {"text": tmpl.render(**kw)}
+                except Raised as e:
+                    want = {"error": str(e), "raised": True}
                 except jinja2.exceptions.TemplateError as e:  # UndefinedError is one too
                     want = {"error": str(e)}
                 base = {"template": text, "messages": msgs, "add_generation_prompt": gen}
@@ -195,6 +218,8 @@ def main():
                 for req in (explicit, base, dict({k: v for k, v in explicit.items() if k != "template"}, name=form)):
                     if "name" in req and form == "smollm2" and label != "SmolLM2 (test model)":
                         continue  # by name, smollm2 is SmolLM2's default text
+                    if "name" in req and label == "Llama-3-Instruct (first release)":
+                        continue  # by name, llama3.0 is the later template
                     requests.append(req)
                     expected.append((label, form, msgs, gen, date, want))
 
@@ -205,7 +230,7 @@ def main():
     got = [json.loads(line) for line in out.splitlines()]
     assert len(got) == len(requests), (len(got), len(requests))
 
-    failures, identical, refused = [], {}, {}
+    failures, identical, refused, same_error = [], {}, {}, {}
     for (label, form, msgs, gen, date, want), have in zip(expected, got):
         if "error" not in have and have.get("form") != form:
             failures.append(f"{label}: recognised as {have.get('form')}, expected {form}")
@@ -217,6 +242,12 @@ def main():
                 failures.append(f"{label} gen={gen} date={date} {msgs!r}:\n  jinja2 {want['text']!r}\n  tlm    {have['text']!r}")
         elif "error" in want and "error" in have:
             refused[label] = refused.get(label, 0) + 1
+            policy = "tool calls are not supported" in have["error"]
+            if want.get("raised") and not policy:
+                if want["error"] in have["error"]:
+                    same_error[label] = same_error.get(label, 0) + 1
+                else:
+                    failures.append(f"{label} gen={gen} {msgs!r}: jinja2 raises {want['error']!r}, tlm {have['error']!r}")
         elif "text" in want:
             # tlm refuses on purpose what it does not render (tool messages; a system
             # message the template would silently drop); anything else is a failure.
@@ -232,7 +263,8 @@ def main():
     # counts are of distinct conversations (with the generation prompt on or off).
     for label, *_ in cases:
         n = len(identical.get(label, ()))
-        print(f"{label:40s} {n:3d} conversations byte-identical, {refused.get(label, 0):3d} requests refused")
+        print(f"{label:40s} {n:3d} conversations byte-identical, {refused.get(label, 0):3d} requests refused "
+              f"({same_error.get(label, 0)} with the template's own error text)")
         if n < 10:
             failures.append(f"{label}: only {n} conversations rendered identically (want >= 10)")
     if failures:

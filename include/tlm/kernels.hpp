@@ -203,14 +203,30 @@ inline const kernel_table& avx2_table() {
 template <encoding E>
 constexpr void set_avx512(kernel_table& k) {
   k.matvec[slot_of<E>] = &avx512::matvec_rows<E>;
-  k.prepare[slot_of<E>] = E == encoding::q4_1 || E == encoding::q4_0 ? &avx512::prepare_q4_x<E> : nullptr;
+  k.prepare[slot_of<E>] =
+      E == encoding::q4_1 || E == encoding::q4_0 || E == encoding::q5_1 ? &avx512::prepare_q4_x<E> : nullptr;
   k.matmul[slot_of<E>] = &avx512::matmul_rows<&avx2::decode_row<E>>;
+}
+
+// K-quants: the AVX-512 exact matvec (avx512.hpp), the prefill GEMM over the AVX2
+// decoders (avx2_kquant.hpp; decoding is 1/64 of a prefill's work).
+template <encoding E>
+constexpr void set_avx512_k(kernel_table& k) {
+  k.matvec[slot_of<E>] = &avx512::matvec_rows<E>;
+  k.prepare[slot_of<E>] = E == encoding::q6_k ? nullptr : &avx2::prepare_block_sums;
+  k.matmul[slot_of<E>] = &avx512::matmul_rows<&avx2::decode_row_k<E>>;
 }
 
 template <encoding E>
 constexpr void set_avx512_fast(kernel_table& k) {
   k.matvec_q8[slot_of<E>] = &avx512::matvec_q8<E>;
   k.matmul_q8[slot_of<E>] = &avx512::matmul_q8<E>;
+}
+
+template <encoding E>
+constexpr void set_avx512_fast_k(kernel_table& k) {
+  k.matvec_q8[slot_of<E>] = &avx512::matvec_q8_k<E>;
+  k.matmul_q8[slot_of<E>] = &avx512::matmul_q8_k<E>;
 }
 
 // Starts from the AVX2 table (the level needs everything AVX2 does) and replaces the
@@ -226,6 +242,11 @@ inline const kernel_table& avx512_table() {
     set_avx512<encoding::q8_0>(k);
     set_avx512<encoding::q4_0>(k);
     set_avx512<encoding::q4_1>(k);
+    set_avx512<encoding::q5_0>(k);
+    set_avx512<encoding::q5_1>(k);
+    set_avx512_k<encoding::q4_k>(k);
+    set_avx512_k<encoding::q5_k>(k);
+    set_avx512_k<encoding::q6_k>(k);
     if (cpu().amd) {
       // Exact decode of quantized rows is bound by the int-to-float widening, which
       // Zen 4 executes 256 bits at a time: its AVX2 kernels measured 10-35% faster
@@ -237,13 +258,6 @@ inline const kernel_table& avx512_table() {
         k.prepare[i] = avx2_table().prepare[i];
       }
     }
-    // Q5_0, Q5_1 and the K-quants keep the AVX2 decode-speed and integer kernels (no
-    // AVX-512 versions yet); their prefill takes the AVX-512 GEMM over the AVX2 decoders.
-    k.matmul[slot_of<encoding::q5_0>] = &avx512::matmul_rows<&avx2::decode_row<encoding::q5_0>>;
-    k.matmul[slot_of<encoding::q5_1>] = &avx512::matmul_rows<&avx2::decode_row<encoding::q5_1>>;
-    k.matmul[slot_of<encoding::q4_k>] = &avx512::matmul_rows<&avx2::decode_row_k<encoding::q4_k>>;
-    k.matmul[slot_of<encoding::q5_k>] = &avx512::matmul_rows<&avx2::decode_row_k<encoding::q5_k>>;
-    k.matmul[slot_of<encoding::q6_k>] = &avx512::matmul_rows<&avx2::decode_row_k<encoding::q6_k>>;
     // The AVX-512 prefill kernel puts 16 batch rows in the lanes of one register, so a
     // prompt of 5 tokens leaves 11 of 16 lanes idle; the AVX2 kernel (a dot product
     // per batch row) wastes none. Splitting a batch between the two would decode each
@@ -263,6 +277,11 @@ inline const kernel_table& avx512_table() {
       set_avx512_fast<encoding::q8_0>(k);
       set_avx512_fast<encoding::q4_0>(k);
       set_avx512_fast<encoding::q4_1>(k);
+      set_avx512_fast<encoding::q5_0>(k);
+      set_avx512_fast<encoding::q5_1>(k);
+      set_avx512_fast_k<encoding::q4_k>(k);
+      set_avx512_fast_k<encoding::q5_k>(k);
+      set_avx512_fast_k<encoding::q6_k>(k);
     }
     // Decode with byte permutes where the CPU has them (4 Q4 blocks per step; for
     // Q8_0 the permute measured slower than two 32-byte loads, 29.5 against 37 GB/s).

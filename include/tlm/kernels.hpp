@@ -253,6 +253,10 @@ inline const kernel_table& avx512_table() {
       // than the 512-bit ones (Q4_1 11.1 against 9.8 GB/s, Q4_0 9.3 against 6.9;
       // bench/results/kernels.md). The AVX-512 versions stay tested
       // (tests/test_kernels.cpp) and serve CPUs with full-width 512-bit units.
+      // Q5_0, Q5_1 and the K-quants keep their AVX-512 matvec on AMD too: on an EPYC
+      // of family 26 (Zen 5) they measured 1.3-1.6x the AVX2 ones, exact and fast, hot
+      // and from DRAM (bench/results/kernels-kquant-avx512-epyc.md; not measured on
+      // Zen 4).
       for (std::size_t i : {slot_of<encoding::q8_0>, slot_of<encoding::q4_0>, slot_of<encoding::q4_1>}) {
         k.matvec[i] = avx2_table().matvec[i];
         k.prepare[i] = avx2_table().prepare[i];

@@ -8,18 +8,20 @@
 //   matvec: one row at a time, the block scale factored out of the block's sum (as
 //           avx2.hpp does), 16 lanes = half a block, so a Q4 block is two multiplies
 //           with no permutation of x; two accumulators; software prefetch ahead of
-//           the weight stream.
+//           the weight stream. Q5_x and the K-quants unpack their codes with the
+//           AVX2 helpers (32 bytes per block or sub-block) and widen them 16 at a time.
 //   matmul: a register-blocked outer-product micro-kernel. Weight rows are decoded
 //           once per slice of the batch into a float32 panel [rt, cols]; the slice of
 //           activations is transposed once into [cols, 16] columns, so each
 //           multiply-add takes one weight (broadcast) and 16 batch rows (a vector):
 //           12 rows x 32 batch rows = 24 accumulators in registers.
-// Fast mode (int8 activations, VNNI): 64 weight bytes (two blocks) per vpdpbusd;
-// with VBMI, four Q4 blocks per step (one byte permute gathers their codes).
+// Fast mode (int8 activations, VNNI): 64 weight bytes (two blocks, or two K-quant
+// sub-blocks) per vpdpbusd; with VBMI, four Q4 blocks per step (one byte permute
+// gathers their codes).
 //
-// Dispatch (kernels.hpp): on AMD the exact quantized matvec uses the AVX2 kernels,
-// which measured faster on Zen 4, whose 512-bit operations run as two 256-bit halves;
-// everything else here is used wherever the CPU has AVX-512.
+// Dispatch (kernels.hpp): on AMD the exact Q8_0 / Q4_0 / Q4_1 matvec uses the AVX2
+// kernels, which measured faster on Zen 4, whose 512-bit operations run as two 256-bit
+// halves; everything else here is used wherever the CPU has AVX-512.
 #if defined(__x86_64__) || defined(__i386__)
 #define TLM_HAVE_AVX512_KERNELS 1
 

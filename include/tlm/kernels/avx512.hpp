@@ -312,29 +312,24 @@ TLM_AVX512_INLINE inline void codes_times_x(__m256i c, const float* x, __m512& l
 template <encoding E>
 TLM_AVX512_FN inline float row_dot_k(const std::byte* row, const float* x, std::size_t cols) {
   constexpr std::size_t bb = traits(E).block_bytes;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
   __m256 mins = _mm256_setzero_ps();
   const float* xsum = x + cols;  // [cols / 32] (prepare_block_sums; unused for Q6_K)
   for (std::size_t sb = 0; sb < cols / 256; ++sb) {
     const std::byte* p = row + sb * bb;
     for (std::size_t at = 0; at < bb; at += 64) _mm_prefetch(reinterpret_cast<const char*>(p + at + prefetch_ahead), _MM_HINT_T0);
     const float* xs = x + 256 * sb;
+    __m256i c[8];
+    avx2::k_codes8<E>(p, c);
     if constexpr (E == encoding::q6_k) {
       float scales[16];
       avx2::q6_scales16(p, scales);
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h));
-        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
-#pragma GCC unroll 4
-        for (int t = 0; t < 4; ++t) {
-          const int s = 4 * h + t;
-          __m512 lo, hi;
-          codes_times_x(avx2::q6_codes(ql0, ql1, qh, t), xs + 32 * s, lo, hi);
-          acc0 = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * s]), lo, acc0);
-          acc1 = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * s + 1]), hi, acc1);
-        }
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        __m512 lo, hi;
+        codes_times_x(c[s], xs + 32 * s, lo, hi);
+        acc[0] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * s]), lo, acc[0]);
+        acc[1] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * s + 1]), hi, acc[1]);
       }
     } else {
       __m256 dsc, dmn;
@@ -342,21 +337,15 @@ TLM_AVX512_FN inline float row_dot_k(const std::byte* row, const float* x, std::
       mins = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xsum + 8 * sb), mins);
       float scales[8];
       _mm256_storeu_ps(scales, dsc);
-      const __m256i qh = E == encoding::q5_k ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))
-                                             : _mm256_setzero_si256();
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        __m256i c0, c1;
-        avx2::k_code_pair<E>(p, i, qh, c0, c1);
-        __m512 lo0, hi0, lo1, hi1;
-        codes_times_x(c0, xs + 64 * i, lo0, hi0);
-        codes_times_x(c1, xs + 64 * i + 32, lo1, hi1);
-        acc0 = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * i]), _mm512_add_ps(lo0, hi0), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * i + 1]), _mm512_add_ps(lo1, hi1), acc1);
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        __m512 lo, hi;
+        codes_times_x(c[s], xs + 32 * s, lo, hi);
+        acc[s % 2] = _mm512_fmadd_ps(_mm512_set1_ps(scales[s]), _mm512_add_ps(lo, hi), acc[s % 2]);
       }
     }
   }
-  return hsum(_mm512_add_ps(acc0, acc1)) - avx2::hsum(mins);
+  return hsum(_mm512_add_ps(acc[0], acc[1])) - avx2::hsum(mins);
 }
 
 // x: for Q4_x / Q5_x the output of prepare_q4_x, for Q4_K / Q5_K that of
@@ -931,17 +920,14 @@ template <encoding E, int NB>
 TLM_VNNI_INLINE inline void row_dots_k_vnni(const std::byte* row, std::size_t blocks, const std::int8_t* q,
                                             std::size_t qstride, const float* ds, std::size_t dstride, float* out) {
   constexpr std::size_t bb = traits(E).block_bytes;
-  __m512 acc[NB];
-  __m256 mins[NB];
-#pragma GCC unroll 4
-  for (int j = 0; j < NB; ++j) {
-    acc[j] = _mm512_setzero_ps();
-    mins[j] = _mm256_setzero_ps();
-  }
+  __m512 acc[NB] = {};   // zeros
+  __m256 mins[NB] = {};
   for (std::size_t sb = 0; sb < blocks / 8; ++sb) {
     const std::byte* p = row + sb * bb;
     for (std::size_t at = 0; at < bb; at += 64) _mm_prefetch(reinterpret_cast<const char*>(p + at + prefetch_ahead), _MM_HINT_T0);
     const std::size_t b0 = 8 * sb;
+    __m256i codes[8];
+    avx2::k_codes8<E>(p, codes);
     // [NB] per-lane scale sources, formed once per super-block.
     __m512 scale[NB];
     if constexpr (E == encoding::q6_k) {
@@ -954,31 +940,24 @@ TLM_VNNI_INLINE inline void row_dots_k_vnni(const std::byte* row, std::size_t bl
         __m256 unused;
         scale[j] = _mm512_castps256_ps512(block_scales8(ds + static_cast<std::size_t>(j) * dstride + 2 * b0, unused));
       }
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h));
-        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
-#pragma GCC unroll 2
-        for (int m = 0; m < 2; ++m) {
-          const int s = 4 * h + 2 * m;  // sub-blocks s, s + 1
-          const __m512i c = join(avx2::q6_codes(ql0, ql1, qh, 2 * m), avx2::q6_codes(ql0, ql1, qh, 2 * m + 1));
-          const __mmask64 neg = _mm512_movepi8_mask(c);
-          const __m512i cabs = _mm512_abs_epi8(c);
-          // Lane l: half 2s + l/4 and activation block s + l/8.
-          const __m512 wsc = _mm512_permutexvar_ps(
-              _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(2 * s)),
-              sc16);
-          const __m512i pick = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                                _mm512_set1_epi32(s));
 #pragma GCC unroll 4
-          for (int j = 0; j < NB; ++j) {
-            __m512i qv = _mm512_loadu_si512(q + static_cast<std::size_t>(j) * qstride + 32 * (b0 + static_cast<std::size_t>(s)));
-            qv = _mm512_mask_sub_epi8(qv, neg, _mm512_setzero_si512(), qv);
-            const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cabs, qv);
-            const __m512 sc = _mm512_mul_ps(wsc, _mm512_permutexvar_ps(pick, scale[j]));
-            acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[j]);
-          }
+      for (int s = 0; s < 8; s += 2) {  // sub-blocks s, s + 1
+        const __m512i c = join(codes[s], codes[s + 1]);
+        const __mmask64 neg = _mm512_movepi8_mask(c);
+        const __m512i cabs = _mm512_abs_epi8(c);
+        // Lane l: half 2s + l/4 and activation block s + l/8.
+        const __m512 wsc = _mm512_permutexvar_ps(
+            _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(2 * s)),
+            sc16);
+        const __m512i pick = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                              _mm512_set1_epi32(s));
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          __m512i qv = _mm512_loadu_si512(q + static_cast<std::size_t>(j) * qstride + 32 * (b0 + static_cast<std::size_t>(s)));
+          qv = _mm512_mask_sub_epi8(qv, neg, _mm512_setzero_si512(), qv);
+          const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cabs, qv);
+          const __m512 sc = _mm512_mul_ps(wsc, _mm512_permutexvar_ps(pick, scale[j]));
+          acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[j]);
         }
       }
     } else {
@@ -991,13 +970,9 @@ TLM_VNNI_INLINE inline void row_dots_k_vnni(const std::byte* row, std::size_t bl
         scale[j] = _mm512_castps256_ps512(_mm256_mul_ps(dsc, dx));
         mins[j] = _mm256_fmadd_ps(dmn, sx, mins[j]);
       }
-      const __m256i qh = E == encoding::q5_k ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))
-                                             : _mm256_setzero_si256();
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
-        __m256i c0, c1;
-        avx2::k_code_pair<E>(p, i, qh, c0, c1);
-        const __m512i c = join(c0, c1);
+        const __m512i c = join(codes[2 * i], codes[2 * i + 1]);
         const __m512i pick = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
                                               _mm512_set1_epi32(2 * i));
 #pragma GCC unroll 4

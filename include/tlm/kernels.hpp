@@ -254,9 +254,10 @@ inline const kernel_table& avx512_table() {
       // bench/results/kernels.md). The AVX-512 versions stay tested
       // (tests/test_kernels.cpp) and serve CPUs with full-width 512-bit units.
       // Q5_0, Q5_1 and the K-quants keep their AVX-512 matvec on AMD too: on an EPYC
-      // of family 26 (Zen 5) they measured 1.3-1.6x the AVX2 ones, exact and fast, hot
-      // and from DRAM (bench/results/kernels-kquant-avx512-epyc.md; not measured on
-      // Zen 4).
+      // of family 26 (Zen 5) they measured 1.50-1.66x the AVX2 ones exact and 1.33-1.73x
+      // fast, hot and from DRAM (bench/results/kernels-kquant-avx512-epyc.md). Not
+      // measured on Zen 4, whose lane-crossing widening (vpmovsxbd, which these use)
+      // slowed the Q4 kernels: if they lose there, this is the place to exclude them.
       for (std::size_t i : {slot_of<encoding::q8_0>, slot_of<encoding::q4_0>, slot_of<encoding::q4_1>}) {
         k.matvec[i] = avx2_table().matvec[i];
         k.prepare[i] = avx2_table().prepare[i];

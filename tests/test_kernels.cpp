@@ -150,31 +150,19 @@ struct placed_floats : tlm_test::placed<float> {
 };
 
 #ifdef TLM_HAVE_AVX2_KERNELS
-// Whether the codes of sub-block s of the K-quant super-block at p come out alike from
-// the pairwise unpacking (k_code_pair, q6_codes: the matvec kernels') and from
-// k_codes32 (the decoder's).
-[[gnu::target("avx2,fma,f16c")]] bool k_codes_agree(encoding enc, const std::byte* p, int s) {
+// Whether the codes of the 8 sub-blocks of the K-quant super-block at p come out alike
+// from k_codes8 (the unpacking the AVX-512 kernels take: k_code_pair, q6_codes) and from
+// k_codes32 (the AVX2 decoder's, checked against dequantize_row).
+template <encoding E>
+[[gnu::target("avx2,fma,f16c")]] bool k_codes_agree(const std::byte* p) {
   namespace a2 = tlm::kernels::avx2;
-  __m256i pair[2];
-  __m256i want;
-  if (enc == encoding::q6_k) {
-    const int h = s / 4;
-    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h));
-    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h + 32));
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
-    pair[s % 2] = a2::q6_codes(ql0, ql1, qh, s % 4);
-    want = a2::k_codes32<encoding::q6_k>(p, s);
-  } else {
-    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
-    if (enc == encoding::q4_k) {
-      a2::k_code_pair<encoding::q4_k>(p, s / 2, qh, pair[0], pair[1]);
-      want = a2::k_codes32<encoding::q4_k>(p, s);
-    } else {
-      a2::k_code_pair<encoding::q5_k>(p, s / 2, qh, pair[0], pair[1]);
-      want = a2::k_codes32<encoding::q5_k>(p, s);
-    }
+  __m256i got[8];
+  a2::k_codes8<E>(p, got);
+  for (int s = 0; s < 8; ++s) {
+    const __m256i want = a2::k_codes32<E>(p, s);
+    if (std::memcmp(&got[s], &want, 32) != 0) return false;
   }
-  return std::memcmp(&pair[s % 2], &want, 32) == 0;
+  return true;
 }
 #endif
 
@@ -430,21 +418,17 @@ TEST_CASE("SIMD decoders are bit for bit dequantize_row") {
   check(encoding::q4_k, a2::decode_row_k<encoding::q4_k>);
   check(encoding::q5_k, a2::decode_row_k<encoding::q5_k>);
   check(encoding::q6_k, a2::decode_row_k<encoding::q6_k>);
-  // The unpacking the exact and fast K-quant kernels share (k_code_pair, q6_codes, two
-  // sub-blocks per load) against the one decode_k32 uses (k_codes32, checked above).
-  auto codes_agree = [&](encoding enc) {
+  // The unpacking the AVX-512 K-quant kernels share (k_codes8) against the decoder's.
+  auto codes_agree = [&](encoding enc, auto agree) {
     const auto w = random_rows(enc, 1, 1024, rng);
-    const std::size_t bb = tlm::traits(enc).block_bytes;
     for (std::size_t sb = 0; sb < 4; ++sb) {
-      for (int s = 0; s < 8; ++s) {
-        INFO(tlm::name(enc) << " super-block " << sb << " sub-block " << s);
-        CHECK(k_codes_agree(enc, w.data() + sb * bb, s));
-      }
+      INFO(tlm::name(enc) << " super-block " << sb);
+      CHECK(agree(w.data() + sb * tlm::traits(enc).block_bytes));
     }
   };
-  codes_agree(encoding::q4_k);
-  codes_agree(encoding::q5_k);
-  codes_agree(encoding::q6_k);
+  codes_agree(encoding::q4_k, k_codes_agree<encoding::q4_k>);
+  codes_agree(encoding::q5_k, k_codes_agree<encoding::q5_k>);
+  codes_agree(encoding::q6_k, k_codes_agree<encoding::q6_k>);
 #else
   CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx2), tlm::error);
 #endif

@@ -274,7 +274,9 @@ int main(int argc, char** argv) {
                           {encoding::q8_0, 49152, 576, "output"},
                           // SmolLM2-135M as Q4_K_M: Q5_0 where rows are 576 wide, K-quants at 1536
                           {encoding::q5_0, 1536, 576, "Q4_K_M ffn_gate/up"},
+                          {encoding::q5_1, 1536, 576, "ffn_gate/up"},
                           {encoding::q4_k, 576, 1536, "Q4_K_M ffn_down"},
+                          {encoding::q5_k, 576, 1536, "ffn_down"},
                           {encoding::q6_k, 576, 1536, "Q4_K_M ffn_down"},
                           // Llama 3.2 1B shapes
                           {encoding::q4_k, 2048, 2048, "1B attn_q/o"},
@@ -399,7 +401,10 @@ int main(int argc, char** argv) {
   // Prefill: 64 and 512 tokens through one matrix (matmul), each level and precision.
   {
     for (std::size_t batch : {std::size_t{64}, std::size_t{512}}) {
-      for (const auto& s : {shape{encoding::q4_1, 1536, 576, "ffn_gate/up"}, shape{encoding::q4_1, 576, 1536, "ffn_down"}}) {
+      for (const auto& s : {shape{encoding::q4_1, 1536, 576, "ffn_gate/up"}, shape{encoding::q4_1, 576, 1536, "ffn_down"},
+                            shape{encoding::q5_0, 1536, 576, "Q4_K_M ffn_gate/up"},
+                            shape{encoding::q4_k, 576, 1536, "Q4_K_M ffn_down"},
+                            shape{encoding::q6_k, 576, 1536, "Q4_K_M ffn_down"}}) {
         auto w = std::make_shared<std::vector<std::byte>>(random_matrix(s.enc, s.rows, s.cols, rng));
         auto x = std::make_shared<std::vector<float>>(batch * s.cols);
         std::normal_distribution<float> normal(0.0f, 1.0f);

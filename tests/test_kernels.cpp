@@ -15,6 +15,10 @@
 #include <tlm/kernels.hpp>
 #include <tlm/kernels/adamw.hpp>
 
+#ifdef TLM_HAVE_AVX2_KERNELS
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -144,6 +148,23 @@ using placed_bytes = tlm_test::placed<std::byte>;
 struct placed_floats : tlm_test::placed<float> {
   placed_floats(const std::vector<float>& src, std::size_t offset) : placed(src, offset, -777.0f) {}
 };
+
+#ifdef TLM_HAVE_AVX2_KERNELS
+// Whether the codes of the 8 sub-blocks of the K-quant super-block at p come out alike
+// from k_codes8 (the unpacking the AVX-512 kernels take: k_code_pair, q6_codes) and from
+// k_codes32 (the AVX2 decoder's, checked against dequantize_row).
+template <encoding E>
+[[gnu::target("avx2,fma,f16c")]] bool k_codes_agree(const std::byte* p) {
+  namespace a2 = tlm::kernels::avx2;
+  __m256i got[8];
+  a2::k_codes8<E>(p, got);
+  for (int s = 0; s < 8; ++s) {
+    const __m256i want = a2::k_codes32<E>(p, s);
+    if (std::memcmp(&got[s], &want, 32) != 0) return false;
+  }
+  return true;
+}
+#endif
 
 }  // namespace
 
@@ -397,6 +418,17 @@ TEST_CASE("SIMD decoders are bit for bit dequantize_row") {
   check(encoding::q4_k, a2::decode_row_k<encoding::q4_k>);
   check(encoding::q5_k, a2::decode_row_k<encoding::q5_k>);
   check(encoding::q6_k, a2::decode_row_k<encoding::q6_k>);
+  // The unpacking the AVX-512 K-quant kernels share (k_codes8) against the decoder's.
+  auto codes_agree = [&](encoding enc, auto agree) {
+    const auto w = random_rows(enc, 1, 1024, rng);
+    for (std::size_t sb = 0; sb < 4; ++sb) {
+      INFO(tlm::name(enc) << " super-block " << sb);
+      CHECK(agree(w.data() + sb * tlm::traits(enc).block_bytes));
+    }
+  };
+  codes_agree(encoding::q4_k, k_codes_agree<encoding::q4_k>);
+  codes_agree(encoding::q5_k, k_codes_agree<encoding::q5_k>);
+  codes_agree(encoding::q6_k, k_codes_agree<encoding::q6_k>);
 #else
   CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx2), tlm::error);
 #endif
@@ -865,7 +897,10 @@ TEST_CASE("default precision: exact unless TLM_PRECISION says fast") {
 
 TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the table prefers others") {
 #ifdef TLM_HAVE_AVX512_KERNELS
-  if (!tlm::kernel_level_supported(tlm::kernel_level::avx512)) return;
+  if (!tlm::kernel_level_supported(tlm::kernel_level::avx512)) {
+    MESSAGE("skipped: this CPU has no AVX-512 F/BW/VL/DQ (" << tlm::cpu_feature_string() << ")");
+    return;
+  }
   // On AMD the avx512 table runs the AVX2 kernels for quantized exact matvec (they
   // measured faster there); the AVX-512 ones are checked here directly.
   namespace a5 = tlm::kernels::avx512;
@@ -889,9 +924,80 @@ TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the ta
   check(encoding::q8_0, a5::matvec_rows<encoding::q8_0>, copy);
   check(encoding::q4_0, a5::matvec_rows<encoding::q4_0>, a5::prepare_q4_x<encoding::q4_0>);
   check(encoding::q4_1, a5::matvec_rows<encoding::q4_1>, a5::prepare_q4_x<encoding::q4_1>);
+  check(encoding::q5_0, a5::matvec_rows<encoding::q5_0>, copy);
+  check(encoding::q5_1, a5::matvec_rows<encoding::q5_1>, a5::prepare_q4_x<encoding::q5_1>);
+  check(encoding::q4_k, a5::matvec_rows<encoding::q4_k>, tlm::kernels::avx2::prepare_block_sums);
+  check(encoding::q5_k, a5::matvec_rows<encoding::q5_k>, tlm::kernels::avx2::prepare_block_sums);
+  check(encoding::q6_k, a5::matvec_rows<encoding::q6_k>, copy);
   check(encoding::f32, a5::matvec_rows<encoding::f32>, copy);
   check(encoding::f16, a5::matvec_rows<encoding::f16>, copy);
   check(encoding::bf16, a5::matvec_rows<encoding::bf16>, copy);
+#else
+  MESSAGE("skipped: no AVX-512 kernels on this architecture");
+#endif
+}
+
+TEST_CASE("AVX-512 VNNI fast kernels against the scalar integer reference, called directly") {
+#ifdef TLM_HAVE_AVX512_KERNELS
+  if (!tlm::kernel_level_supported(tlm::kernel_level::avx512) || !tlm::cpu().avx512vnni) {
+    MESSAGE("skipped: this CPU has no AVX-512 VNNI (" << tlm::cpu_feature_string() << ")");
+    return;
+  }
+  // The table installs these only with VNNI; here each is called directly, so a kernel
+  // the table does not choose on this CPU is still held to the reference.
+  namespace a5 = tlm::kernels::avx512;
+  std::mt19937 rng(516);
+  std::size_t cases = 0;
+  double worst = 0;
+  auto check = [&](encoding enc, auto matvec_q8, auto matmul_q8) {
+    const bool k_quant = tlm::traits(enc).block_values == 256;
+    const std::vector<std::size_t> all_cols =
+        k_quant ? std::vector<std::size_t>{256, 512, 768, 1536, 2304} : std::vector<std::size_t>{32, 64, 96, 160, 576, 1536};
+    for (std::size_t cols : all_cols) {
+      for (std::size_t rows : {std::size_t{1}, std::size_t{5}, std::size_t{33}}) {
+        for (std::size_t batch : {std::size_t{1}, std::size_t{3}, std::size_t{4}, std::size_t{5}, std::size_t{9}}) {
+          const auto wsrc = random_rows(enc, rows, cols, rng);
+          const auto xsrc = random_floats(batch * cols, rng);
+          placed_bytes w(wsrc, (rows + cols + batch) % 8);
+          const std::size_t rb = tlm::row_bytes(enc, cols);
+          k::q8_activations q;
+          k::detail::quantize_scalar(xsrc.data(), batch, cols, q);
+          std::vector<float> y(batch * rows), ref(batch * rows);
+          if (batch == 1) {
+            matvec_q8(enc, w.data, rb, q, y.data(), 0, rows, cols);
+            k::detail::matvec_q8_scalar(enc, w.data, rb, q, ref.data(), 0, rows, cols);
+          } else {
+            matmul_q8(enc, w.data, rb, q, y.data(), 0, rows, rows, cols);
+            k::detail::matmul_q8_scalar(enc, w.data, rb, q, ref.data(), 0, rows, rows, cols);
+          }
+          int bad = 0;
+          for (std::size_t b = 0; b < batch; ++b) {
+            const auto bounds = bounds_for(enc, w.data, xsrc.data() + b * cols, rows, cols);
+            for (std::size_t r = 0; r < rows; ++r) {
+              const double e = std::fabs(static_cast<double>(y[b * rows + r]) - ref[b * rows + r]);
+              worst = std::max(worst, e / bounds.vs_reference[r]);
+              if (!(e <= bounds.vs_reference[r])) ++bad;
+            }
+          }
+          INFO("avx512 direct fast " << tlm::name(enc) << " rows " << rows << " cols " << cols << " batch " << batch);
+          CHECK(bad == 0);
+          ++cases;
+        }
+      }
+    }
+  };
+  check(encoding::q8_0, a5::matvec_q8<encoding::q8_0>, a5::matmul_q8<encoding::q8_0>);
+  check(encoding::q4_0, a5::matvec_q8<encoding::q4_0>, a5::matmul_q8<encoding::q4_0>);
+  check(encoding::q4_1, a5::matvec_q8<encoding::q4_1>, a5::matmul_q8<encoding::q4_1>);
+  check(encoding::q5_0, a5::matvec_q8<encoding::q5_0>, a5::matmul_q8<encoding::q5_0>);
+  check(encoding::q5_1, a5::matvec_q8<encoding::q5_1>, a5::matmul_q8<encoding::q5_1>);
+  check(encoding::q4_k, a5::matvec_q8_k<encoding::q4_k>, a5::matmul_q8_k<encoding::q4_k>);
+  check(encoding::q5_k, a5::matvec_q8_k<encoding::q5_k>, a5::matmul_q8_k<encoding::q5_k>);
+  check(encoding::q6_k, a5::matvec_q8_k<encoding::q6_k>, a5::matmul_q8_k<encoding::q6_k>);
+  MESSAGE("avx512 direct fast cases: " << cases << ", worst error / tolerance: " << worst);
+  CHECK(cases == 5 * 6 * 3 * 5 + 3 * 5 * 3 * 5);  // encodings x cols x rows x batches
+#else
+  MESSAGE("skipped: no AVX-512 kernels on this architecture");
 #endif
 }
 

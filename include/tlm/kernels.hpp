@@ -203,14 +203,30 @@ inline const kernel_table& avx2_table() {
 template <encoding E>
 constexpr void set_avx512(kernel_table& k) {
   k.matvec[slot_of<E>] = &avx512::matvec_rows<E>;
-  k.prepare[slot_of<E>] = E == encoding::q4_1 || E == encoding::q4_0 ? &avx512::prepare_q4_x<E> : nullptr;
+  k.prepare[slot_of<E>] =
+      E == encoding::q4_1 || E == encoding::q4_0 || E == encoding::q5_1 ? &avx512::prepare_q4_x<E> : nullptr;
   k.matmul[slot_of<E>] = &avx512::matmul_rows<&avx2::decode_row<E>>;
+}
+
+// K-quants: the AVX-512 exact matvec (avx512.hpp), the prefill GEMM over the AVX2
+// decoders (avx2_kquant.hpp; decoding is 1/64 of a prefill's work).
+template <encoding E>
+constexpr void set_avx512_k(kernel_table& k) {
+  k.matvec[slot_of<E>] = &avx512::matvec_rows<E>;
+  k.prepare[slot_of<E>] = E == encoding::q6_k ? nullptr : &avx2::prepare_block_sums;
+  k.matmul[slot_of<E>] = &avx512::matmul_rows<&avx2::decode_row_k<E>>;
 }
 
 template <encoding E>
 constexpr void set_avx512_fast(kernel_table& k) {
   k.matvec_q8[slot_of<E>] = &avx512::matvec_q8<E>;
   k.matmul_q8[slot_of<E>] = &avx512::matmul_q8<E>;
+}
+
+template <encoding E>
+constexpr void set_avx512_fast_k(kernel_table& k) {
+  k.matvec_q8[slot_of<E>] = &avx512::matvec_q8_k<E>;
+  k.matmul_q8[slot_of<E>] = &avx512::matmul_q8_k<E>;
 }
 
 // Starts from the AVX2 table (the level needs everything AVX2 does) and replaces the
@@ -226,24 +242,27 @@ inline const kernel_table& avx512_table() {
     set_avx512<encoding::q8_0>(k);
     set_avx512<encoding::q4_0>(k);
     set_avx512<encoding::q4_1>(k);
+    set_avx512<encoding::q5_0>(k);
+    set_avx512<encoding::q5_1>(k);
+    set_avx512_k<encoding::q4_k>(k);
+    set_avx512_k<encoding::q5_k>(k);
+    set_avx512_k<encoding::q6_k>(k);
     if (cpu().amd) {
       // Exact decode of quantized rows is bound by the int-to-float widening, which
       // Zen 4 executes 256 bits at a time: its AVX2 kernels measured 10-35% faster
       // than the 512-bit ones (Q4_1 11.1 against 9.8 GB/s, Q4_0 9.3 against 6.9;
       // bench/results/kernels.md). The AVX-512 versions stay tested
       // (tests/test_kernels.cpp) and serve CPUs with full-width 512-bit units.
+      // Q5_0, Q5_1 and the K-quants keep their AVX-512 matvec on AMD too: on an EPYC
+      // of family 26 (Zen 5) they measured 1.50-1.66x the AVX2 ones exact and 1.33-1.73x
+      // fast, hot and from DRAM (bench/results/kernels-kquant-avx512-epyc.md). Not
+      // measured on Zen 4, whose lane-crossing widening (vpmovsxbd, which these use)
+      // slowed the Q4 kernels: if they lose there, this is the place to exclude them.
       for (std::size_t i : {slot_of<encoding::q8_0>, slot_of<encoding::q4_0>, slot_of<encoding::q4_1>}) {
         k.matvec[i] = avx2_table().matvec[i];
         k.prepare[i] = avx2_table().prepare[i];
       }
     }
-    // Q5_0, Q5_1 and the K-quants keep the AVX2 decode-speed and integer kernels (no
-    // AVX-512 versions yet); their prefill takes the AVX-512 GEMM over the AVX2 decoders.
-    k.matmul[slot_of<encoding::q5_0>] = &avx512::matmul_rows<&avx2::decode_row<encoding::q5_0>>;
-    k.matmul[slot_of<encoding::q5_1>] = &avx512::matmul_rows<&avx2::decode_row<encoding::q5_1>>;
-    k.matmul[slot_of<encoding::q4_k>] = &avx512::matmul_rows<&avx2::decode_row_k<encoding::q4_k>>;
-    k.matmul[slot_of<encoding::q5_k>] = &avx512::matmul_rows<&avx2::decode_row_k<encoding::q5_k>>;
-    k.matmul[slot_of<encoding::q6_k>] = &avx512::matmul_rows<&avx2::decode_row_k<encoding::q6_k>>;
     // The AVX-512 prefill kernel puts 16 batch rows in the lanes of one register, so a
     // prompt of 5 tokens leaves 11 of 16 lanes idle; the AVX2 kernel (a dot product
     // per batch row) wastes none. Splitting a batch between the two would decode each
@@ -263,6 +282,11 @@ inline const kernel_table& avx512_table() {
       set_avx512_fast<encoding::q8_0>(k);
       set_avx512_fast<encoding::q4_0>(k);
       set_avx512_fast<encoding::q4_1>(k);
+      set_avx512_fast<encoding::q5_0>(k);
+      set_avx512_fast<encoding::q5_1>(k);
+      set_avx512_fast_k<encoding::q4_k>(k);
+      set_avx512_fast_k<encoding::q5_k>(k);
+      set_avx512_fast_k<encoding::q6_k>(k);
     }
     // Decode with byte permutes where the CPU has them (4 Q4 blocks per step; for
     // Q8_0 the permute measured slower than two 32-byte loads, 29.5 against 37 GB/s).

@@ -160,6 +160,29 @@ TLM_AVX2_INLINE inline void k_code_pair(const std::byte* p, int i, __m256i qh, _
   (void)qh;
 }
 
+// The codes of all 8 sub-blocks of a super-block, c[s] = values 32s..32s+31 in order
+// (the pairwise unpacking above): what the AVX-512 kernels take, whose 32 registers hold
+// them all, and which pair sub-blocks 2i, 2i+1 in one 512-bit register.
+template <encoding E>
+TLM_AVX2_INLINE inline void k_codes8(const std::byte* p, __m256i (&c)[8]) {
+  const auto* v = reinterpret_cast<const __m256i*>(p);
+  if constexpr (E == encoding::q6_k) {
+    // Half h: low bits in rows 2h, 2h+1 of 32 bytes, high bits in row 4+h.
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m256i ql0 = _mm256_loadu_si256(v + 2 * h), ql1 = _mm256_loadu_si256(v + 2 * h + 1);
+      const __m256i qh = _mm256_loadu_si256(v + 4 + h);
+#pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) c[4 * h + t] = q6_codes(ql0, ql1, qh, t);
+    }
+  } else {
+    const __m256i qh = E == encoding::q5_k ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))
+                                           : _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) k_code_pair<E>(p, i, qh, c[2 * i], c[2 * i + 1]);
+  }
+}
+
 // sum_l c_l x_l over the 32 codes of a sub-block, in 8 lanes: the first half (values
 // 0-15) in `a`, the second (16-31) in `b` (Q6_K scales the halves apart).
 TLM_AVX2_INLINE inline void codes_times_x(__m256i c, const float* x, __m256& a, __m256& b) {

@@ -8,24 +8,27 @@
 //   matvec: one row at a time, the block scale factored out of the block's sum (as
 //           avx2.hpp does), 16 lanes = half a block, so a Q4 block is two multiplies
 //           with no permutation of x; two accumulators; software prefetch ahead of
-//           the weight stream.
+//           the weight stream. Q5_x and the K-quants unpack their codes with the
+//           AVX2 helpers (32 bytes per block or sub-block) and widen them 16 at a time.
 //   matmul: a register-blocked outer-product micro-kernel. Weight rows are decoded
 //           once per slice of the batch into a float32 panel [rt, cols]; the slice of
 //           activations is transposed once into [cols, 16] columns, so each
 //           multiply-add takes one weight (broadcast) and 16 batch rows (a vector):
 //           12 rows x 32 batch rows = 24 accumulators in registers.
-// Fast mode (int8 activations, VNNI): 64 weight bytes (two blocks) per vpdpbusd;
-// with VBMI, four Q4 blocks per step (one byte permute gathers their codes).
+// Fast mode (int8 activations, VNNI): 64 weight bytes (two blocks, or two K-quant
+// sub-blocks) per vpdpbusd; with VBMI, four Q4 blocks per step (one byte permute
+// gathers their codes).
 //
-// Dispatch (kernels.hpp): on AMD the exact quantized matvec uses the AVX2 kernels,
-// which measured faster on Zen 4, whose 512-bit operations run as two 256-bit halves;
-// everything else here is used wherever the CPU has AVX-512.
+// Dispatch (kernels.hpp): on AMD the exact Q8_0 / Q4_0 / Q4_1 matvec uses the AVX2
+// kernels, which measured faster on Zen 4, whose 512-bit operations run as two 256-bit
+// halves; everything else here is used wherever the CPU has AVX-512.
 #if defined(__x86_64__) || defined(__i386__)
 #define TLM_HAVE_AVX512_KERNELS 1
 
 #include <tlm/blocks.hpp>
 #include <tlm/encoding.hpp>
 #include <tlm/kernels/avx2.hpp>
+#include <tlm/kernels/avx2_kquant.hpp>
 #include <tlm/kernels/scalar.hpp>
 #include <tlm/quant.hpp>
 
@@ -156,15 +159,21 @@ TLM_AVX512_FN inline void axpy_i8(float a, const std::int8_t* x, float* y, std::
 inline constexpr std::size_t q4_order[32] = {0, 1, 2,  3,  4,  5,  6,  7,  16, 17, 18, 19, 20, 21, 22, 23,
                                              8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
 
-// x [cols] -> [cols] in q4_order per block, then [blocks, 2] = {0, sum of the block}.
+// Blocks whose decode adds a min: Q4_1 and Q5_1 (d at byte 0, m at byte 2).
+template <encoding E>
+inline constexpr bool has_min = E == encoding::q4_1 || E == encoding::q5_1;
+
+// x [cols] -> [cols] in q4_order per block (Q4_0, Q4_1; Q5_0 and Q5_1 keep the value
+// order, as their codes are unpacked in order), then [blocks, 2] = {0, sum of the block}.
 template <encoding E>
 inline void prepare_q4_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
+  constexpr bool permute = E == encoding::q4_0 || E == encoding::q4_1;
   const std::size_t blocks = cols / 32;
-  prepared.resize(cols + 2 * blocks);  // [cols] permuted x, then [blocks, 2]
+  prepared.resize(cols + 2 * blocks);  // [cols] x (permuted for Q4), then [blocks, 2]
   for (std::size_t b = 0; b < blocks; ++b) {
     float t = 0;
     for (std::size_t i = 0; i < 32; ++i) {
-      prepared[32 * b + i] = x[32 * b + q4_order[i]];
+      prepared[32 * b + i] = x[32 * b + (permute ? q4_order[i] : i)];
       t += x[32 * b + i];
     }
     prepared[cols + 2 * b] = 0.0f;
@@ -198,11 +207,11 @@ TLM_AVX512_INLINE inline void q4_codes(const std::byte* qs, __m512& e0, __m512& 
   }
 }
 
-// [d0, m0, d1, m1] of two Q4_1 blocks, [d0, 0, d1, 0] of Q4_0 / Q8_0 blocks.
+// [d0, m0, d1, m1] of two Q4_1 / Q5_1 blocks, [d0, 0, d1, 0] of Q4_0 / Q5_0 / Q8_0 blocks.
 template <encoding E>
 TLM_AVX512_INLINE inline __m128 scale_pair(const std::byte* p0, const std::byte* p1) {
   std::uint64_t bits;
-  if constexpr (E == encoding::q4_1) {
+  if constexpr (has_min<E>) {
     std::uint32_t a, b;
     std::memcpy(&a, p0, 4);
     std::memcpy(&b, p1, 4);
@@ -220,14 +229,21 @@ TLM_AVX512_INLINE inline __m512 block_codes_dot(const std::byte* p, const float*
   if constexpr (E == encoding::q8_0) {
     w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2))));
     w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 18))));
+  } else if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
+    // The AVX2 unpacking (32 code bytes in value order), widened 16 at a time.
+    const std::byte* qh = p + (has_min<E> ? 4 : 2);
+    const __m256i c = avx2::q5_codes<E>(qh + 4, qh);
+    w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c)));
+    w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(c, 1)));
   } else {
     q4_codes<E>(p + (E == encoding::q4_1 ? 4 : 2), w0, w1);
   }
   return _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xb)));
 }
 
-// One row of a quantized matrix: sum_b d_b (codes_b . x_b) [+ m_b sum(x_b)], two
-// blocks per step (one conversion of the four scales, two accumulators).
+// One row of a 32-block matrix (Q8_0, Q4_x, Q5_x): sum_b d_b (codes_b . x_b)
+// [+ m_b sum(x_b)], two blocks per step (one conversion of the four scales, two
+// accumulators).
 template <encoding E>
 TLM_AVX512_FN inline float row_dot_quant(const std::byte* row, const float* x, const float* xsum, std::size_t blocks) {
   constexpr std::size_t bb = row_bytes(E, 32);
@@ -242,16 +258,16 @@ TLM_AVX512_FN inline float row_dot_quant(const std::byte* row, const float* x, c
     const __m512 t1 = block_codes_dot<E>(p + bb, x + 32 * b + 32);
     acc0 = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t0, acc0);
     acc1 = _mm512_fmadd_ps(_mm512_broadcastss_ps(_mm_movehl_ps(dm, dm)), t1, acc1);
-    if constexpr (E == encoding::q4_1) mins = _mm_fmadd_ps(dm, _mm_loadu_ps(xsum + 2 * b), mins);
+    if constexpr (has_min<E>) mins = _mm_fmadd_ps(dm, _mm_loadu_ps(xsum + 2 * b), mins);
   }
   if (b < blocks) {
     const std::byte* p = row + b * bb;
     const __m128 dm = scale_pair<E>(p, p);
     acc0 = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), block_codes_dot<E>(p, x + 32 * b), acc0);
-    if constexpr (E == encoding::q4_1) mins = _mm_fmadd_ps(dm, _mm_setr_ps(0.0f, xsum[2 * b + 1], 0.0f, 0.0f), mins);
+    if constexpr (has_min<E>) mins = _mm_fmadd_ps(dm, _mm_setr_ps(0.0f, xsum[2 * b + 1], 0.0f, 0.0f), mins);
   }
   float s = hsum(_mm512_add_ps(acc0, acc1));
-  if constexpr (E == encoding::q4_1) {
+  if constexpr (has_min<E>) {
     alignas(16) float m[4];
     _mm_store_ps(m, mins);
     s += m[1] + m[3];
@@ -278,12 +294,69 @@ TLM_AVX512_FN inline float row_dot_float(const std::byte* row, const float* x, s
   return s;
 }
 
-// x: for Q4_0 / Q4_1 the output of prepare_q4_x; otherwise x itself.
+// ---- Exact matvec of the K-quants ---------------------------------------------------
+//
+// As avx2_kquant.hpp: the sub-block scales factored out of each sub-block's sum, the
+// codes unpacked by the same AVX2 helpers (32 bytes per sub-block, in value order),
+// then widened 16 at a time, so a sub-block of 32 is two 16-lane products against x.
+// Q4_K / Q5_K: sub-blocks 2i and 2i+1 go to two accumulators; the mins are applied per
+// super-block by one 8-lane multiply-add with the block sums of x (prepare_block_sums).
+// Q6_K: the two 16-value halves of a sub-block take their own scale.
+
+// The 16-lane products c_l x_l of values 0-15 (lo) and 16-31 (hi) of a sub-block.
+TLM_AVX512_INLINE inline void codes_times_x(__m256i c, const float* x, __m512& lo, __m512& hi) {
+  lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c))), _mm512_loadu_ps(x));
+  hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(c, 1))), _mm512_loadu_ps(x + 16));
+}
+
+template <encoding E>
+TLM_AVX512_FN inline float row_dot_k(const std::byte* row, const float* x, std::size_t cols) {
+  constexpr std::size_t bb = traits(E).block_bytes;
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m256 mins = _mm256_setzero_ps();
+  const float* xsum = x + cols;  // [cols / 32] (prepare_block_sums; unused for Q6_K)
+  for (std::size_t sb = 0; sb < cols / 256; ++sb) {
+    const std::byte* p = row + sb * bb;
+    for (std::size_t at = 0; at < bb; at += 64) _mm_prefetch(reinterpret_cast<const char*>(p + at + prefetch_ahead), _MM_HINT_T0);
+    const float* xs = x + 256 * sb;
+    __m256i c[8];
+    avx2::k_codes8<E>(p, c);
+    if constexpr (E == encoding::q6_k) {
+      float scales[16];
+      avx2::q6_scales16(p, scales);
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        __m512 lo, hi;
+        codes_times_x(c[s], xs + 32 * s, lo, hi);
+        acc[0] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * s]), lo, acc[0]);
+        acc[1] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * s + 1]), hi, acc[1]);
+      }
+    } else {
+      __m256 dsc, dmn;
+      avx2::k_scales8(p, dsc, dmn);
+      mins = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xsum + 8 * sb), mins);
+      float scales[8];
+      _mm256_storeu_ps(scales, dsc);
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        __m512 lo, hi;
+        codes_times_x(c[s], xs + 32 * s, lo, hi);
+        acc[s % 2] = _mm512_fmadd_ps(_mm512_set1_ps(scales[s]), _mm512_add_ps(lo, hi), acc[s % 2]);
+      }
+    }
+  }
+  return hsum(_mm512_add_ps(acc[0], acc[1])) - avx2::hsum(mins);
+}
+
+// x: for Q4_x / Q5_x the output of prepare_q4_x, for Q4_K / Q5_K that of
+// avx2::prepare_block_sums; otherwise x itself.
 template <encoding E>
 TLM_AVX512_FN inline void matvec_rows(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                       std::size_t r0, std::size_t r1, std::size_t cols) {
   for (std::size_t r = r0; r < r1; ++r) {
-    if constexpr (E == encoding::q8_0 || E == encoding::q4_0 || E == encoding::q4_1) {
+    if constexpr (E == encoding::q4_k || E == encoding::q5_k || E == encoding::q6_k) {
+      y[r] = row_dot_k<E>(w + r * rb, x, cols);
+    } else if constexpr (traits(E).block_values == 32) {
       y[r] = row_dot_quant<E>(w + r * rb, x, x + cols, cols / 32);
     } else {
       y[r] = row_dot_float<E>(w + r * rb, x, cols);
@@ -431,10 +504,12 @@ TLM_AVX512_FN inline void quantize(const float* x, std::size_t rows, std::size_t
 }
 
 // The 64 weight codes of blocks p0 and p1 in value order, as bytes: Q4_1 unsigned
-// 0..15, Q4_0 signed -8..7, Q8_0 signed.
+// 0..15, Q4_0 signed -8..7, Q5_1 unsigned 0..31, Q5_0 signed -16..15, Q8_0 signed.
 template <encoding E>
 TLM_VNNI_INLINE inline __m512i codes64(const std::byte* p0, const std::byte* p1) {
-  if constexpr (E == encoding::q8_0) {
+  if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(avx2::codes32<E>(p0)), avx2::codes32<E>(p1), 1);
+  } else if constexpr (E == encoding::q8_0) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + 2));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1 + 2));
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
@@ -452,11 +527,11 @@ TLM_VNNI_INLINE inline __m512i codes64(const std::byte* p0, const std::byte* p1)
   }
 }
 
-// The scales of blocks p0, p1 as [d0, m0, d1, m1] (m = 0 for Q4_0 and Q8_0).
+// The scales of blocks p0, p1 as [d0, m0, d1, m1] (m = 0 for Q4_0, Q5_0 and Q8_0).
 template <encoding E>
 TLM_VNNI_INLINE inline __m128 scales2(const std::byte* p0, const std::byte* p1) {
   std::uint64_t bits;
-  if constexpr (E == encoding::q4_1) {
+  if constexpr (has_min<E>) {
     std::uint32_t a, b;
     std::memcpy(&a, p0, 4);
     std::memcpy(&b, p1, 4);
@@ -472,7 +547,7 @@ TLM_VNNI_INLINE inline __m128 scales2(const std::byte* p0, const std::byte* p1) 
 // multiplies unsigned by signed bytes; |q| <= 127, so negating q cannot overflow.
 template <encoding E>
 TLM_VNNI_INLINE inline __m512i dot64(__m512i w, __m512i q) {
-  if constexpr (E != encoding::q4_1) {
+  if constexpr (!has_min<E>) {
     const __mmask64 neg = _mm512_movepi8_mask(w);
     q = _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q);
     w = _mm512_abs_epi8(w);
@@ -484,7 +559,9 @@ TLM_VNNI_INLINE inline __m512i dot64(__m512i w, __m512i q) {
 template <encoding E>
 TLM_VNNI_INLINE inline float block_term_vnni(const std::byte* p, const std::int8_t* q, const float* ds) {
   __m256i w;
-  if constexpr (E == encoding::q8_0) {
+  if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
+    w = avx2::codes32<E>(p);
+  } else if constexpr (E == encoding::q8_0) {
     w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
   } else {
     constexpr std::size_t head = E == encoding::q4_1 ? 4 : 2;
@@ -494,7 +571,7 @@ TLM_VNNI_INLINE inline float block_term_vnni(const std::byte* p, const std::int8
     if constexpr (E == encoding::q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
   }
   __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  if constexpr (E != encoding::q4_1) {
+  if constexpr (!has_min<E>) {
     qv = _mm256_sign_epi8(qv, w);
     w = _mm256_abs_epi8(w);
   }
@@ -504,7 +581,7 @@ TLM_VNNI_INLINE inline float block_term_vnni(const std::byte* p, const std::int8
   t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
   const float scale = half_at(p) * ds[0];
   float term = scale * static_cast<float>(_mm_cvtsi128_si32(t));
-  if constexpr (E == encoding::q4_1) term += half_at(p + 2) * ds[1];
+  if constexpr (has_min<E>) term += half_at(p + 2) * ds[1];
   return term;
 }
 
@@ -537,13 +614,13 @@ TLM_VNNI_INLINE inline void row_dots_vnni(const std::byte* row, std::size_t bloc
       const __m128 prod = _mm_mul_ps(wd, _mm_loadu_ps(ds + static_cast<std::size_t>(j) * dstride + 2 * b));
       const __m512 scale = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(prod));
       acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[j]);
-      if constexpr (E == encoding::q4_1) mins[j] = _mm_add_ps(mins[j], prod);
+      if constexpr (has_min<E>) mins[j] = _mm_add_ps(mins[j], prod);
     }
   }
 #pragma GCC unroll 4
   for (int j = 0; j < NB; ++j) {
     float s = hsum(acc[j]);
-    if constexpr (E == encoding::q4_1) {
+    if constexpr (has_min<E>) {
       alignas(16) float m[4];
       _mm_store_ps(m, mins[j]);
       s += m[1] + m[3];
@@ -707,7 +784,7 @@ TLM_VNNI_INLINE inline float finish_q8(__m512 acc, const std::byte* row, const q
   constexpr std::size_t bb = row_bytes(E, 32);
   const std::size_t nb = x.blocks, paired = nb / 2 * 2;
   float s = hsum(acc);
-  if constexpr (E == encoding::q4_1) s += dot(mins, sums + j * nb, paired);
+  if constexpr (has_min<E>) s += dot(mins, sums + j * nb, paired);
   if (paired < nb) {
     const std::size_t b = nb - 1;
     s += block_term_vnni<E>(row + b * bb, x.q.data() + j * nb * 32 + 32 * b, x.ds.data() + (j * nb + b) * 2);
@@ -728,7 +805,7 @@ TLM_VNNI_INLINE inline float finish_q8(__m512 acc, const std::byte* row, const q
 template <encoding E>
 TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                   std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
-  constexpr bool is_signed = E != encoding::q4_1;
+  constexpr bool is_signed = !has_min<E>;
   constexpr std::size_t bb = row_bytes(E, 32);
   const std::size_t nb = x.blocks, pairs = nb / 2, batch = x.rows;
   const std::size_t qs = nb * 32;
@@ -778,7 +855,7 @@ TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, 
         _mm512_storeu_si512(ncorr.data() + 16 * p, _mm512_sub_epi32(_mm512_setzero_si512(), corr));
       }
     }
-    if constexpr (E == encoding::q4_1)
+    if constexpr (has_min<E>)
       for (std::size_t b = 0; b < nb; ++b) mins[b] = half_at(row + b * bb + 2);
     std::size_t j = 0;
     for (; j + 4 <= batch; j += 4) {
@@ -810,6 +887,128 @@ TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, 
       }
       y[j * rows + r] = finish_q8<E>(acc, row, x, j, mins.data(), sums.data());
     }
+  }
+}
+
+// ---- Fast mode of the K-quants (VNNI) ----------------------------------------------
+//
+// A super-block's 8 sub-blocks of 32 meet 8 consecutive activation blocks, so two
+// sub-blocks and their two activation blocks are one 64-byte vpdpbusd: lanes 0-7 hold
+// the first sub-block's sums, lanes 8-15 the second's. The codes come from the AVX2
+// unpacking helpers (avx2_kquant.hpp). The per-lane scale is one permute of a vector
+// formed once per super-block:
+//   Q4_K / Q5_K: (d sc_s) d_x,s for the 8 sub-blocks (unsigned codes); the mins
+//                (dmin m_s) s_x,s by one 8-lane multiply-add per super-block.
+//   Q6_K:        (d sc) of the 16 halves times d_x of their block; lanes 4k..4k+3 of a
+//                pair hold the sums of one half of 16 values. Signed codes: the sign
+//                moves to q, as dot64 does (|code| <= 32, |q| <= 127).
+// The same block terms as detail::k_block_term_scalar, added in another order.
+
+// Lanes 0-7 of the result: the d_x (even floats) of 8 activation blocks whose [d, s]
+// pairs start at ds; lanes 8-15 unused. `sums` gets the s_x.
+TLM_VNNI_INLINE inline __m256 block_scales8(const float* ds, __m256& sums) {
+  const __m512 v = _mm512_loadu_ps(ds);
+  sums = _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15), v));
+  return _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14), v));
+}
+
+TLM_VNNI_INLINE inline __m512i join(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+template <encoding E, int NB>
+TLM_VNNI_INLINE inline void row_dots_k_vnni(const std::byte* row, std::size_t blocks, const std::int8_t* q,
+                                            std::size_t qstride, const float* ds, std::size_t dstride, float* out) {
+  constexpr std::size_t bb = traits(E).block_bytes;
+  __m512 acc[NB] = {};   // zeros
+  __m256 mins[NB] = {};
+  for (std::size_t sb = 0; sb < blocks / 8; ++sb) {
+    const std::byte* p = row + sb * bb;
+    for (std::size_t at = 0; at < bb; at += 64) _mm_prefetch(reinterpret_cast<const char*>(p + at + prefetch_ahead), _MM_HINT_T0);
+    const std::size_t b0 = 8 * sb;
+    __m256i codes[8];
+    avx2::k_codes8<E>(p, codes);
+    // [NB] per-lane scale sources, formed once per super-block.
+    __m512 scale[NB];
+    if constexpr (E == encoding::q6_k) {
+      // d sc of the 16 halves (exact: a half times an 8-bit integer).
+      const __m512 sc16 = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)))),
+          _mm512_set1_ps(half_at(p + 208)));
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        __m256 unused;
+        scale[j] = _mm512_castps256_ps512(block_scales8(ds + static_cast<std::size_t>(j) * dstride + 2 * b0, unused));
+      }
+#pragma GCC unroll 4
+      for (int s = 0; s < 8; s += 2) {  // sub-blocks s, s + 1
+        const __m512i c = join(codes[s], codes[s + 1]);
+        const __mmask64 neg = _mm512_movepi8_mask(c);
+        const __m512i cabs = _mm512_abs_epi8(c);
+        // Lane l: half 2s + l/4 and activation block s + l/8.
+        const __m512 wsc = _mm512_permutexvar_ps(
+            _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(2 * s)),
+            sc16);
+        const __m512i pick = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                              _mm512_set1_epi32(s));
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          __m512i qv = _mm512_loadu_si512(q + static_cast<std::size_t>(j) * qstride + 32 * (b0 + static_cast<std::size_t>(s)));
+          qv = _mm512_mask_sub_epi8(qv, neg, _mm512_setzero_si512(), qv);
+          const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cabs, qv);
+          const __m512 sc = _mm512_mul_ps(wsc, _mm512_permutexvar_ps(pick, scale[j]));
+          acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[j]);
+        }
+      }
+    } else {
+      __m256 dsc, dmn;
+      avx2::k_scales8(p, dsc, dmn);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        __m256 sx;
+        const __m256 dx = block_scales8(ds + static_cast<std::size_t>(j) * dstride + 2 * b0, sx);
+        scale[j] = _mm512_castps256_ps512(_mm256_mul_ps(dsc, dx));
+        mins[j] = _mm256_fmadd_ps(dmn, sx, mins[j]);
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m512i c = join(codes[2 * i], codes[2 * i + 1]);
+        const __m512i pick = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                              _mm512_set1_epi32(2 * i));
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          const __m512i qv = _mm512_loadu_si512(q + static_cast<std::size_t>(j) * qstride + 32 * (b0 + 2 * static_cast<std::size_t>(i)));
+          const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, qv);
+          acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(pick, scale[j]), acc[j]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < NB; ++j) out[j] = hsum(acc[j]) - avx2::hsum(mins[j]);
+}
+
+template <encoding E>
+TLM_VNNI_FN inline void matvec_q8_k(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                    std::size_t r0, std::size_t r1, std::size_t) {
+  for (std::size_t r = r0; r < r1; ++r) row_dots_k_vnni<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+}
+
+// Prefill: each weight row against four activation rows at a time, its codes unpacked
+// once for the four (as avx2::matmul_q8_k; the AVX2 driver cannot inline these).
+template <encoding E>
+TLM_VNNI_FN inline void matmul_q8_k(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                    std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
+  const std::size_t nb = x.blocks, qs = nb * 32, dss = nb * 2;
+  for (std::size_t r = r0; r < r1; ++r) {
+    const std::byte* row = w + r * rb;
+    float out[4];
+    std::size_t b = 0;
+    for (; b + 4 <= x.rows; b += 4) {
+      row_dots_k_vnni<E, 4>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
+      for (std::size_t j = 0; j < 4; ++j) y[(b + j) * rows + r] = out[j];
+    }
+    for (; b < x.rows; ++b) row_dots_k_vnni<E, 1>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, y + b * rows + r);
   }
 }
 

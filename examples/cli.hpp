@@ -108,8 +108,9 @@ inline std::string sampling_usage() {
   std::string out;
   for (const auto& o : tlm::sampling_options) {
     const std::string head = o.flag() + " " + std::string(o.value_name);
-    out += fmt::format("  {:<19} {}\n  {:<19} range {}, default {}{}\n", head, o.help, "", o.range_text(), o.default_text(),
-                       o.kind == tlm::option_kind::token_bias ? "; repeatable" : "");
+    const bool whole = o.kind == tlm::option_kind::whole || o.kind == tlm::option_kind::seed;
+    out += fmt::format("  {:<19} {}\n  {:<19} {} {}, default {}{}\n", head, o.help, "", whole ? "whole number" : "number",
+                       o.range_text(), o.default_text(), o.kind == tlm::option_kind::token_bias ? "; repeatable" : "");
   }
   return out;
 }

@@ -92,7 +92,8 @@ inline constexpr double max_u32 = 4294967295.0;
   nullptr, nullptr, [](const sampling& s) { return static_cast<std::uint64_t>(s.member); }, \
       [](sampling& s, std::uint64_t v) { s.member = static_cast<decltype(s.member)>(v); }
 
-// In the order the sampler applies them after the draw's seed: the usage text lists them so.
+// The order of the usage text: the sampler's steps from temperature on, then the
+// penalties and the bias that come before them, then the seed.
 inline const std::array<sampling_option, 10> sampling_options{{
     // OpenAI's range; above 2 the survivors are close to equally likely for the models tlm runs.
     {"temperature", option_kind::real, 0, 2, false, "X",

@@ -19,6 +19,8 @@
 #include <tlm/sampler.hpp>
 #include <tlm/tokenizer.hpp>
 
+#include "cli.hpp"
+
 #include <csignal>
 #include <iostream>
 #include <iterator>
@@ -76,22 +78,15 @@ constexpr std::string_view usage_format = R"(usage: generate [options] [TEXT]
                       system message) and shift the cache instead of starting over; no re-prefill
   --keep N            --context-shift: never drop the first N tokens (default: the system message)
   --special           recognise special tokens such as <|im_start|> in the prompt text
-  --temperature X     sample with temperature X (default 0: greedy)
-  --top-k K --top-p P --seed S   sampling limits and seed
-  --min-p P           drop tokens less likely than P times the most likely (default 0: none)
-  --repeat-penalty X  divide (multiply, if negative) the logit of a token in the window by X (default 1: none)
-  --frequency-penalty X  subtract X times a token's count in the window from its logit (default 0)
-  --presence-penalty X   subtract X from the logit of a token in the window (default 0)
-  --penalty-window N  the penalties look at the last N tokens, prompt included (default 64)
-  --logit-bias ID=X   add X to token ID's logit; X may be -inf to ban it; repeatable
-  --stop TEXT         stop when TEXT appears (it is not printed); repeatable
+{sampling}  --stop TEXT         stop when TEXT appears (it is not printed); repeatable
   --ignore-eos        keep generating past the end-of-sequence token
   --json              constrain the output to one compact JSON value (it ends within -n - 1 characters)
   --json-schema FILE  constrain the output to JSON valid against the schema in FILE (a subset: object with
                       required properties, string, number, integer, boolean, enum, array with items/minItems)
   --beams W           beam search with W beams (greedy scoring; prints the best beam); 1 equals greedy
   --length-penalty X  beam ranking: log-prob / length^X (default 1; 0 ranks raw log-probs)
-  Sampling applies, in order: logit bias, penalties, top-k, top-p, min-p, temperature.
+  Sampling applies, in order: logit bias, penalties, top-k, top-p, min-p, temperature; the
+  sampling options are those of the server's requests and of Python's Model.generate.
   --token-ids LIST    the prompt as comma-separated token ids instead of text
   --print-ids         print the generated ids, comma-separated, on a last line
   --dump-logits FILE  write the logits of every prompt position (float32, [positions, vocab])
@@ -102,7 +97,7 @@ constexpr std::string_view usage_format = R"(usage: generate [options] [TEXT]
 
 std::string usage() {
   return fmt::format(fmt::runtime(usage_format), fmt::arg("configs", tlm::config_names_text()),
-                     fmt::arg("templates", tlm::chat_template_names()));
+                     fmt::arg("templates", tlm::chat_template_names()), fmt::arg("sampling", cli::sampling_usage()));
 }
 
 struct options {
@@ -131,46 +126,10 @@ struct options {
   std::vector<std::pair<std::string, float>> loras;  // --lora FILE, --lora-scale S
 };
 
-// A mistake on the command line. Thrown rather than exiting on the spot, so the
-// model, its threads and the mapping are released in order on every error path.
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-[[noreturn]] void fail(const std::string& msg) { throw usage_error(msg); }
-
-// A whole number written in decimal digits only: no sign, blanks, hex or exponent,
-// and no wrap-around (std::stoll would take " +5", and a cast would turn
-// 4294967297 into 1).
-std::uint64_t to_whole(std::string_view flag, const std::string& v, std::uint64_t max) {
-  const auto bad = [&] {
-    fail(fmt::format("{} takes a whole number from 0 to {}, got '{}'", flag, max, v));
-  };
-  if (v.empty() || v.size() > 20) bad();
-  std::uint64_t n = 0;
-  for (const char c : v) {
-    if (c < '0' || c > '9') bad();
-    const auto digit = static_cast<std::uint64_t>(c - '0');
-    if (n > (max - digit) / 10) bad();
-    n = n * 10 + digit;
-  }
-  return n;
-}
+using cli::fail;
 
 std::size_t to_count(std::string_view flag, const std::string& v) {
-  return static_cast<std::size_t>(to_whole(flag, v, std::numeric_limits<std::uint32_t>::max()));
-}
-
-// A finite decimal number; std::stof alone would also take "inf", "nan" and hex.
-float to_float(std::string_view flag, const std::string& v) {
-  try {
-    std::size_t used = 0;
-    const float f = std::stof(v, &used);
-    if (used != v.size() || !std::isfinite(f) || v.find_first_of("xXnN") != std::string::npos) throw std::invalid_argument("");
-    return f;
-  } catch (const std::exception&) {
-    fail(fmt::format("{} takes a finite number, got '{}'", flag, v));
-  }
+  return static_cast<std::size_t>(cli::whole(flag, v, 0, std::numeric_limits<std::uint32_t>::max()));
 }
 
 std::vector<std::int32_t> parse_ids(const std::string& list) {
@@ -179,22 +138,10 @@ std::vector<std::int32_t> parse_ids(const std::string& list) {
   while (start <= list.size()) {
     const std::size_t end = std::min(list.find(',', start), list.size());
     ids.push_back(static_cast<std::int32_t>(
-        to_whole("--token-ids", list.substr(start, end - start), std::numeric_limits<std::int32_t>::max())));
+        cli::whole("--token-ids", list.substr(start, end - start), 0, std::numeric_limits<std::int32_t>::max())));
     start = end + 1;
   }
   return ids;
-}
-
-// ID=X, X a finite number or -inf.
-std::pair<std::int32_t, float> parse_bias(const std::string& v) {
-  const std::size_t eq = v.find('=');
-  if (eq == std::string::npos || eq == 0)
-    fail(fmt::format("--logit-bias takes ID=X (a token id, '=', a number or -inf), got '{}'", v));
-  const auto id = static_cast<std::int32_t>(
-      to_whole("--logit-bias", v.substr(0, eq), std::numeric_limits<std::int32_t>::max()));
-  const std::string x = v.substr(eq + 1);
-  if (x == "-inf") return {id, -std::numeric_limits<float>::infinity()};
-  return {id, to_float("--logit-bias", x)};
 }
 
 options parse(int argc, char** argv) {
@@ -210,6 +157,7 @@ options parse(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       fmt::print("{}", usage());
       std::exit(0);
+    } else if (cli::read_sampling_flag(argc, argv, i, o.sampling)) {
     } else if (a == "--model") {
       o.model = value();
       o.model_given = true;
@@ -218,7 +166,7 @@ options parse(int argc, char** argv) {
     else if (a == "--lora") o.loras.emplace_back(value(), 1.0f);
     else if (a == "--lora-scale") {
       if (o.loras.empty()) fail("--lora-scale sets the scale of the --lora before it; give --lora FILE first");
-      o.loras.back().second = to_float(a, value());
+      o.loras.back().second = static_cast<float>(cli::finite(a, value()));
     }
     else if (a == "--prompt") o.prompt = value();
     else if (a == "-n") {
@@ -248,15 +196,6 @@ options parse(int argc, char** argv) {
     else if (a == "--system") o.system = value();
     else if (a == "--chat-template") o.chat_template = value();
     else if (a == "--special") o.special = true;
-    else if (a == "--temperature") o.sampling.temperature = to_float(a, value());
-    else if (a == "--top-k") o.sampling.top_k = to_count(a, value());
-    else if (a == "--top-p") o.sampling.top_p = to_float(a, value());
-    else if (a == "--min-p") o.sampling.min_p = to_float(a, value());
-    else if (a == "--repeat-penalty") o.sampling.repeat_penalty = to_float(a, value());
-    else if (a == "--frequency-penalty") o.sampling.frequency_penalty = to_float(a, value());
-    else if (a == "--presence-penalty") o.sampling.presence_penalty = to_float(a, value());
-    else if (a == "--penalty-window") o.sampling.penalty_window = to_count(a, value());
-    else if (a == "--logit-bias") o.sampling.logit_bias.push_back(parse_bias(value()));
     else if (a == "--stop") {
       o.stop.push_back(value());
       if (o.stop.back().empty()) fail("--stop needs a non-empty text; an empty one would stop before the first token");
@@ -278,8 +217,7 @@ options parse(int argc, char** argv) {
       o.beams = to_count(a, value());
       if (o.beams == 0) fail("--beams 0 keeps no beam; give 1 (greedy) or more, e.g. 4");
     }
-    else if (a == "--length-penalty") o.length_penalty = to_float(a, value());
-    else if (a == "--seed") o.sampling.seed = to_whole(a, value(), std::numeric_limits<std::uint64_t>::max());
+    else if (a == "--length-penalty") o.length_penalty = static_cast<float>(cli::finite(a, value()));
     else if (a == "--token-ids") o.token_ids = parse_ids(value());
     else if (a == "--print-ids") o.print_ids = true;
     else if (a == "--dump-logits") o.dump_logits = value();
@@ -297,18 +235,6 @@ options parse(int argc, char** argv) {
   if (!o.config.empty() && !tlm::program_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
   if (o.threads > max_threads) fail(fmt::format("--threads {} is more than {}; give 0 for every core", o.threads, max_threads));
-  if (o.sampling.temperature < 0.0f) fail(fmt::format("--temperature {} is negative; give 0 (greedy) or more", o.sampling.temperature));
-  if (!(o.sampling.top_p > 0.0f && o.sampling.top_p <= 1.0f))
-    fail(fmt::format("--top-p {} is outside (0, 1]; give the probability mass to keep, e.g. 0.9", o.sampling.top_p));
-  if (o.sampling.temperature == 0.0f && (o.sampling.top_k != 0 || o.sampling.top_p != 1.0f))
-    fail("--top-k and --top-p need --temperature above 0 (temperature 0 is greedy decoding)");
-  if (!(o.sampling.min_p >= 0.0f && o.sampling.min_p <= 1.0f))
-    fail(fmt::format("--min-p {} is outside [0, 1]; give the fraction of the top token's probability a token needs, e.g. 0.05",
-                     o.sampling.min_p));
-  if (o.sampling.temperature == 0.0f && o.sampling.min_p != 0.0f)
-    fail("--min-p needs --temperature above 0 (temperature 0 is greedy decoding)");
-  if (!(o.sampling.repeat_penalty > 0.0f))
-    fail(fmt::format("--repeat-penalty {} is not above 0; give 1 for none, or e.g. 1.1", o.sampling.repeat_penalty));
   if ((o.context_shift || o.keep) && !o.chat) fail("--context-shift and --keep apply to a conversation; add --chat");
   if (o.keep && !o.context_shift) fail("--keep sets what --context-shift never drops; add --context-shift, or leave --keep out");
   if (o.chat && o.token_ids) fail("--chat takes its messages as text; give the prompt as text, not --token-ids");

@@ -20,6 +20,8 @@
 #include <tlm/sampler.hpp>
 #include <tlm/tokenizer.hpp>
 
+#include "cli.hpp"
+
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 #include <pthread.h>
@@ -89,8 +91,10 @@ constexpr std::string_view usage_format = R"(usage: serve [options]
   --chat-template NAME  render chat requests with this template instead of the file's
                      ({templates})
   -h, --help         this text
-Sampling defaults follow OpenAI's: temperature 1, top_p 1, no penalties, a random seed.
-Extensions accepted in a request: top_k, min_p, repeat_penalty.
+A request's sampling fields are generate's sampling options (tlm/sampling_options.hpp), by the
+same names and with the same ranges: temperature, top_p, frequency_penalty, presence_penalty,
+logit_bias and seed as OpenAI's; top_k, min_p, repeat_penalty and penalty_window besides.
+Their defaults are generate's, except OpenAI's temperature 1 and a random seed.
 )";
 
 std::string usage() {
@@ -98,10 +102,7 @@ std::string usage() {
                      fmt::arg("templates", tlm::chat_template_names()));
 }
 
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-[[noreturn]] void fail(const std::string& msg) { throw usage_error(msg); }
+using cli::fail;
 
 struct options {
   std::string model, config, host = "127.0.0.1", api_key, name;  // config empty: chosen from the file
@@ -114,29 +115,7 @@ struct options {
 };
 
 std::uint64_t to_whole(std::string_view flag, const std::string& v, std::uint64_t lo, std::uint64_t hi) {
-  const auto bad = [&] { fail(fmt::format("{} takes a whole number from {} to {}, got '{}'", flag, lo, hi, v)); };
-  if (v.empty() || v.size() > 19) bad();
-  std::uint64_t n = 0;
-  for (const char c : v) {
-    if (c < '0' || c > '9') bad();
-    n = n * 10 + static_cast<std::uint64_t>(c - '0');
-  }
-  if (n < lo || n > hi) bad();
-  return n;
-}
-
-// A finite decimal number (std::stof alone would also take "inf", "nan" and hex).
-float to_finite(std::string_view flag, const std::string& v) {
-  std::size_t used = 0;
-  float f = 0;
-  try {
-    f = std::stof(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != v.size() || !std::isfinite(f) || v.find_first_of("xXnN") != std::string::npos)
-    fail(fmt::format("{} takes a finite number, got '{}'", flag, v));
-  return f;
+  return cli::whole(flag, v, lo, hi);
 }
 
 options parse(int argc, char** argv) {
@@ -161,7 +140,7 @@ options parse(int argc, char** argv) {
     else if (a == "--lora") o.loras.emplace_back(value(), 1.0f);
     else if (a == "--lora-scale") {
       if (o.loras.empty()) fail("--lora-scale sets the scale of the --lora before it; give --lora FILE first");
-      o.loras.back().second = to_finite(a, value());
+      o.loras.back().second = static_cast<float>(cli::finite(a, value()));
     }
     else if (a == "--host") o.host = value();
     else if (a == "--port") o.port = to_whole(a, value(), 0, 65535);
@@ -267,30 +246,23 @@ constexpr std::size_t max_body_depth = 64;
 struct request_reader {
   const json& body;
 
-  const json* find(const char* key) const {
-    const auto it = body.find(key);
+  const json* find(std::string_view key) const {
+    const auto it = body.find(std::string(key));
     return it == body.end() || it->is_null() ? nullptr : &*it;
   }
-  [[noreturn]] static void wrong(const char* key, const std::string& what) {
-    throw api_error(400, fmt::format("'{}' {}", key, what), key, "invalid_type");
+  [[noreturn]] static void wrong(std::string_view key, const std::string& what) {
+    throw api_error(400, fmt::format("'{}' {}", key, what), std::string(key), "invalid_type");
   }
-  std::optional<double> number(const char* key, double lo, double hi) const {
-    const json* v = find(key);
-    if (!v) return std::nullopt;
-    if (!v->is_number()) wrong(key, "must be a number");
-    const double d = v->get<double>();
-    if (!std::isfinite(d) || d < lo || d > hi)
-      throw api_error(400, fmt::format("'{}' is {}; it must be from {} to {}", key, v->dump(), lo, hi), key, "invalid_value");
-    return d;
-  }
-  std::optional<std::uint64_t> whole(const char* key, std::uint64_t lo, std::uint64_t hi) const {
+  // `give`: what the refusal says to give instead, if more than the range.
+  std::optional<std::uint64_t> whole(std::string_view key, std::uint64_t lo, std::uint64_t hi, std::string_view give = {}) const {
     const json* v = find(key);
     if (!v) return std::nullopt;
     if (!v->is_number_integer()) wrong(key, "must be a whole number");
     const bool negative = !v->is_number_unsigned() && v->get<std::int64_t>() < 0;
     const std::uint64_t n = negative ? 0 : v->get<std::uint64_t>();
     if (negative || n < lo || n > hi)
-      throw api_error(400, fmt::format("'{}' is {}; it must be from {} to {}", key, v->dump(), lo, hi), key, "invalid_value");
+      throw api_error(400, fmt::format("'{}' {} is outside [{}, {}]{}{}", key, v->dump(), lo, hi, give.empty() ? "" : "; give ", give),
+                      std::string(key), "invalid_value");
     return n;
   }
   bool boolean(const char* key, bool dflt) const {
@@ -339,6 +311,48 @@ std::string endpoint_label(const std::string& path) {
 
 double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// A request's sampling fields, read by tlm's option table: the names and ranges of
+// generate's flags and Python's keywords. The server's own defaults: OpenAI's temperature
+// 1, and a fresh random seed unless the request gives one.
+template <tlm::LlamaConfig C>
+tlm::sampling read_sampling(const request_reader& r) {
+  tlm::sampling s;
+  s.temperature = tlm::server_temperature;
+  s.seed = std::random_device{}();
+  for (const auto& o : tlm::sampling_options) {
+    const json* v = r.find(o.name);
+    if (!v) continue;
+    const std::string name(o.name);
+    switch (o.kind) {
+      case tlm::option_kind::real:
+        if (!v->is_number()) r.wrong(name, "must be a number");
+        if (!o.accepts(v->get<double>())) throw api_error(400, o.out_of_range("'" + name + "'", v->dump()), name, "invalid_value");
+        o.set_real(s, v->get<double>());
+        break;
+      case tlm::option_kind::whole:
+        o.set_whole(s, *r.whole(name, static_cast<std::uint64_t>(o.lo), static_cast<std::uint64_t>(o.hi), o.help));
+        break;
+      case tlm::option_kind::seed:
+        o.set_whole(s, *r.whole(name, 0, std::numeric_limits<std::uint64_t>::max(), o.help));
+        break;
+      case tlm::option_kind::token_bias:
+        if (!v->is_object()) r.wrong(name, fmt::format("must be an object mapping token ids to numbers in {}", o.range_text()));
+        for (const auto& [key, b] : v->items()) {
+          // Decimal digits only, below the vocabulary: std::stoul would take " 5" or "-1".
+          const bool digits = !key.empty() && key.size() <= 10 && key.find_first_not_of("0123456789") == std::string::npos;
+          if (!digits || std::stoull(key) >= C::vocab)
+            throw api_error(400, fmt::format("'{}' key '{}' is not a token id from 0 to {}", name, key, C::vocab - 1), name,
+                            "invalid_value");
+          if (!b.is_number() || !o.accepts(b.template get<double>()))
+            throw api_error(400, o.out_of_range(fmt::format("'{}' for token {}", name, key), b.dump()), name, "invalid_value");
+          s.logit_bias.emplace_back(static_cast<std::int32_t>(std::stoull(key)), static_cast<float>(b.template get<double>()));
+        }
+        break;
+    }
+  }
+  return s;
 }
 
 // What a request asks for, once checked.
@@ -727,41 +741,7 @@ class server {
     const char* mt_key = chat && r.find("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     if (const auto mt = r.whole(mt_key, 1, o_.max_tokens)) p.max_tokens = static_cast<std::size_t>(*mt);
     else if (!chat) p.max_tokens = std::min<std::size_t>(16, o_.max_tokens);
-    auto& s = p.gen.sample;
-    s.temperature = static_cast<float>(r.number("temperature", 0.0, 2.0).value_or(1.0));
-    s.top_p = static_cast<float>(r.number("top_p", 0.0, 1.0).value_or(1.0));
-    if (s.top_p <= 0.0f) throw api_error(400, "'top_p' must be above 0 (1 keeps every token)", "top_p", "invalid_value");
-    s.top_k = static_cast<std::size_t>(r.whole("top_k", 0, C::vocab).value_or(0));
-    s.min_p = static_cast<float>(r.number("min_p", 0.0, 1.0).value_or(0.0));
-    s.repeat_penalty = static_cast<float>(r.number("repeat_penalty", 0.01, 100.0).value_or(1.0));
-    s.presence_penalty = static_cast<float>(r.number("presence_penalty", -2.0, 2.0).value_or(0.0));
-    s.frequency_penalty = static_cast<float>(r.number("frequency_penalty", -2.0, 2.0).value_or(0.0));
-    if (const json* seed = r.find("seed")) {
-      if (!seed->is_number_integer()) r.wrong("seed", "must be a whole number");
-      s.seed = seed->is_number_unsigned() ? seed->get<std::uint64_t>() : static_cast<std::uint64_t>(seed->get<std::int64_t>());
-    } else {
-      s.seed = std::random_device{}();
-    }
-    if (const json* lb = r.find("logit_bias")) {
-      if (!lb->is_object()) r.wrong("logit_bias", "must be an object mapping token ids to numbers from -100 to 100");
-      for (const auto& [key, v] : lb->items()) {
-        std::size_t used = 0;
-        unsigned long id = 0;
-        try {
-          id = std::stoul(key, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != key.size() || key[0] < '0' || key[0] > '9' || id >= C::vocab)
-          throw api_error(400, fmt::format("'logit_bias' key '{}' is not a token id from 0 to {}", key, C::vocab - 1),
-                          "logit_bias", "invalid_value");
-        const double bias = v.is_number() ? v.template get<double>() : std::nan("");
-        if (!std::isfinite(bias) || bias < -100 || bias > 100)
-          throw api_error(400, fmt::format("'logit_bias' for token {} must be a number from -100 to 100", key), "logit_bias",
-                          "invalid_value");
-        s.logit_bias.emplace_back(static_cast<std::int32_t>(id), static_cast<float>(bias));
-      }
-    }
+    p.gen.sample = read_sampling<C>(r);
     if (const json* st = r.find("stop")) {
       const auto add = [&](const json& v) {
         if (!v.is_string()) r.wrong("stop", "must be a string or an array of strings");
@@ -798,7 +778,7 @@ class server {
                         "response_format", "invalid_value");
       }
     }
-    if (const std::string problem = tlm::sampling_problem(s); !problem.empty())
+    if (const std::string problem = tlm::sampling_problem(p.gen.sample); !problem.empty())
       throw api_error(400, "sampling: " + problem, {}, "invalid_value");
     return p;
   }

@@ -12,6 +12,8 @@
 #include <tlm/train/progress.hpp>
 #include <tlm/train/trainer.hpp>
 
+#include "cli.hpp"
+
 #ifdef TLM_HAVE_MPI
 #include <mpi.h>
 #endif
@@ -170,28 +172,10 @@ struct options {
 
 [[noreturn]] void fail(const std::string& msg) { throw tlm::error(msg); }
 
-std::size_t whole(const std::string& flag, const std::string& v, std::size_t min, std::size_t max) {
-  std::size_t n = 0;
-  const bool digits = !v.empty() && v.size() <= 19 && v.find_first_not_of("0123456789") == std::string::npos;
-  if (digits) n = std::stoull(v);
-  if (!digits || n < min || n > max)
-    fail(fmt::format("{} takes a whole number from {} to {}, got '{}'", flag, min, max, v));
-  return n;
+std::size_t whole(std::string_view flag, const std::string& v, std::size_t min, std::size_t max) {
+  return static_cast<std::size_t>(cli::whole(flag, v, min, max));
 }
-
-double real(const std::string& flag, const std::string& v, double min, double max, bool min_open = false) {
-  double x = 0;
-  std::size_t pos = 0;
-  try {
-    x = std::stod(v, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
-  }
-  if (pos == 0 || pos != v.size() || !std::isfinite(x)) fail(fmt::format("{} takes a finite number, got '{}'", flag, v));
-  if (x < min || x > max || (min_open && x == min))
-    fail(fmt::format("{} {} is outside {}{}, {}]", flag, v, min_open ? "(" : "[", min, max));
-  return x;
-}
+using cli::real;
 
 options parse(int argc, char** argv) {
   options o;

@@ -13,6 +13,7 @@
 #include <tlm/json_schema.hpp>
 #include <tlm/model.hpp>
 #include <tlm/sampler.hpp>
+#include <tlm/sampling_options.hpp>
 #include <tlm/tokenizer.hpp>
 
 #include <nanobind/nanobind.h>
@@ -29,6 +30,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -382,26 +384,72 @@ class py_model {
   std::shared_ptr<model_base> m_;
 };
 
-tlm::generation_options options_from(std::size_t max_tokens, float temperature, float top_p, std::size_t top_k, float min_p,
-                                     std::optional<std::uint64_t> seed, const nb::object& stop, float repeat_penalty,
-                                     float presence_penalty, float frequency_penalty, bool ignore_eos,
-                                     const nb::object& json_schema) {
+// The sampling keywords of generate() and chat(), read by tlm's option table (the names,
+// ranges and defaults of generate's flags and the server's fields): an option added to the
+// table is a keyword here. An omitted one keeps the library default, except the seed: as
+// the server does, a fresh random seed unless one is given, which reproduces.
+tlm::sampling sampling_from(const nb::kwargs& kw, std::size_t vocab) {
+  tlm::sampling s;
+  std::random_device rd;
+  s.seed = (std::uint64_t{rd()} << 32) ^ rd();
+  for (const auto& [key, value] : kw) {
+    const std::string name = nb::cast<std::string>(key);
+    const tlm::sampling_option* o = tlm::find_sampling_option(name);
+    if (!o) {
+      std::string known;
+      for (const auto& k : tlm::sampling_options) known += (known.empty() ? "" : ", ") + std::string(k.name);
+      throw nb::type_error(("unexpected keyword argument '" + name + "'; the sampling keywords are " + known).c_str());
+    }
+    if (value.is_none()) continue;  // the default, as if omitted
+    const auto number = [&](nb::handle v, const std::string& what) {
+      if (nb::isinstance<nb::bool_>(v) || !(nb::isinstance<nb::float_>(v) || nb::isinstance<nb::int_>(v)))
+        throw nb::type_error((what + " must be a number").c_str());
+      return nb::cast<double>(v);
+    };
+    switch (o->kind) {
+      case tlm::option_kind::real: {
+        const double x = number(value, name);
+        if (!o->accepts(x)) throw tlm::error(o->out_of_range(name, nb::cast<std::string>(nb::repr(value))));
+        o->set_real(s, x);
+        break;
+      }
+      case tlm::option_kind::whole:
+      case tlm::option_kind::seed: {
+        if (nb::isinstance<nb::bool_>(value) || !nb::isinstance<nb::int_>(value))
+          throw nb::type_error((name + " must be a whole number (an int)").c_str());
+        const unsigned long long n = PyLong_AsUnsignedLongLong(value.ptr());  // -1 and an error when negative or too big
+        const bool overflow = n == static_cast<unsigned long long>(-1) && PyErr_Occurred();
+        if (overflow) PyErr_Clear();
+        if (overflow || (o->kind == tlm::option_kind::whole && static_cast<double>(n) > o->hi))
+          throw tlm::error(o->out_of_range(name, nb::cast<std::string>(nb::repr(value))));
+        o->set_whole(s, n);
+        break;
+      }
+      case tlm::option_kind::token_bias: {
+        if (!nb::isinstance<nb::dict>(value)) throw nb::type_error((name + " must be a dict {token id: bias}").c_str());
+        for (const auto& [id, bias] : nb::borrow<nb::dict>(value)) {
+          if (nb::isinstance<nb::bool_>(id) || !nb::isinstance<nb::int_>(id))
+            throw nb::type_error((name + " keys must be token ids (ints)").c_str());
+          const long long i = nb::cast<long long>(id);
+          if (i < 0 || static_cast<std::size_t>(i) >= vocab)
+            throw tlm::error(name + " names token id " + std::to_string(i) + ", outside the vocabulary (ids 0 to " +
+                             std::to_string(vocab - 1) + ")");
+          const double b = number(bias, name + " values");
+          if (!o->accepts(b)) throw tlm::error(o->out_of_range(name + " for token " + std::to_string(i), nb::cast<std::string>(nb::repr(bias))));
+          s.logit_bias.emplace_back(static_cast<std::int32_t>(i), static_cast<float>(b));
+        }
+        break;
+      }
+    }
+  }
+  return s;
+}
+
+tlm::generation_options options_from(std::size_t max_tokens, const nb::kwargs& sampling, std::size_t vocab,
+                                     const nb::object& stop, bool ignore_eos, const nb::object& json_schema) {
   tlm::generation_options o;
   o.max_tokens = max_tokens;
-  o.sample.temperature = temperature;
-  o.sample.top_p = top_p;
-  o.sample.top_k = top_k;
-  o.sample.min_p = min_p;
-  // As the server does: a fresh random seed unless one is given, which reproduces.
-  if (seed) {
-    o.sample.seed = *seed;
-  } else {
-    std::random_device rd;
-    o.sample.seed = (std::uint64_t{rd()} << 32) ^ rd();
-  }
-  o.sample.repeat_penalty = repeat_penalty;
-  o.sample.presence_penalty = presence_penalty;
-  o.sample.frequency_penalty = frequency_penalty;
+  o.sample = sampling_from(sampling, vocab);
   o.stop_at_eos = !ignore_eos;
   if (nb::isinstance<nb::str>(stop)) o.stop.push_back(nb::cast<std::string>(stop));
   else if (!stop.is_none()) o.stop = nb::cast<std::vector<std::string>>(stop);
@@ -413,6 +461,60 @@ tlm::generation_options options_from(std::size_t max_tokens, float temperature, 
     throw nb::type_error("json_schema takes the schema as JSON text (json.dumps(schema)), or True for any JSON value");
   }
   return o;
+}
+
+// The table as Python sees it: tlm._sampling_options(), one dict per keyword.
+nb::list sampling_option_list() {
+  nb::list out;
+  const tlm::sampling defaults;
+  for (const auto& o : tlm::sampling_options) {
+    nb::dict d;
+    d["name"] = nb::str(std::string(o.name).c_str());
+    d["help"] = nb::str(std::string(o.help).c_str());
+    d["range"] = nb::str(o.range_text().c_str());
+    switch (o.kind) {
+      case tlm::option_kind::real:
+        d["kind"] = "real";
+        d["default"] = o.get_real(defaults);
+        d["min"] = o.lo;
+        d["max"] = o.hi;
+        d["min_open"] = o.lo_open;
+        break;
+      case tlm::option_kind::whole:
+        d["kind"] = "whole";
+        d["default"] = o.get_whole(defaults);
+        d["min"] = static_cast<std::uint64_t>(o.lo);
+        d["max"] = static_cast<std::uint64_t>(o.hi);
+        break;
+      case tlm::option_kind::seed:
+        d["kind"] = "seed";
+        d["default"] = nb::none();  // a fresh random seed per call
+        d["min"] = 0;
+        d["max"] = std::numeric_limits<std::uint64_t>::max();
+        break;
+      case tlm::option_kind::token_bias:
+        d["kind"] = "token_bias";
+        d["default"] = nb::dict();
+        d["min"] = o.lo;
+        d["max"] = o.hi;
+        break;
+    }
+    out.append(d);
+  }
+  return out;
+}
+
+// The docstring of generate() or chat(): `head`, then a line per sampling keyword.
+std::string sampling_doc(std::string_view head) {
+  std::string doc(head);
+  doc += "\n\nSampling keywords (the options of generate's flags and the server's fields, tlm/sampling_options.hpp):";
+  for (const auto& o : tlm::sampling_options) {
+    doc += "\n  " + std::string(o.name) + ": " + std::string(o.help) + "; range " + o.range_text() + ", default " +
+           (o.kind == tlm::option_kind::seed ? std::string("None (a fresh random seed)")
+            : o.kind == tlm::option_kind::token_bias ? std::string("None (a dict {token id: bias})")
+                                                     : o.default_text());
+  }
+  return doc;
 }
 
 std::vector<tlm::chat_message> messages_from(const nb::handle& given) {
@@ -464,6 +566,15 @@ std::vector<tlm::chat_message> messages_from(const nb::handle& given) {
 NB_MODULE(_tlm, m) {
   m.doc() = "tlm: typed Llama models (C++20), from Python";
   nb::exception<tlm::error>(m, "Error", PyExc_RuntimeError);
+  m.def("_sampling_options", &sampling_option_list,
+        "The sampling keywords of Model.generate and Model.chat: name, kind, default, min, max, range, help.");
+  // Static: nanobind keeps the pointer to a docstring.
+  static const std::string generate_doc = sampling_doc(
+      "Continues the prompt (text, or a list of token ids). Returns the text; with stream=True an iterator of "
+      "text pieces; with details=True a dict of text, ids, finish_reason and token counts.");
+  static const std::string chat_doc = sampling_doc(
+      "The assistant's reply to OpenAI-style messages [{'role': ..., 'content': ...}], in the model's chat template "
+      "(or the template form named by chat_template, as generate --chat-template NAME).");
 
   nb::class_<text_stream>(m, "TextStream", "The pieces of a generation as they come; dropping it stops the generation.")
       .def("__iter__", [](nb::handle self) { return self; })
@@ -482,13 +593,10 @@ NB_MODULE(_tlm, m) {
       .def("logits", &py_model::logits, "ids"_a, "The logits of every position, a float32 array [len(ids), vocab].")
       .def(
           "generate",
-          [](py_model& self, const nb::object& prompt, std::size_t max_tokens, float temperature, float top_p,
-             std::size_t top_k, float min_p, std::optional<std::uint64_t> seed, const nb::object& stop, bool stream,
-             float repeat_penalty, float presence_penalty, float frequency_penalty, bool ignore_eos,
-             const nb::object& json_schema, bool details) {
+          [](py_model& self, const nb::object& prompt, std::size_t max_tokens, const nb::object& stop, bool stream,
+             bool ignore_eos, const nb::object& json_schema, bool details, const nb::kwargs& sampling) {
             request r;
-            r.options = options_from(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, presence_penalty,
-                                     frequency_penalty, ignore_eos, json_schema);
+            r.options = options_from(max_tokens, sampling, self.vocab(), stop, ignore_eos, json_schema);
             if (nb::isinstance<nb::str>(prompt)) {
               r.k = request::kind::text;
               r.prompt = nb::cast<std::string>(prompt);
@@ -498,33 +606,22 @@ NB_MODULE(_tlm, m) {
             }
             return self.run(std::move(r), stream, details);
           },
-          "prompt"_a, "max_tokens"_a = 256, "temperature"_a = 0.0f, "top_p"_a = 1.0f, "top_k"_a = 0, "min_p"_a = 0.0f,
-          "seed"_a = nb::none(), "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f,
-          "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f, "ignore_eos"_a = false, "json_schema"_a = nb::none(),
-          "details"_a = false,
-          "Continues the prompt (text, or a list of token ids). Returns the text; with stream=True an iterator of "
-          "text pieces; with details=True a dict of text, ids, finish_reason and token counts. Without a seed, "
-          "each call samples with a fresh random one.")
+          "prompt"_a, "max_tokens"_a = 256, "stop"_a = nb::none(), "stream"_a = false, "ignore_eos"_a = false,
+          "json_schema"_a = nb::none(), "details"_a = false, "sampling"_a, generate_doc.c_str())
       .def(
           "chat",
-          [](py_model& self, const nb::handle& messages, std::size_t max_tokens, float temperature, float top_p,
-             std::size_t top_k, float min_p, std::optional<std::uint64_t> seed, const nb::object& stop, bool stream,
-             float repeat_penalty, float presence_penalty, float frequency_penalty, const nb::object& json_schema, bool details,
-             const std::optional<std::string>& chat_template) {
+          [](py_model& self, const nb::handle& messages, std::size_t max_tokens, const nb::object& stop, bool stream,
+             const nb::object& json_schema, bool details, const std::optional<std::string>& chat_template,
+             const nb::kwargs& sampling) {
             request r;
             r.k = request::kind::chat;
             r.messages = messages_from(messages);
             if (chat_template) r.chat_template = *chat_template;
-            r.options = options_from(max_tokens, temperature, top_p, top_k, min_p, seed, stop, repeat_penalty, presence_penalty,
-                                     frequency_penalty, false, json_schema);
+            r.options = options_from(max_tokens, sampling, self.vocab(), stop, false, json_schema);
             return self.run(std::move(r), stream, details);
           },
-          "messages"_a, "max_tokens"_a = 256, "temperature"_a = 0.0f, "top_p"_a = 1.0f, "top_k"_a = 0, "min_p"_a = 0.0f,
-          "seed"_a = nb::none(), "stop"_a = nb::none(), "stream"_a = false, "repeat_penalty"_a = 1.0f,
-          "presence_penalty"_a = 0.0f, "frequency_penalty"_a = 0.0f, "json_schema"_a = nb::none(), "details"_a = false,
-          "chat_template"_a = nb::none(),
-          "The assistant's reply to OpenAI-style messages [{'role': ..., 'content': ...}], in the model's chat template "
-          "(or the template form named by chat_template, as generate --chat-template NAME).")
+          "messages"_a, "max_tokens"_a = 256, "stop"_a = nb::none(), "stream"_a = false, "json_schema"_a = nb::none(),
+          "details"_a = false, "chat_template"_a = nb::none(), "sampling"_a, chat_doc.c_str())
       .def_prop_ro("vocab_size", &py_model::vocab)
       .def_prop_ro("context", &py_model::context)
       .def_prop_ro("config", &py_model::config)

@@ -246,7 +246,7 @@ def test_stream_errors_come_from_the_call(model):
         model.generate("x", max_tokens=1, json_schema=True, stream=True)
     with pytest.raises(tlm.Error, match="the conversation has .* more than the context of 8192"):
         model.chat([{"role": "user", "content": "word " * 9000}], stream=True)
-    with pytest.raises(tlm.Error, match="temperature must be a finite number >= 0"):
+    with pytest.raises(tlm.Error, match=re.escape("temperature -1.0 is outside [0, 2]")):
         model.chat([{"role": "user", "content": "Hi"}], temperature=-1.0, stream=True)
 
 def test_json_schema(model):
@@ -277,7 +277,7 @@ def test_errors_carry_the_cpp_message(model):
         tlm.Model(str(ROOT / "nonexistent.gguf"))
     with pytest.raises(tlm.Error, match="unknown config 'llama3'; known: smollm2_135m"):
         tlm.Model(MODEL, config="llama3")
-    with pytest.raises(tlm.Error, match="temperature must be a finite number >= 0"):
+    with pytest.raises(tlm.Error, match=re.escape("temperature -1.0 is outside [0, 2]; give a temperature")):
         model.generate("x", temperature=-1.0)
     with pytest.raises(tlm.Error, match="an empty stop string"):
         model.generate("x", stop=[""])
@@ -294,6 +294,48 @@ def test_errors_carry_the_cpp_message(model):
     assert issubclass(tlm.Error, RuntimeError)
     # After every error the model still answers.
     assert model.generate("The capital of France is", max_tokens=2) == " Paris."
+
+
+def test_sampling_keywords_are_the_table(model):
+    # Every option of tlm's sampling table (tlm/sampling_options.hpp, which also makes
+    # generate's flags and the server's fields) is a keyword of generate() and chat().
+    table = tlm._sampling_options()
+    names = [o["name"] for o in table]
+    assert {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty",
+            "penalty_window", "seed", "logit_bias"} <= set(names)
+    prompt, chat = "The capital of France is", [{"role": "user", "content": "What is the capital of France?"}]
+    plain, plain_chat = model.generate(prompt, max_tokens=6), model.chat(chat, max_tokens=6)
+    for o in table:
+        # Omitting a keyword is giving the table's default (greedy, so the seed is unused).
+        assert o["name"] in model.generate.__doc__ and o["name"] in model.chat.__doc__
+        assert model.generate(prompt, max_tokens=6, **{o["name"]: o["default"]}) == plain, o
+        assert model.chat(chat, max_tokens=6, **{o["name"]: o["default"]}) == plain_chat, o
+        if o["kind"] in ("real", "whole"):
+            assert o["min"] <= o["default"] <= o["max"], o
+            below = o["min"] if o.get("min_open") else (o["min"] - 0.5 if o["kind"] == "real" else -1)
+            for bad in (below, o["max"] + (0.5 if o["kind"] == "real" else 1)):
+                with pytest.raises(tlm.Error, match=re.escape(f"{o['name']} {bad!r} is outside {o['range']}")):
+                    model.generate(prompt, max_tokens=1, **{o["name"]: bad})
+    # The defaults are the library's (tlm::sampling{}), as generate --help shows them.
+    defaults = {o["name"]: o["default"] for o in table}
+    assert defaults["temperature"] == 0 and defaults["top_p"] == 1 and defaults["penalty_window"] == 64
+    assert defaults["seed"] is None and defaults["logit_bias"] == {}
+    # Each option takes effect: a ban of the greedy first token changes it; a penalty window.
+    first = model.generate(prompt, max_tokens=1, details=True)["ids"][0]
+    assert model.generate(prompt, max_tokens=1, logit_bias={first: float("-inf")}, details=True)["ids"][0] != first
+    assert model.generate(prompt, max_tokens=1, logit_bias={first: -100}, details=True)["ids"][0] != first
+    assert model.generate(prompt, max_tokens=12, repeat_penalty=1.5, penalty_window=0) == \
+        model.generate(prompt, max_tokens=12)
+    model.generate(prompt, max_tokens=12, repeat_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.5,
+                   penalty_window=8, top_k=5, top_p=0.9, min_p=0.05, temperature=0.7, seed=3)
+    with pytest.raises(tlm.Error, match="logit_bias for token 5 101 is outside"):
+        model.generate(prompt, logit_bias={5: 101})
+    with pytest.raises(tlm.Error, match="logit_bias names token id 49152, outside the vocabulary"):
+        model.generate(prompt, logit_bias={49152: 1})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'temprature'"):
+        model.generate(prompt, temprature=0.5)
+    with pytest.raises(TypeError, match="top_k must be a whole number"):
+        model.generate(prompt, top_k=2.5)
 
 
 def test_gil_released_during_generation(model):

@@ -550,17 +550,17 @@ TLM_AVX2_FN inline void matmul_rows(encoding enc, const std::byte* w, std::size_
   constexpr std::size_t rt = 4;
   constexpr std::size_t slice = 64;
   constexpr std::size_t kc = 512;
-  std::vector<float> buf(rt * cols);  // [rt, cols]
+  float* const buf = detail::decoded_rows(rt * cols);  // [rt, cols]
   for (std::size_t b0 = 0; b0 < batch; b0 += slice) {
     const std::size_t nb = std::min(slice, batch - b0);
     const float* xs = x + b0 * cols;  // [nb, cols]
     float* ys = y + b0 * rows;        // [nb, rows]
     for (std::size_t r = r0; r < r1; r += rt) {
       const std::size_t nr = std::min(rt, r1 - r);
-      for (std::size_t i = 0; i < nr; ++i) Decode(enc, w + (r + i) * rb, buf.data() + i * cols, cols);
+      for (std::size_t i = 0; i < nr; ++i) Decode(enc, w + (r + i) * rb, buf + i * cols, cols);
       for (std::size_t k0 = 0; k0 < cols; k0 += kc) {
         const std::size_t len = std::min(kc, cols - k0);
-        const float* wk = buf.data() + k0;
+        const float* wk = buf + k0;
         const bool acc = k0 != 0;
         switch (nr) {
           case 4: tile_rows<4>(wk, cols, xs + k0, cols, len, ys + r, rows, nb, acc); break;

@@ -375,6 +375,7 @@ inline void gemm(transpose ta, transpose tb, std::size_t m, std::size_t n, std::
 // (thread_pool::run_on_each_thread): with chunks claimed dynamically, a thread may
 // otherwise run its first unit only in a later step.
 inline void reserve_gemm_scratch() {
+  detail::decoded_rows(detail::decoded_rows_reserve);  // the narrow-batch prefill kernels' decoded rows
   switch (active_kernel_level()) {
 #if defined(__x86_64__) || defined(__i386__)
     case kernel_level::avx512: gemm_detail::reserve_scratch<gemm_avx512::kernel>(); return;

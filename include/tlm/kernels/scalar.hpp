@@ -119,14 +119,28 @@ inline void matvec_rows_scalar(encoding enc, const std::byte* w, std::size_t rb,
   for (std::size_t r = r0; r < r1; ++r) y[r] = row_dot_generic_scalar(enc, w + r * rb, x, cols);
 }
 
+// Floats a thread's decoded-rows buffer takes at once: 4 rows of 32,768 columns
+// (512 KiB), more than any shipped config's widest input (14,336).
+inline constexpr std::size_t decoded_rows_reserve = 4 * 32768;
+
+// A thread's buffer for the weight rows the prefill kernels decode (matmul_rows_scalar,
+// avx2::matmul_rows): grown, never shrunk, so that a training step or a prefill does not
+// allocate per call. reserve_gemm_scratch sizes it on every thread of a pool first, so
+// which thread runs which rows never decides whether a later call allocates.
+inline float* decoded_rows(std::size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(std::max(n, decoded_rows_reserve));
+  return buf.data();
+}
+
 // Dequantizes each row once and uses it for the whole batch.
 inline void matmul_rows_scalar(encoding enc, const std::byte* w, std::size_t rb, const float* x, float* y,
                                std::size_t r0, std::size_t r1, std::size_t rows, std::size_t cols,
                                std::size_t batch) {
-  std::vector<float> row(cols);  // [cols]
+  float* row = decoded_rows(cols);  // [cols]
   for (std::size_t r = r0; r < r1; ++r) {
-    dequantize_row(enc, w + r * rb, row.data(), cols);
-    for (std::size_t b = 0; b < batch; ++b) y[b * rows + r] = dot_scalar(row.data(), x + b * cols, cols);
+    dequantize_row(enc, w + r * rb, row, cols);
+    for (std::size_t b = 0; b < batch; ++b) y[b * rows + r] = dot_scalar(row, x + b * cols, cols);
   }
 }
 

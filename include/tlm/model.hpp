@@ -206,6 +206,12 @@ class model {
   // slots already claimed. Returns the logits of the last token.
   std::span<const float, V> run(std::span<const std::int32_t> tokens, std::size_t pos0, kv_storage<C>& store,
                                 std::vector<float>* all_logits, forward_trace<C>* trace) {
+    run_blocks(tokens, pos0, store, trace);
+    return head(all_logits ? 0 : tokens.size() - 1, all_logits, trace);
+  }
+
+  // The n tokens through every block, leaving the last block's output in ws_.x: [n, D].
+  void run_blocks(std::span<const std::int32_t> tokens, std::size_t pos0, kv_storage<C>& store, forward_trace<C>* trace) {
     thread_pool* pool = pool_.get();
     const std::size_t n = tokens.size();
     reserve(n);
@@ -226,14 +232,19 @@ class model {
         for (std::size_t h = 0; h < H; ++h) trace->attention_entropy[l][h] = entropy_.data()[(n - 1) * H + h];
       }
     }
-    // Only the rows whose logits are wanted go through the final norm and the
-    // largest matrix of the model.
-    const std::size_t first = all_logits ? 0 : n - 1;
+  }
+
+  // Rows first .. n-1 of ws_.x through the final norm and the output matrix (only the
+  // rows whose logits are wanted: it is the largest matrix of the model). Returns the
+  // logits of the last row; with `all_logits`, fills it with all of them: [n - first, V].
+  std::span<const float, V> head(std::size_t first, std::vector<float>* all_logits, forward_trace<C>* trace) {
+    thread_pool* pool = pool_.get();
+    const std::size_t n = ws_.x.count();
     final_.resize(n - first);
     const auto gain = weights_.output_norm.f32();
     for (std::size_t i = first; i < n; ++i) rmsnorm<D>(ws_.x.row(i), gain, C::rms_eps, final_.row(i - first));
     matmul(output_matrix(), final_, logits_, pool, opt_.precision);
-    if (all_logits) all_logits->assign(logits_.data(), logits_.data() + n * V);
+    if (all_logits) all_logits->assign(logits_.data(), logits_.data() + (n - first) * V);
     const std::span<const float, V> last = logits_.row(logits_.count() - 1);
     if (trace) {
       const auto [h, top] = logit_entropy(last);

@@ -70,13 +70,17 @@ struct block_scratch {
 };
 
 // How the rows of a batch map onto sequences and positions: n = sequences * length;
-// row i is position pos0 + i % length of sequence i / length.
+// row i is position start(s) + i % length of sequence s = i / length. Every sequence
+// starts at pos0, unless `starts` gives each its own first position ([sequences]): a
+// batched decode step over caches of different lengths.
 struct batch_layout {
   std::size_t sequences = 1;
   std::size_t length = 1;
   std::size_t pos0 = 0;
+  const std::size_t* starts = nullptr;
 
   std::size_t rows() const { return sequences * length; }
+  std::size_t start(std::size_t seq) const { return starts ? starts[seq] : pos0; }
 };
 
 // Where attention finds keys and values.
@@ -102,13 +106,42 @@ struct kv_from_cache {
   // entropy: null or [nq]. `first` is always 0 here (takes_segments).
   void attend(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t /*first*/, std::size_t g, const float* q,
               std::size_t nq, std::size_t len, float scale, float* out, float* lse, float* entropy) const {
+    attend_cached(*store, layer, g, q, nq, len, scale, out, lse, entropy);
+  }
+
+  static void attend_cached(const kv_storage<C>& store, std::size_t layer, std::size_t g, const float* q, std::size_t nq,
+                            std::size_t len, float scale, float* out, float* lse, float* entropy) {
     constexpr std::size_t E = head_dim<C>;
-    if (store->type() == kv_type::q8)
-      return attention_heads(detail::q8_rows{store->key_codes(layer, g, 0), store->key_scales(layer, g, 0),
-                                             store->value_codes(layer, g, 0), store->value_scales(layer, g, 0)},
+    if (store.type() == kv_type::q8)
+      return attention_heads(detail::q8_rows{store.key_codes(layer, g, 0), store.key_scales(layer, g, 0),
+                                             store.value_codes(layer, g, 0), store.value_scales(layer, g, 0)},
                              q, nq, len, E, scale, out, lse, entropy);
-    attention_heads(detail::float_rows<float>{store->key(layer, g, 0), store->value(layer, g, 0), E}, q, nq, len, E,
-                    scale, out, lse, entropy);
+    attention_heads(detail::float_rows<float>{store.key(layer, g, 0), store.value(layer, g, 0), E}, q, nq, len, E, scale,
+                    out, lse, entropy);
+  }
+};
+
+// kv_from_caches: a batch of sequences, each with its own cache (stores[s]) and first
+// position (batch_layout::starts): many conversations advanced by one block call, so
+// that every weight is read once for all of them. Sequence s's rows are written into
+// and attend to its own cache only.
+template <LlamaConfig C>
+struct kv_from_caches {
+  static constexpr bool takes_segments = false;
+  kv_storage<C>* const* stores;  // [sequences]
+  std::size_t layer;
+
+  void write(const rows<kv_dim<C>, float>& k, const rows<kv_dim<C>, float>& v, const batch_layout& b) const {
+    constexpr std::size_t E = head_dim<C>, K = kv_dim<C>;
+    for (std::size_t i = 0; i < k.count(); ++i) {
+      const std::size_t s = i / b.length;
+      for (std::size_t g = 0; g < C::kv_heads; ++g)
+        stores[s]->store(layer, g, b.start(s) + i % b.length, k.data() + i * K + g * E, v.data() + i * K + g * E);
+    }
+  }
+  void attend(const block_activations<C, float>&, std::size_t seq, std::size_t /*first*/, std::size_t g, const float* q,
+              std::size_t nq, std::size_t len, float scale, float* out, float* lse, float* entropy) const {
+    kv_from_cache<C>::attend_cached(*stores[seq], layer, g, q, nq, len, scale, out, lse, entropy);
   }
 };
 
@@ -148,8 +181,10 @@ struct block_context {
   // sequence. Null: each sequence is one segment, the path inference always takes.
   const std::uint32_t* segment_start = nullptr;
 
-  // The position that sets row i's angles: in its sequence, or in its segment.
+  // Which entry of `angles` row i takes: its position in its sequence, or in its
+  // segment. Sequences with starts of their own have one entry per row.
   std::size_t angle_index(std::size_t i) const {
+    if (layout.starts) return i;
     const std::size_t t = i % layout.length;
     return segment_start ? t - segment_start[i] : t;
   }
@@ -266,7 +301,7 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
     for (std::size_t u = b; u < e; ++u) {
       const std::size_t i = u * nq / H, h = u * nq % H, g = kv_head_of<C>(h);
       const std::size_t first = ctx.segment_start ? ctx.segment_start[i] : 0;
-      const std::size_t seq = i / period, visible = ctx.layout.pos0 + i % period + 1 - first;
+      const std::size_t seq = i / period, visible = ctx.layout.start(seq) + i % period + 1 - first;
       kv.attend(a, seq, first, g, a.q.data() + i * D + h * E, nq, visible, scale, a.o.data() + i * D + h * E,
                 a.lse.data() + i * H + h, ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
     }

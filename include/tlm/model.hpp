@@ -136,6 +136,45 @@ class model {
     return run(tokens, pos0, cache.storage(), all_logits, nullptr);
   }
 
+  // One token for each of several sequences, each at the next position of its own
+  // cache, in one pass over the weights: a batched decode step, as a server advances
+  // its conversations. Each sequence computes what forward(tokens[s], *caches[s]) would,
+  // up to the summation order of the batched products. tokens: [N]; caches: [N], all
+  // different. Returns the logits [N, V], row s for sequence s, valid until the next
+  // call. A full cache throws capacity_error naming the sequence, and no cache changes.
+  const rows<V>& forward_batch(std::span<const std::int32_t> tokens, std::span<kv_cache<C>* const> caches) {
+    const std::size_t n = tokens.size();
+    if (n == 0) throw error("forward_batch: no sequence; give one token per sequence");
+    if (caches.size() != n)
+      throw shape_error("forward_batch: " + std::to_string(n) + " tokens for " + std::to_string(caches.size()) +
+                        " caches; give one token per sequence");
+    for (std::size_t s = 0; s < n; ++s) {
+      check_token(tokens[s]);
+      if (caches[s] == nullptr) throw error("forward_batch: the cache of sequence " + std::to_string(s) + " is null");
+      if (caches[s]->room() == 0)
+        throw capacity_error("forward_batch: the KV cache of sequence " + std::to_string(s) + " is full (all " +
+                             std::to_string(caches[s]->capacity()) +
+                             " positions are written); end that sequence or give it a larger cache");
+      for (std::size_t t = 0; t < s; ++t)
+        if (caches[t] == caches[s])
+          throw error("forward_batch: sequences " + std::to_string(t) + " and " + std::to_string(s) +
+                      " share one cache; each sequence needs its own");
+    }
+    reserve(n);
+    ws_.x.resize(n);
+    for (std::size_t s = 0; s < n; ++s) {
+      starts_[s] = caches[s]->length();
+      caches[s]->push();
+      stores_[s] = &caches[s]->storage();
+      embed(weights_.token_embd, tokens[s], ws_.x.row(s));
+      angles_[s] = rope_angles<C>(starts_[s]);
+    }
+    const block_context<C, float> ctx{{n, 1, 0, starts_.data()}, angles_.data(), opt_.pairing, nullptr, opt_.precision};
+    run_layers(ctx, [&](std::size_t l) { return kv_from_caches<C>{stores_.data(), l}; }, nullptr);
+    head(0, nullptr, nullptr);
+    return logits_;
+  }
+
   // Forgets cache positions keep .. keep+drop-1 and moves the later ones down with
   // their keys re-rotated for their new positions (kv_cache::shift), in this model's
   // RoPE pairing. The next forward continues at position length() - drop; no token
@@ -197,6 +236,8 @@ class model {
     final_.reserve(n);
     entropy_.reserve(1);
     if (angles_.size() < n) angles_.resize(n);
+    if (starts_.size() < n) starts_.resize(n);
+    if (stores_.size() < n) stores_.resize(n);
     std::size_t rank = 0;
     for (const auto& a : adapters_) rank = std::max(rank, a.max_rank);
     if (lora_u_.size() < n * rank) lora_u_.resize(n * rank);
@@ -212,7 +253,6 @@ class model {
 
   // The n tokens through every block, leaving the last block's output in ws_.x: [n, D].
   void run_blocks(std::span<const std::int32_t> tokens, std::size_t pos0, kv_storage<C>& store, forward_trace<C>* trace) {
-    thread_pool* pool = pool_.get();
     const std::size_t n = tokens.size();
     reserve(n);
     ws_.x.resize(n);
@@ -220,12 +260,18 @@ class model {
       embed(weights_.token_embd, tokens[i], ws_.x.row(i));
       angles_[i] = rope_angles<C>(pos0 + i);
     }
-    block_context<C, float> ctx{{1, n, pos0}, angles_.data(), opt_.pairing, trace ? &entropy_ : nullptr, opt_.precision};
+    const block_context<C, float> ctx{{1, n, pos0}, angles_.data(), opt_.pairing, trace ? &entropy_ : nullptr, opt_.precision};
+    run_layers(ctx, [&](std::size_t l) { return kv_from_cache<C>{&store, l}; }, trace);
+  }
+
+  // ws_.x (embedded, angles set) through every layer; kv_of(l) is layer l's cache access.
+  template <class KvOf>
+  void run_layers(const block_context<C, float>& ctx, const KvOf& kv_of, forward_trace<C>* trace) {
+    thread_pool* pool = pool_.get();
+    const std::size_t n = ws_.x.count();
     for (std::size_t l = 0; l < C::layers; ++l) {
-      if (adapters_.empty()) block_forward(weights_.layers[l], ws_, ws_.x, ctx, kv_from_cache<C>{&store, l}, pool);
-      else
-        block_forward(weights_.layers[l], ws_, ws_.x, ctx, kv_from_cache<C>{&store, l}, pool,
-                      lora_adapters_forward<C>{adapters_, l, lora_u_, pool});
+      if (adapters_.empty()) block_forward(weights_.layers[l], ws_, ws_.x, ctx, kv_of(l), pool);
+      else block_forward(weights_.layers[l], ws_, ws_.x, ctx, kv_of(l), pool, lora_adapters_forward<C>{adapters_, l, lora_u_, pool});
       if (trace) {
         trace->attn_residual_rms[l] = rms(ws_.x_mid.row(n - 1));
         trace->mlp_residual_rms[l] = rms(ws_.x.row(n - 1));
@@ -265,6 +311,8 @@ class model {
   rows<V> logits_;                   // [n, V] logits of those rows
   rows<H> entropy_;                  // [n, H] attention entropy, traced forward only
   std::vector<rope_angles<C>> angles_;  // [n] rotation angles of each row's position
+  std::vector<std::size_t> starts_;     // [n] forward_batch: each sequence's position
+  std::vector<kv_storage<C>*> stores_;  // [n] forward_batch: each sequence's cache
   std::vector<lora_adapter<C>> adapters_;
   std::vector<float> lora_u_;           // [n, largest rank] the adapters' A x
 };

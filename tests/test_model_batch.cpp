@@ -1,0 +1,140 @@
+// model::forward_batch: several sequences, each with its own cache and position, advanced
+// by one pass over the weights, against each sequence run by itself.
+#include <doctest/doctest.h>
+
+#include <tlm/model.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "fixture.hpp"
+
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_model_batch {
+
+using C = tlm::smollm2_135m;
+
+namespace {
+// max |a - b| over max |b|: the measure the exact mode's 3.5e-6 bound against float64 uses.
+double max_rel_diff(std::span<const float> a, std::span<const float> b) {
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+  }
+  return err / scale;
+}
+
+std::int32_t argmax(std::span<const float> l) {
+  return static_cast<std::int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+}
+
+// Prompts of different lengths, so that the sequences sit at different positions.
+const std::vector<std::vector<std::int32_t>> prompts = {
+    {504, 3575, 282, 4649, 314},                 // "The capital of France is"
+    {1},                                          // one token
+    {504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 6519, 314},
+    {28, 29, 30, 31, 32, 33, 34},
+    {9690, 198, 2683, 359, 253, 5356}};
+}  // namespace
+
+TEST_CASE("a batched decode step gives each sequence the logits it gets alone, at every step") {
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
+  const std::size_t n = prompts.size(), steps = 6;
+  // Sequence 3 keeps its cache in int8: each sequence reads its own cache's element type.
+  std::vector<tlm::kv_cache<C>> batched, alone;
+  for (std::size_t s = 0; s < n; ++s) {
+    const auto kv = s == 3 ? tlm::kv_type::q8 : tlm::kv_type::f32;
+    batched.emplace_back(32, kv);
+    alone.emplace_back(32, kv);
+  }
+  std::vector<std::int32_t> next(n);
+  for (std::size_t s = 0; s < n; ++s) {
+    next[s] = argmax(m.prefill(prompts[s], batched[s]));
+    (void)m.prefill(prompts[s], alone[s]);
+  }
+  std::vector<tlm::kv_cache<C>*> caches;
+  for (auto& c : batched) caches.push_back(&c);
+  double worst = 0;
+  for (std::size_t step = 0; step < steps; ++step) {
+    const auto& logits = m.forward_batch(next, caches);
+    REQUIRE(logits.count() == n);
+    const std::vector<float> all(logits.data(), logits.data() + n * C::vocab);
+    for (std::size_t s = 0; s < n; ++s) {
+      const std::span<const float> got(all.data() + s * C::vocab, C::vocab);
+      const auto one = m.forward(next[s], alone[s]);
+      const double d = max_rel_diff(got, one);
+      worst = std::max(worst, d);
+      CHECK(d < 7e-6);  // each is within 3.5e-6 of float64 (test_model_logits)
+      CHECK(argmax(got) == argmax(one));
+      CHECK(batched[s].length() == prompts[s].size() + step + 1);
+      next[s] = argmax(got);
+    }
+  }
+  MESSAGE("largest batched-vs-alone logit difference: " << worst);
+  // The caches hold the same keys: each row was written into its own sequence's cache.
+  for (std::size_t s = 0; s < n; ++s) {
+    REQUIRE(batched[s].length() == alone[s].length());
+    if (batched[s].type() == tlm::kv_type::f32)
+      for (std::size_t l : {0u, 29u}) CHECK(max_rel_diff(batched[s].keys(l, 1), alone[s].keys(l, 1)) < 1e-5);
+  }
+}
+
+TEST_CASE("a batch of one equals forward") {
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
+  tlm::kv_cache<C> a(16), b(16);
+  (void)m.prefill(prompts[0], a);
+  (void)m.prefill(prompts[0], b);
+  tlm::kv_cache<C>* one[] = {&a};
+  const std::int32_t token[] = {3575};
+  const auto& batched = m.forward_batch(token, one);
+  const std::vector<float> got(batched.data(), batched.data() + C::vocab);
+  const auto alone = m.forward(3575, b);
+  CHECK(max_rel_diff(got, alone) < 7e-6);
+}
+
+TEST_CASE("a bad batch is refused before any cache changes") {
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
+  tlm::kv_cache<C> a(8), full(5);
+  (void)m.prefill(prompts[0], a);
+  (void)m.prefill(prompts[0], full);  // 5 of 5 positions
+  const auto unchanged = [&] {
+    CHECK(a.length() == 5);
+    CHECK(full.length() == 5);
+  };
+  SUBCASE("a full cache names its sequence") {
+    tlm::kv_cache<C>* caches[] = {&a, &full};
+    const std::int32_t tokens[] = {1, 2};
+    try {
+      (void)m.forward_batch(tokens, caches);
+      FAIL("a full cache must be refused");
+    } catch (const tlm::capacity_error& e) {
+      CHECK(std::string(e.what()).find("sequence 1 is full") != std::string::npos);
+    }
+    unchanged();
+  }
+  SUBCASE("one cache given twice") {
+    tlm::kv_cache<C>* caches[] = {&a, &a};
+    const std::int32_t tokens[] = {1, 2};
+    CHECK_THROWS_WITH_AS((void)m.forward_batch(tokens, caches), doctest::Contains("share one cache"), tlm::error);
+    unchanged();
+  }
+  SUBCASE("a token outside the vocabulary") {
+    tlm::kv_cache<C>* caches[] = {&a};
+    const std::int32_t tokens[] = {static_cast<std::int32_t>(C::vocab)};
+    CHECK_THROWS_AS((void)m.forward_batch(tokens, caches), tlm::error);
+    unchanged();
+  }
+  SUBCASE("tokens and caches of different counts") {
+    tlm::kv_cache<C>* caches[] = {&a};
+    const std::int32_t tokens[] = {1, 2};
+    CHECK_THROWS_AS((void)m.forward_batch(tokens, caches), tlm::shape_error);
+    CHECK_THROWS_AS((void)m.forward_batch(std::span<const std::int32_t>(), std::span<tlm::kv_cache<C>* const>()), tlm::error);
+    unchanged();
+  }
+}
+
+}  // namespace test_model_batch

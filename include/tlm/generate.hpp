@@ -19,6 +19,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -173,93 +174,159 @@ inline void require_finite_logits(std::span<const float> logits, std::size_t pos
   }
 }
 
-// The one decoding loop. `context` holds the ids already in the cache (the penalties'
-// window reads it); the new ids are appended to it as they are sampled. `logits` are
-// those of the last position in the cache.
+}  // namespace detail
+
+// One generation's decisions between forward passes: the grammar's mask, sampling, end
+// tokens, stop strings and the streamed text. It never runs the model: the caller runs
+// each token it returns, by itself (detail::decode, the one loop of the generator and
+// the chat session) or together with other sequences' tokens in one batched step
+// (model::forward_batch, as a server's scheduler does).
+class decode_state {
+ public:
+  // context: the ids already in the cache (the penalties' window reads it); stop_ids:
+  // the tokens that end the generation (with o.stop_at_eos, or under a grammar). `r`
+  // carries what the prefill measured (prompt_tokens, prefill_ms) into the result.
+  decode_state(const tokenizer& tok, const generation_options& o, std::vector<std::int32_t> stop_ids, token_callback on_token,
+               std::vector<std::int32_t> context, generation_result r = {})
+      : tok_(&tok), o_(o), stop_ids_(std::move(stop_ids)), on_token_(std::move(on_token)), pick_(o.sample), stream_(tok),
+        filter_(o.stop), context_(std::move(context)), r_(std::move(r)), listening_(static_cast<bool>(on_token_)),
+        t0_(std::chrono::steady_clock::now()) {
+    r_.reason = stop_reason::max_tokens;
+    if (o_.grammar) {
+      doc_ = o_.grammar->start();
+      if (const std::size_t need = o_.grammar->min_to_finish(doc_); need > budget())
+        throw error("constrained output: the shortest document of the grammar has " + std::to_string(need) +
+                    " characters, more than max_tokens - 1 = " + std::to_string(budget()) + "; raise max_tokens to at least " +
+                    std::to_string(need + 1));
+    }
+  }
+
+  // Chooses the next token from the logits of the newest position (`position` in the
+  // cache, which has `room` positions left). Returns it if the generation goes on, so
+  // that the caller runs it through the model and calls next() with its logits; returns
+  // nothing once the generation has ended (result().reason says why).
+  std::optional<std::int32_t> next(std::span<const float> logits, std::size_t position, std::size_t room) {
+    if (done_ || chosen_ >= o_.max_tokens) return end();
+    detail::require_finite_logits(logits, position);
+    if (o_.grammar) {
+      o_.grammar->allowed(doc_, *tok_, budget(), allowed_);
+      masked_.assign(logits.begin(), logits.end());
+      bool any = false;
+      for (std::size_t v = 0; v < masked_.size(); ++v) {
+        if (v < allowed_.size() && allowed_[v]) any = true;
+        else masked_[v] = -std::numeric_limits<float>::infinity();
+      }
+      if (!any)
+        throw error("constrained output: no token of the vocabulary continues the document after '" + r_.text +
+                    "'; the grammar admits nothing this tokenizer can write");
+      logits = masked_;
+    }
+    const std::int32_t id = pick_(logits, context_);
+    ++chosen_;
+    r_.ids.push_back(id);
+    if ((o_.stop_at_eos || o_.grammar) && std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) {
+      r_.reason = stop_reason::eos;
+      return end();
+    }
+    context_.push_back(id);
+    if (o_.grammar && !o_.grammar->feed(doc_, tok_->token_bytes(id)))
+      throw error("constrained output: sampled token " + std::to_string(id) + " outside the grammar (a bug in tlm)");
+    auto [text, stopped] = filter_.push(stream_.push(id));
+    const step s = emit(id, text);
+    if (stopped) {
+      r_.reason = stop_reason::stop_string;
+      released_ = true;
+      return end();
+    }
+    if (s == step::stop) {
+      r_.reason = stop_reason::callback;
+      return end();
+    }
+    if (chosen_ == o_.max_tokens) return end();
+    if (room == 0) {
+      r_.reason = stop_reason::context_full;
+      return end();
+    }
+    ++r_.decoded_tokens;
+    return id;
+  }
+
+  // Ends the generation (if next() has not) and releases what was held back: an
+  // incomplete character at the end, and a tail held for a stop string that never
+  // came. Returns the result; later calls return it again.
+  generation_result& finish() {
+    if (finished_) return r_;
+    finished_ = done_ = true;
+    if (!released_) {
+      auto [text, stopped] = filter_.push(stream_.flush());
+      if (stopped) r_.reason = stop_reason::stop_string;
+      else text += filter_.flush();
+      if (!text.empty()) (void)emit(-1, text);
+    }
+    r_.decode_ms = detail::ms_since(t0_);
+    return r_;
+  }
+
+  bool done() const { return done_; }
+  const generation_result& result() const { return r_; }
+  // The ids in the cache and the ones chosen since, as the penalties see them.
+  std::vector<std::int32_t>& context() { return context_; }
+
+ private:
+  std::optional<std::int32_t> end() {
+    done_ = true;
+    return std::nullopt;
+  }
+  // A token writes at least one character, so a grammar's document must be complete
+  // within max_tokens - 1 of them, leaving the last token for the end.
+  std::size_t budget() const { return o_.max_tokens > 0 ? o_.max_tokens - 1 : 0; }
+  step emit(std::int32_t id, const std::string& text) {
+    r_.text += text;
+    // A callback that said stop hears nothing more.
+    if (listening_ && on_token_(id, text) == step::stop) listening_ = false;
+    return listening_ || !on_token_ ? step::go_on : step::stop;
+  }
+
+  const tokenizer* tok_;
+  generation_options o_;
+  std::vector<std::int32_t> stop_ids_;
+  token_callback on_token_;
+  sampler pick_;
+  stream_decoder stream_;
+  detail::stop_filter filter_;
+  std::vector<std::int32_t> context_;
+  generation_result r_;
+  bool listening_;
+  std::chrono::steady_clock::time_point t0_;
+  json_grammar::state doc_{};
+  std::vector<std::uint8_t> allowed_;
+  std::vector<float> masked_;
+  std::size_t chosen_ = 0;
+  bool done_ = false, released_ = false, finished_ = false;
+};
+
+namespace detail {
+
+// The one decoding loop of the generator and the chat session. `context` holds the ids
+// already in the cache; the new ids are appended to it. `logits` are those of the last
+// position in the cache.
 template <LlamaConfig C>
 void decode(model<C>& m, const tokenizer& tok, kv_cache<C>& cache, std::span<const float> logits,
             std::vector<std::int32_t>& context, const generation_options& o, std::span<const std::int32_t> stop_ids,
             const token_callback& on_token, const generation_hooks<C>& hooks, generation_result& r) {
-  sampler pick(o.sample);
-  stream_decoder stream(tok);
-  stop_filter filter(o.stop);
+  decode_state st(tok, o, std::vector<std::int32_t>(stop_ids.begin(), stop_ids.end()), on_token, std::move(context),
+                  std::move(r));
   forward_trace<C> trace;
-  bool listening = static_cast<bool>(on_token);  // a callback that said stop hears nothing more
-  const auto emit = [&](std::int32_t id, const std::string& text) {
-    r.text += text;
-    if (listening && on_token(id, text) == step::stop) listening = false;
-    return listening || !on_token ? step::go_on : step::stop;
-  };
-  const auto t0 = std::chrono::steady_clock::now();
-  r.reason = stop_reason::max_tokens;
-  json_grammar::state doc;
-  std::vector<std::uint8_t> allowed;
-  std::vector<float> masked;
-  const std::size_t budget = o.max_tokens > 0 ? o.max_tokens - 1 : 0;  // a token is at least one character
-  if (o.grammar) {
-    doc = o.grammar->start();
-    if (const std::size_t need = o.grammar->min_to_finish(doc); need > budget)
-      throw error("constrained output: the shortest document of the grammar has " + std::to_string(need) +
-                  " characters, more than max_tokens - 1 = " + std::to_string(budget) + "; raise max_tokens to at least " +
-                  std::to_string(need + 1));
-  }
-  bool ended = false;  // ended inside the loop, with nothing left to release
-  for (std::size_t i = 0; i < o.max_tokens; ++i) {
-    require_finite_logits(logits, cache.length() - 1);
-    if (o.grammar) {
-      o.grammar->allowed(doc, tok, budget, allowed);
-      masked.assign(logits.begin(), logits.end());
-      bool any = false;
-      for (std::size_t v = 0; v < masked.size(); ++v) {
-        if (v < allowed.size() && allowed[v]) any = true;
-        else masked[v] = -std::numeric_limits<float>::infinity();
-      }
-      if (!any)
-        throw error("constrained output: no token of the vocabulary continues the document after '" + r.text +
-                    "'; the grammar admits nothing this tokenizer can write");
-      logits = masked;
-    }
-    const std::int32_t id = pick(logits, context);
-    r.ids.push_back(id);
-    if ((o.stop_at_eos || o.grammar) && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
-      r.reason = stop_reason::eos;
-      break;
-    }
-    context.push_back(id);
-    if (o.grammar && !o.grammar->feed(doc, tok.token_bytes(id)))
-      throw error("constrained output: sampled token " + std::to_string(id) + " outside the grammar (a bug in tlm)");
-    auto [text, stopped] = filter.push(stream.push(id));
-    const step s = emit(id, text);
-    if (stopped) {
-      r.reason = stop_reason::stop_string;
-      ended = true;
-      break;
-    }
-    if (s == step::stop) {
-      r.reason = stop_reason::callback;
-      break;
-    }
-    if (i + 1 == o.max_tokens) break;
-    if (cache.room() == 0) {
-      r.reason = stop_reason::context_full;
-      break;
-    }
+  for (auto id = st.next(logits, cache.length() - 1, cache.room()); id; id = st.next(logits, cache.length() - 1, cache.room())) {
     if (hooks.on_trace) {
-      logits = m.forward_traced(id, cache, trace);
-      hooks.on_trace(id, cache.length() - 1, trace);
+      logits = m.forward_traced(*id, cache, trace);
+      hooks.on_trace(*id, cache.length() - 1, trace);
     } else {
-      logits = m.forward(id, cache);
+      logits = m.forward(*id, cache);
     }
-    ++r.decoded_tokens;
   }
-  if (!ended) {
-    // An incomplete character at the end, and a tail held for a stop string that never came.
-    auto [text, stopped] = filter.push(stream.flush());
-    if (stopped) r.reason = stop_reason::stop_string;
-    else text += filter.flush();
-    if (!text.empty()) (void)emit(-1, text);
-  }
-  r.decode_ms = ms_since(t0);
+  r = std::move(st.finish());
+  context = std::move(st.context());
 }
 
 inline void check_options(const generation_options& o) {
@@ -576,9 +643,7 @@ class chat_session {
     r.prefill_ms = detail::ms_since(t0);
     last_prefill_ = r.prompt_tokens;
     std::vector<std::int32_t> context = ids_;
-    std::vector<std::int32_t> stops(tok_->end_of_generation().begin(), tok_->end_of_generation().end());
-    if (end_ >= 0 && !tok_->is_end_of_generation(end_)) stops.push_back(end_);  // the template's end of turn
-    detail::decode(*m_, *tok_, cache_, logits, context, o, stops, on_token, hooks, r);
+    detail::decode(*m_, *tok_, cache_, logits, context, o, stop_ids(), on_token, hooks, r);
     // The reply's tokens, without a final end marker.
     std::vector<std::int32_t> reply_ids(context.begin() + static_cast<std::ptrdiff_t>(header_end), context.end());
     turns_.push_back({turn_start, messages_.size(), false, true});
@@ -618,10 +683,17 @@ class chat_session {
   // add() would put it first) and the assistant's header, tokenized as add() and
   // reply() do. So a caller can size a session, or refuse a conversation, before
   // running anything: a "<|im_end|>" typed in a message counts as the text it stays.
-  std::size_t positions_for(std::span<const chat_message> more) const {
+  std::size_t positions_for(std::span<const chat_message> more) const { return prompt_for(more).size(); }
+
+  // The tokens reply() would run through the model were `more` add()ed: the
+  // conversation so far, those messages and the assistant's header, as positions_for
+  // counts them. A server that schedules the model itself generates from these with the
+  // session's stop_ids(), without add() or reply().
+  std::vector<std::int32_t> prompt_for(std::span<const chat_message> more) const {
     std::vector<chat_message> all = history_;
     std::size_t before = rendered_.size();
-    std::size_t n = ids_.size();
+    std::vector<std::int32_t> ids = ids_;
+    const auto put = [&](const std::vector<std::int32_t>& more_ids) { ids.insert(ids.end(), more_ids.begin(), more_ids.end()); };
     // One message at a time, grouped as add() groups the tokens.
     for (const auto& m : more) {
       all.push_back(m);
@@ -629,14 +701,24 @@ class chat_session {
       const std::span<const chat_piece> fresh = std::span(rendered).subspan(before);
       std::size_t i = 0;
       while (i < fresh.size() && fresh[i].message == chat_piece::no_message) ++i;
-      n += pieces_ids(fresh.first(i)).size() + pieces_ids(fresh.subspan(i)).size();
+      put(pieces_ids(fresh.first(i)));
+      put(pieces_ids(fresh.subspan(i)));
       before = rendered.size();
     }
     // The template must also keep these turns once the reply follows (as reply() checks).
     std::vector<chat_message> answered = all;
     answered.push_back({"assistant", ""});
     (void)render(answered, chat_end::open);
-    return n + pieces_ids(header_pieces(all)).size();
+    put(pieces_ids(header_pieces(all)));
+    return ids;
+  }
+
+  // The tokens that end a reply: the tokenizer's end-of-generation tokens and the
+  // template's end of turn.
+  std::vector<std::int32_t> stop_ids() const {
+    std::vector<std::int32_t> stops(tok_->end_of_generation().begin(), tok_->end_of_generation().end());
+    if (end_ >= 0 && !tok_->is_end_of_generation(end_)) stops.push_back(end_);
+    return stops;
   }
 
   // The chat template the session renders (the file's, or chat_options::chat_template).

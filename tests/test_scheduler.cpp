@@ -1,0 +1,243 @@
+// scheduler: many requests through one model in batched steps, against each request run
+// alone by the generator; the prefix cache, cancellation, stop, the queue and the KV budget.
+#include <doctest/doctest.h>
+
+#include <tlm/scheduler.hpp>
+
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fixture.hpp"
+
+// The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
+namespace test_scheduler {
+
+using C = tlm::smollm2_135m;
+
+namespace {
+
+// The scheduler runs its model on its own thread: a model of its own over the same file.
+tlm::model<C>& scheduled_model() {
+  static tlm::model<C> m = tlm::model<C>::load(TLM_MODEL_PATH);
+  return m;
+}
+tlm::model<C>& alone_model() { return tlm_test::shared_model<tlm::model<C>>(); }
+const tlm::tokenizer& tok() { return tlm_test::shared_tokenizer<tlm::model<C>>(); }
+
+// Waits for every request's on_done and keeps its outcome and streamed text.
+struct collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<tlm::sequence_outcome> outcomes;
+  std::vector<std::string> streamed;
+  std::vector<bool> done;
+  std::size_t left = 0;
+
+  explicit collector(std::size_t n) : outcomes(n), streamed(n), done(n, false), left(n) {}
+
+  tlm::sequence_request request(std::size_t i, std::vector<std::int32_t> prompt, tlm::generation_options o) {
+    tlm::sequence_request r;
+    r.prompt = std::move(prompt);
+    r.options = std::move(o);
+    r.stop_ids.assign(tok().end_of_generation().begin(), tok().end_of_generation().end());
+    r.on_token = [this, i](std::int32_t, std::string_view text) {
+      std::lock_guard lock(mu);
+      streamed[i] += text;
+      return tlm::step::go_on;
+    };
+    r.on_done = [this, i](tlm::sequence_outcome& out) {
+      std::lock_guard lock(mu);
+      outcomes[i] = std::move(out);
+      done[i] = true;
+      --left;
+      cv.notify_all();
+    };
+    r.tag = "request-" + std::to_string(i);
+    return r;
+  }
+  void wait() {
+    std::unique_lock lock(mu);
+    REQUIRE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return left == 0; }));
+  }
+};
+
+std::vector<std::int32_t> ids(const std::string& text) { return tok().encode(text); }
+
+const std::vector<std::string> texts = {
+    "The capital of France is",
+    "Once upon a time",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "In 1492,",
+    "Water boils at",
+    "A haiku about the sea:",
+    "The quick brown fox",
+    "To make bread you need",
+    "The largest planet in the solar system is",
+    "Hello! My name is",
+    "List of prime numbers: 2, 3, 5,",
+    "The opposite of hot is",
+    "Photosynthesis is the process by which plants",
+    "SELECT * FROM",
+    "Translate to French: good morning ->"};
+
+}  // namespace
+
+TEST_CASE("16 concurrent greedy requests give each the text it gets alone") {
+  tlm::generator<C> alone(alone_model(), tok());
+  tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 16, .prefill_chunk = 4});
+  collector c(texts.size());
+  for (std::size_t i = 0; i < texts.size(); ++i)
+    REQUIRE(s.submit(c.request(i, ids(texts[i]), {.max_tokens = 6 + i % 5 * 3})) == tlm::admission::accepted);
+  c.wait();
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    CAPTURE(texts[i]);
+    const auto want = alone.generate(texts[i], {.max_tokens = 6 + i % 5 * 3});
+    const auto& got = c.outcomes[i];
+    CHECK(!got.error);
+    CHECK(!got.cut);
+    CHECK(got.result.ids == want.ids);
+    CHECK(got.result.text == want.text);
+    CHECK(c.streamed[i] == want.text);
+    CHECK(got.result.reason == want.reason);
+    CHECK(got.result.prompt_tokens == want.prompt_tokens);
+  }
+  const auto st = s.status();
+  CHECK(st.active == 0);
+  CHECK(st.queued == 0);
+  // The decode steps ran several sequences at once.
+  CHECK(st.batched_rows > st.steps);
+}
+
+TEST_CASE("more requests than sequences wait in the queue and all complete") {
+  tlm::generator<C> alone(alone_model(), tok());
+  tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 3, .queue = 16, .prefix_cache = false});
+  collector c(8);
+  for (std::size_t i = 0; i < 8; ++i)
+    REQUIRE(s.submit(c.request(i, ids(texts[i]), {.max_tokens = 8})) == tlm::admission::accepted);
+  c.wait();
+  for (std::size_t i = 0; i < 8; ++i) CHECK(c.outcomes[i].result.ids == alone.generate(texts[i], {.max_tokens = 8}).ids);
+}
+
+TEST_CASE("the prefix cache runs only what a new prompt adds, and replies as a cold run does") {
+  tlm::generator<C> alone(alone_model(), tok());
+  tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 2});
+  const std::string system = "You are a helpful assistant who answers in one short sentence. Question: ";
+  collector first(1);
+  REQUIRE(s.submit(first.request(0, ids(system + "What is the capital of France?"), {.max_tokens = 8})) ==
+          tlm::admission::accepted);
+  first.wait();
+  CHECK(first.outcomes[0].reused_tokens == 0);
+  collector second(1);
+  const auto prompt = ids(system + "What is the capital of Spain?");
+  REQUIRE(s.submit(second.request(0, prompt, {.max_tokens = 8})) == tlm::admission::accepted);
+  second.wait();
+  const std::size_t shared = ids(system).size();
+  CHECK(second.outcomes[0].reused_tokens >= shared - 1);
+  CHECK(second.outcomes[0].result.prompt_tokens == prompt.size() - second.outcomes[0].reused_tokens);
+  CHECK(second.outcomes[0].result.ids == alone.generate(system + "What is the capital of Spain?", {.max_tokens = 8}).ids);
+  const auto st = s.status();
+  CHECK(st.prefix_hits >= 1);
+  CHECK(st.reused_tokens == second.outcomes[0].reused_tokens);
+  // The same prompt again reuses all of it but its last token, which must run for its logits.
+  collector third(1);
+  REQUIRE(s.submit(third.request(0, prompt, {.max_tokens = 8})) == tlm::admission::accepted);
+  third.wait();
+  CHECK(third.outcomes[0].reused_tokens == prompt.size() - 1);
+  CHECK(third.outcomes[0].result.ids == second.outcomes[0].result.ids);
+}
+
+TEST_CASE("a cancelled request ends at the next step and frees its sequence") {
+  tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 1, .queue = 4});
+  collector c(2);
+  auto r = c.request(0, ids(texts[1]), {.max_tokens = 200});
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  r.cancelled = flag;
+  auto inner = r.on_token;
+  std::size_t seen = 0;
+  r.on_token = [&, inner](std::int32_t id, std::string_view text) {
+    if (++seen == 3) flag->store(true);
+    return inner(id, text);
+  };
+  REQUIRE(s.submit(std::move(r)) == tlm::admission::accepted);
+  REQUIRE(s.submit(c.request(1, ids(texts[0]), {.max_tokens = 4})) == tlm::admission::accepted);
+  c.wait();
+  CHECK(c.outcomes[0].result.reason == tlm::stop_reason::callback);
+  CHECK(c.outcomes[0].result.ids.size() <= 4);
+  CHECK(!c.outcomes[0].cut);
+  CHECK(c.outcomes[1].result.ids.size() == 4);
+}
+
+TEST_CASE("a full queue is refused, and stop() cuts what runs and what waits") {
+  tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 1, .queue = 1});
+  collector c(2);
+  // The first request holds the scheduler's thread in its callback until the others are
+  // submitted, so that it is running while they arrive.
+  std::promise<void> entered, release;
+  auto released = release.get_future().share();
+  bool once = false;
+  auto r = c.request(0, ids(texts[0]), {.max_tokens = 100});
+  auto inner = r.on_token;
+  r.on_token = [&, inner, released](std::int32_t id, std::string_view text) {
+    if (!once) {
+      once = true;
+      entered.set_value();
+      released.wait();
+    }
+    return inner(id, text);
+  };
+  REQUIRE(s.submit(std::move(r)) == tlm::admission::accepted);
+  entered.get_future().wait();
+  CHECK(s.submit(c.request(1, ids(texts[1]), {.max_tokens = 4})) == tlm::admission::accepted);
+  collector refused(1);
+  CHECK(s.submit(refused.request(0, ids(texts[2]), {.max_tokens = 4})) == tlm::admission::queue_full);
+  s.stop();
+  release.set_value();
+  c.wait();
+  CHECK(c.outcomes[0].cut);
+  CHECK(c.outcomes[0].result.ids.size() < 100);
+  CHECK(c.outcomes[1].cut);
+  CHECK(c.outcomes[1].result.ids.empty());
+  collector late(1);
+  CHECK(s.submit(late.request(0, ids(texts[3]), {.max_tokens = 4})) == tlm::admission::stopping);
+}
+
+TEST_CASE("under a KV budget for one sequence, requests take turns and reply as alone") {
+  tlm::generator<C> alone(alone_model(), tok());
+  // One sequence's rounded cache (256 positions) fits; two do not.
+  const std::size_t budget = 300 * tlm::kv_storage<C>::bytes_per_position(tlm::kv_type::f32);
+  tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 3, .kv_budget = budget, .queue = 8});
+  collector c(3);
+  for (std::size_t i = 0; i < 3; ++i)
+    REQUIRE(s.submit(c.request(i, ids(texts[i]), {.max_tokens = 6})) == tlm::admission::accepted);
+  c.wait();
+  for (std::size_t i = 0; i < 3; ++i) CHECK(c.outcomes[i].result.ids == alone.generate(texts[i], {.max_tokens = 6}).ids);
+  CHECK(s.status().kv_bytes <= budget);
+  // A request that cannot fit the budget even alone is refused at once.
+  collector big(1);
+  CHECK_THROWS_AS((void)s.submit(big.request(0, ids(texts[0]), {.max_tokens = 400})), tlm::capacity_error);
+}
+
+TEST_CASE("int8 caches and constrained output run in the batch as they do alone") {
+  tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 4, .kv = tlm::kv_type::q8});
+  auto json = std::make_shared<const tlm::json_grammar>();
+  collector c(4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    tlm::generation_options o{.max_tokens = 12};
+    if (i % 2) o.grammar = json;
+    REQUIRE(s.submit(c.request(i, ids(texts[i]), o)) == tlm::admission::accepted);
+  }
+  c.wait();
+  for (std::size_t i = 0; i < 4; ++i) {
+    // The generator with an int8 cache of its own.
+    tlm::generator<C> g(alone_model(), tok(), tlm::kv_type::q8);
+    tlm::generation_options o{.max_tokens = 12};
+    if (i % 2) o.grammar = json;
+    CHECK(c.outcomes[i].result.ids == g.generate(texts[i], o).ids);
+  }
+}
+
+}  // namespace test_scheduler

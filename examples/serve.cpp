@@ -1,16 +1,17 @@
 // An OpenAI-compatible HTTP server over tlm's generator and chat session.
 //
-//   serve [--model PATH] [--config NAME] [--lora FILE [--lora-scale S]]... [--host ADDR] [--port N] [--slots N] [--threads T]
-//         [--queue N] [--ctx N] [--max-tokens N] [--max-body BYTES] [--api-key KEY] [--name ID]
+//   serve [--model PATH] [--config NAME] [--lora FILE [--lora-scale S]]... [--host ADDR] [--port N] [--parallel N]
+//         [--threads T] [--queue N] [--ctx N] [--kv-budget MIB] [--kv-type f32|q8] [--prefill-chunk N]
+//         [--no-prefix-cache] [--max-tokens N] [--max-body BYTES] [--api-key KEY] [--name ID]
 //         [--cors ORIGIN] [--max-connections N] [--read-timeout S] [--chat-template NAME]
 //
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true as
 // server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus' text format),
-// GET /slots (what each slot is doing). Requests run on a fixed number of
-// slots; each slot is a model of its own over the same memory-mapped file (the OS keeps
-// one copy of the weights) with its own workspace and KV cache, because a model's
-// forward pass reuses its workspace and so serves one sequence at a time. Requests
-// beyond the slots wait in a bounded queue; beyond that they get 503.
+// GET /slots (what each sequence is doing). One model serves every request: a scheduler
+// (tlm/scheduler.hpp) advances all running requests by one token per step in one batched
+// forward pass, runs new prompts in chunks between steps, and reuses the cached prefix of
+// an earlier request (a system prompt, a chat's earlier turns). Requests beyond --parallel
+// wait in a bounded queue; beyond that they get 503.
 #include <tlm/chat.hpp>
 #include <tlm/config_match.hpp>
 #include <tlm/configs.hpp>
@@ -18,6 +19,7 @@
 #include <tlm/json_schema.hpp>
 #include <tlm/model.hpp>
 #include <tlm/sampler.hpp>
+#include <tlm/scheduler.hpp>
 #include <tlm/tokenizer.hpp>
 
 #include "cli.hpp"
@@ -69,10 +71,18 @@ constexpr std::string_view usage_format = R"(usage: serve [options]
                      {configs}
   --host ADDR        address to listen on (default 127.0.0.1: this machine only)
   --port N           TCP port (default 8080; 0 picks a free one, printed on the first line)
-  --slots N          requests generated at once, each with its own KV cache (default 2)
-  --threads T        matrix-kernel threads per slot (default: cores / slots, at least 1)
-  --queue N          requests that may wait for a slot; more get 503 (default 32)
-  --lora FILE        apply a LoRA adapter (llama.cpp's adapter GGUF) to every slot; repeatable
+  --parallel N       requests generated at once, decoded together in one batch, each with
+                     its own KV cache (default 4; --slots N is the same option)
+  --threads T        matrix-kernel threads of the one model (default: the cores)
+  --queue N          requests that may wait beyond --parallel; more get 503 (default 32)
+  --kv-budget MIB    KV cache memory over all requests, in MiB (default: no limit); a request
+                     that does not fit waits, one that cannot fit alone gets 400
+  --kv-type T        the KV caches' element type: f32 (default) or q8 (3.76x smaller)
+  --prefill-chunk N  prompt tokens run between two decode steps (default 128): a long prompt
+                     delays the running requests' next token by one chunk, not by all of it
+  --no-prefix-cache  run every prompt whole (default: reuse the longest prefix an earlier
+                     request left in a cache)
+  --lora FILE        apply a LoRA adapter (llama.cpp's adapter GGUF) to every request; repeatable
   --lora-scale S     the scale of the --lora just before it (default 1; effective: S * alpha / rank)
   --ctx N            positions per request, prompt plus max_tokens (default 4096; at most the context)
   --max-tokens N     the largest max_tokens a request may ask for, and the default of a chat
@@ -110,8 +120,10 @@ struct options {
   std::string chat_template;  // --chat-template; empty: the file's
   std::vector<std::string> cors;
   std::vector<std::pair<std::string, float>> loras;  // --lora FILE, --lora-scale S
-  std::size_t port = 8080, slots = 2, threads = 0, queue = 32, ctx = 4096, max_tokens = 1024, max_body = 1 << 20,
-              max_connections = 256, read_timeout = 10;
+  std::size_t port = 8080, slots = 4, threads = 0, queue = 32, ctx = 4096, max_tokens = 1024, max_body = 1 << 20,
+              max_connections = 256, read_timeout = 10, kv_budget_mib = 0, prefill_chunk = 128;
+  tlm::kv_type kv = tlm::kv_type::f32;
+  bool prefix_cache = true;
 };
 
 std::uint64_t to_whole(std::string_view flag, const std::string& v, std::uint64_t lo, std::uint64_t hi) {
@@ -144,7 +156,16 @@ options parse(int argc, char** argv) {
     }
     else if (a == "--host") o.host = value();
     else if (a == "--port") o.port = to_whole(a, value(), 0, 65535);
-    else if (a == "--slots") o.slots = to_whole(a, value(), 1, 256);
+    else if (a == "--slots" || a == "--parallel") o.slots = to_whole(a, value(), 1, 256);
+    else if (a == "--kv-budget") o.kv_budget_mib = to_whole(a, value(), 1, std::uint64_t{1} << 24);
+    else if (a == "--kv-type") {
+      const std::string t = value();
+      if (t == "f32") o.kv = tlm::kv_type::f32;
+      else if (t == "q8") o.kv = tlm::kv_type::q8;
+      else fail(fmt::format("--kv-type takes f32 or q8, got '{}'", t));
+    }
+    else if (a == "--prefill-chunk") o.prefill_chunk = to_whole(a, value(), 1, 1 << 20);
+    else if (a == "--no-prefix-cache") o.prefix_cache = false;
     else if (a == "--threads") o.threads = to_whole(a, value(), 1, 1024);
     else if (a == "--queue") o.queue = to_whole(a, value(), 0, 100000);
     else if (a == "--ctx") o.ctx = to_whole(a, value(), 2, 1 << 20);
@@ -167,7 +188,7 @@ options parse(int argc, char** argv) {
   }
   if (!o.config.empty() && !tlm::program_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
-  if (o.threads == 0) o.threads = std::max<std::size_t>(1, std::thread::hardware_concurrency() / o.slots);
+  if (o.threads == 0) o.threads = std::max<std::size_t>(1, std::thread::hardware_concurrency());
   if (o.name.empty()) o.name = std::filesystem::path(o.model).stem().string();
   return o;
 }
@@ -368,37 +389,31 @@ template <tlm::LlamaConfig C>
 class server {
  public:
   server(const options& o) : o_(o) {
-    // The options are checked before the file is mapped or a slot made.
+    // The options are checked before the file is mapped.
     if (o_.ctx > C::context)
       fail(fmt::format("--ctx {} is more than the context of {} ({} positions)", o_.ctx, tlm::type_name<C>(), C::context));
     if (o_.max_tokens >= o_.ctx)
       fail(fmt::format("--max-tokens {} leaves no room for a prompt in --ctx {}; lower it or raise --ctx", o_.max_tokens, o_.ctx));
-    for (std::size_t i = 0; i < o.slots; ++i) {
-      // Each load maps the same file: the pages are shared, the workspaces are not.
-      auto s = std::make_unique<slot>(tlm::model<C>::load(o.model, {.threads = o.threads}));
-      for (const auto& [file, scale] : o.loras) s->m.add_lora(file, scale);
-      slots_.push_back(std::move(s));
-    }
-    tok_ = std::make_unique<tlm::tokenizer>(tlm::tokenizer::from_gguf(slots_[0]->m.file()));
-    for (auto& sl : slots_) {
-      sl->gen.emplace(sl->m, *tok_);
-      sl->kv_bytes = kv_bytes_of(*sl);
-    }
-    // Counts a conversation's positions before a slot is taken; it never runs the model
-    // (its cache of one position is never used).
-    counter_ = std::make_unique<tlm::chat_session<C>>(slots_[0]->m, *tok_,
+    m_ = std::make_unique<tlm::model<C>>(tlm::model<C>::load(o.model, {.threads = o.threads}));
+    for (const auto& [file, scale] : o.loras) m_->add_lora(file, scale);
+    tok_ = std::make_unique<tlm::tokenizer>(tlm::tokenizer::from_gguf(m_->file()));
+    // Renders chat requests into tokens and counts them; it never runs the model (its
+    // cache of one position is never used).
+    counter_ = std::make_unique<tlm::chat_session<C>>(*m_, *tok_,
                                                       tlm::chat_options{.capacity = 1, .chat_template = o_.chat_template});
+    sched_ = std::make_unique<tlm::scheduler<C>>(
+        *m_, *tok_,
+        tlm::scheduler_options{.parallel = o_.slots,
+                               .kv_budget = o_.kv_budget_mib << 20,
+                               .kv = o_.kv,
+                               .prefill_chunk = o_.prefill_chunk,
+                               .queue = o_.queue,
+                               .prefix_cache = o_.prefix_cache});
     created_ = static_cast<std::int64_t>(std::time(nullptr));
   }
 
-  // Ends the running generations at their next token, and refuses the queued requests.
-  void stop() {
-    {
-      std::lock_guard lock(mu_);
-      stopping_ = true;
-    }
-    freed_.notify_all();
-  }
+  // Ends the running generations at their next step, and refuses the queued requests.
+  void stop() { sched_->stop(); }
 
   // httplib answers some requests without reading their body (the API key's refusal
   // before routing, a path no route has, a body over --max-body) and then reads the
@@ -472,8 +487,8 @@ class server {
       res.set_header("Allow", "GET, POST, OPTIONS");
     });
     svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      std::lock_guard lock(mu_);
-      res.set_content(dump({{"status", "ok"}, {"slots", slots_.size()}, {"busy", busy_}, {"queued", waiting_}}),
+      const auto st = sched_->status();
+      res.set_content(dump({{"status", "ok"}, {"slots", o_.slots}, {"busy", st.active}, {"queued", st.queued}}),
                       "application/json");
     });
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
@@ -510,29 +525,18 @@ class server {
   }
 
  private:
-  // A slot's model, generator and chat session live as long as the server: their KV
-  // caches are reused by every request, and grow only when one needs more. A cache of
-  // its own per request (46 MB for 1000 positions) was freed after it and kept by the
-  // allocator, so the server's memory grew with every request.
-  struct slot {
-    explicit slot(tlm::model<C> model) : m(std::move(model)) {}
-    tlm::model<C> m;
-    std::optional<tlm::generator<C>> gen;
-    std::unique_ptr<tlm::chat_session<C>> chat;
-    bool busy = false;  // guarded by mu_
-    // What /slots and /metrics show, guarded by stats_mu_: written by the thread running
-    // the slot's generation, read by the threads answering those routes.
-    std::string state = "idle", request_id;
-    std::size_t prompt_tokens = 0, generated_tokens = 0, kv_bytes = 0;
-    std::chrono::steady_clock::time_point started;
+  // What the scheduler's thread hands to the thread that answers one request: the text of
+  // each token as it comes, then how the request ended.
+  struct channel {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::string> pieces;
+    std::optional<tlm::sequence_outcome> outcome;
+    std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+    // Written by the scheduler's thread only.
+    std::chrono::steady_clock::time_point arrived, first, last;
+    std::size_t produced = 0;
   };
-
-  // The KV cache memory a slot holds: its generator's cache and its chat session's.
-  // Called only by the thread that owns the slot (or before the server starts), since
-  // a generation reallocates the caches.
-  static std::size_t kv_bytes_of(const slot& s) {
-    return (s.gen ? s.gen->cache().bytes() : 0) + (s.chat ? s.chat->cache().bytes() : 0);
-  }
 
   void count_request(const httplib::Request& req, const httplib::Response& res) {
     const std::string endpoint = endpoint_label(req.path);
@@ -541,12 +545,7 @@ class server {
   }
 
   std::string metrics_text() {
-    std::size_t queued = 0, busy = 0;
-    {
-      std::lock_guard lock(mu_);  // never held together with stats_mu_ here: mu_ is taken first elsewhere
-      queued = waiting_;
-      busy = busy_;
-    }
+    const auto st = sched_->status();
     std::lock_guard lock(stats_mu_);
     std::string out;
     const auto one = [&](std::string_view name, std::string_view type, std::string_view help, auto value) {
@@ -556,33 +555,39 @@ class server {
            "# TYPE tlm_requests_total counter\n";
     for (const auto& [key, n] : requests_)
       out += fmt::format("tlm_requests_total{{endpoint=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, n);
-    one("tlm_prompt_tokens_total", "counter", "Prompt tokens run through prefill (usage.prompt_tokens).", prompt_tokens_);
+    one("tlm_prompt_tokens_total", "counter", "Prompt tokens of the requests (usage.prompt_tokens), cached ones included.",
+        prompt_tokens_);
     one("tlm_generated_tokens_total", "counter", "Tokens generated (usage.completion_tokens).", generated_tokens_);
     ttft_.write(out, "tlm_time_to_first_token_seconds",
                 "Seconds from a request's arrival at its handler to its first generated token.");
     tpot_.write(out, "tlm_time_per_output_token_seconds",
                 "Mean seconds between the generated tokens of a reply, once per reply of two tokens or more.");
-    one("tlm_queue_length", "gauge", "Requests waiting for a slot.", queued);
-    one("tlm_active_sequences", "gauge", "Slots running a request.", busy);
-    one("tlm_slots", "gauge", "Slots (--slots).", slots_.size());
-    std::size_t kv = 0;
-    for (const auto& s : slots_) kv += s->kv_bytes;
-    one("tlm_kv_cache_bytes", "gauge", "Bytes of KV cache allocated across the slots.", kv);
+    one("tlm_queue_length", "gauge", "Requests waiting for a sequence.", st.queued);
+    one("tlm_active_sequences", "gauge", "Requests being generated.", st.active);
+    one("tlm_slots", "gauge", "Sequences decoded together (--parallel).", o_.slots);
+    one("tlm_kv_cache_bytes", "gauge", "Bytes of KV cache allocated across the sequences.", st.kv_bytes);
+    one("tlm_prefix_cache_hits_total", "counter", "Requests that found part of their prompt in a cache.", st.prefix_hits);
+    one("tlm_prefix_cache_tokens_total", "counter", "Prompt tokens taken from the prefix cache instead of run again.",
+        st.reused_tokens);
+    one("tlm_decode_steps_total", "counter", "Batched decode steps.", st.steps);
+    one("tlm_decode_rows_total", "counter", "Sequences advanced by those steps (rows / steps: the mean batch).",
+        st.batched_rows);
     return out;
   }
 
   json slots_json() {
     const auto now = std::chrono::steady_clock::now();
+    const auto st = sched_->status();
     json out = json::array();
-    std::lock_guard lock(stats_mu_);
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      const slot& s = *slots_[i];
+    for (std::size_t i = 0; i < st.sequences.size(); ++i) {
+      const auto& s = st.sequences[i];
       const bool idle = s.state == "idle";
       out.push_back({{"id", i},
                      {"state", s.state},
-                     {"request_id", idle ? json(nullptr) : json(s.request_id)},
+                     {"request_id", idle ? json(nullptr) : json(s.tag)},
                      {"prompt_tokens", s.prompt_tokens},
                      {"generated_tokens", s.generated_tokens},
+                     {"cached_tokens", s.cached_tokens},
                      {"ctx", o_.ctx},
                      {"started", idle ? json(nullptr) : json(seconds_between(s.started, now))}});
     }
@@ -601,69 +606,6 @@ class server {
       res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
       res.set_header("Access-Control-Max-Age", "600");
     }
-  }
-
-  // Holds a slot for one request; gives it back when the last copy goes (for a stream,
-  // when httplib drops the content provider: after the last chunk, or on a disconnect).
-  class lease {
-   public:
-    lease(server& s, slot& sl) : s_(&s), slot_(&sl) {}
-    lease(const lease&) = delete;
-    lease& operator=(const lease&) = delete;
-    ~lease() {
-      {
-        std::lock_guard lock(s_->mu_);
-        slot_->busy = false;
-        --s_->busy_;
-        std::lock_guard stats(s_->stats_mu_);  // always taken after mu_, never before
-        slot_->state = "idle";
-        slot_->request_id.clear();
-        slot_->prompt_tokens = slot_->generated_tokens = 0;
-      }
-      s_->freed_.notify_one();
-    }
-    slot& get() { return *slot_; }
-
-   private:
-    server* s_;
-    slot* slot_;
-  };
-
-  // Takes a slot for the request `id` with a prompt of `prompt_tokens` positions.
-  std::shared_ptr<lease> acquire(const std::string& id, std::size_t prompt_tokens) {
-    std::unique_lock lock(mu_);
-    const auto free_slot = [&]() -> slot* {
-      for (auto& s : slots_)
-        if (!s->busy) return s.get();
-      return nullptr;
-    };
-    const auto shutting_down = [] {
-      return api_error(503, "the server is shutting down and takes no more requests; send it again once it is back",
-                       {}, "server_shutting_down", "server_error");
-    };
-    if (stopping_) throw shutting_down();
-    if (!free_slot()) {
-      if (waiting_ >= o_.queue)
-        throw api_error(503, fmt::format("all {} slots are busy and {} requests are waiting (--queue); retry later",
-                                         slots_.size(), waiting_),
-                        {}, "server_busy", "server_error");
-      ++waiting_;
-      freed_.wait(lock, [&] { return stopping_ || free_slot() != nullptr; });
-      --waiting_;
-      if (stopping_) throw shutting_down();
-    }
-    slot* s = free_slot();
-    s->busy = true;
-    ++busy_;
-    {
-      std::lock_guard stats(stats_mu_);  // after mu_, as in ~lease
-      s->state = "prefill";
-      s->request_id = id;
-      s->prompt_tokens = prompt_tokens;
-      s->generated_tokens = 0;
-      s->started = std::chrono::steady_clock::now();
-    }
-    return std::make_shared<lease>(*this, *s);
   }
 
   json model_entry() const { return {{"id", o_.name}, {"object", "model"}, {"created", created_}, {"owned_by", "tlm"}}; }
@@ -783,21 +725,23 @@ class server {
     return p;
   }
 
-  // Tokenizes the prompt as the generation will, checks it fits, and settles max_tokens.
-  std::size_t prompt_tokens(parsed_request& p) const {
-    std::size_t n = 0;
+  // Tokenizes the prompt as the generator and the chat session do, checks it fits, and
+  // settles max_tokens.
+  std::vector<std::int32_t> prompt_ids(parsed_request& p) const {
+    std::vector<std::int32_t> ids;
     try {
       if (p.chat) {
-        // The session's own count: a "<|im_end|>" typed in a message is text to it, not
+        // The session's own tokens: a "<|im_end|>" typed in a message is text to it, not
         // the one special token a rendered template would give.
-        n = counter_->positions_for(p.messages);
+        ids = counter_->prompt_for(p.messages);
       } else {
-        n = tok_->encode(p.prompt, {.parse_special = false}).size();  // as the generator does
+        ids = tok_->encode(p.prompt, {.parse_special = false});  // as the generator does
       }
     } catch (const tlm::error& e) {
       throw api_error(400, fmt::format("the prompt cannot be tokenized: {}", e.what()), p.chat ? "messages" : "prompt",
                       "invalid_value");
     }
+    const std::size_t n = ids.size();
     if (n == 0) throw api_error(400, "the prompt is empty after tokenization; give some text", "prompt", "invalid_value");
     if (n >= o_.ctx)
       throw api_error(400, fmt::format("the prompt has {} tokens; this server takes at most {} per request (--ctx), "
@@ -811,67 +755,81 @@ class server {
                                        n, *p.max_tokens, n + *p.max_tokens, o_.ctx),
                       "max_tokens", "context_length_exceeded");
     p.gen.max_tokens = *p.max_tokens;
-    return n;
+    return ids;
   }
 
-  // Runs one generation on a slot, calling on_text with each piece of text; `cut` tells
-  // whether a shutdown ended it. positions: the prompt's positions as prompt_tokens
-  // counted them (for a chat, the session's own count). arrived: when the request
-  // reached its handler, from which the time to its first token is measured.
-  tlm::generation_result run(slot& s, const parsed_request& p, std::size_t positions, tlm::token_callback on_text,
-                             bool& cut, std::chrono::steady_clock::time_point arrived) {
-    cut = false;
-    std::chrono::steady_clock::time_point first, last;
-    std::size_t produced = 0;
-    // On shutdown every generation ends at its next token, so that stopping never waits
-    // for a long reply.
-    on_text = [this, &s, &cut, &first, &last, &produced, arrived, inner = std::move(on_text)](std::int32_t id,
-                                                                                              std::string_view text) {
-      // The callback hears every generated token but a final end-of-sequence one (which
-      // usage.completion_tokens leaves out too); id -1 is text released at the end.
-      if (id >= 0) {
+  // Hands the request to the scheduler; its text and its end arrive through the channel.
+  std::shared_ptr<channel> submit(const parsed_request& p, std::vector<std::int32_t> ids, const std::string& id,
+                                  std::chrono::steady_clock::time_point arrived) {
+    auto ch = std::make_shared<channel>();
+    ch->arrived = arrived;
+    tlm::sequence_request r;
+    r.prompt = std::move(ids);
+    r.options = p.gen;
+    r.stop_ids = p.chat ? counter_->stop_ids()
+                        : std::vector<std::int32_t>(tok_->end_of_generation().begin(), tok_->end_of_generation().end());
+    r.cancelled = ch->cancelled;
+    r.tag = id;
+    // Both run on the scheduler's thread: they only count and hand over.
+    r.on_token = [this, ch](std::int32_t token, std::string_view text) {
+      // Every generated token but a final end-of-sequence one (which usage.completion_tokens
+      // leaves out too) comes here; id -1 is text released at the end.
+      if (token >= 0) {
         const auto now = std::chrono::steady_clock::now();
         std::lock_guard lock(stats_mu_);
-        if (produced == 0) {
-          first = now;
-          ttft_.observe(seconds_between(arrived, now));
-          s.state = "generating";
-          s.kv_bytes = kv_bytes_of(s);  // sized for this request by the prefill
+        if (ch->produced == 0) {
+          ch->first = now;
+          ttft_.observe(seconds_between(ch->arrived, now));
         }
-        last = now;
-        ++produced;
-        ++s.generated_tokens;
+        ch->last = now;
+        ++ch->produced;
         ++generated_tokens_;
       }
-      if (stopping_.load(std::memory_order_relaxed)) {
-        cut = true;
-        return tlm::step::stop;
+      if (!text.empty()) {
+        std::lock_guard lock(ch->mu);
+        ch->pieces.emplace_back(text);
+        ch->cv.notify_all();
       }
-      return inner ? inner(id, text) : tlm::step::go_on;
+      return tlm::step::go_on;
     };
-    if (p.chat) {
-      const std::size_t needed = positions + p.gen.max_tokens;
-      if (!s.chat || s.chat->cache().capacity() < needed) {
-        // Rounded up, so that a slot's session is remade only a few times as requests grow.
-        const std::size_t capacity = std::min((needed + 255) / 256 * 256, std::max(o_.ctx, needed));
-        s.chat.reset();  // the old cache is freed before the new one is made
-        s.chat = std::make_unique<tlm::chat_session<C>>(s.m, *tok_,
-                                                        tlm::chat_options{.capacity = capacity, .chat_template = o_.chat_template});
-      } else {
-        s.chat->reset();
-      }
+    const std::size_t n = r.prompt.size();
+    r.on_done = [this, ch, n](tlm::sequence_outcome& out) {
       {
         std::lock_guard lock(stats_mu_);
-        s.kv_bytes = kv_bytes_of(s);  // the old session's cache is gone
+        prompt_tokens_ += n;
+        if (ch->produced >= 2) tpot_.observe(seconds_between(ch->first, ch->last) / static_cast<double>(ch->produced - 1));
       }
-      for (const auto& m : p.messages) s.chat->add(m.role, m.content);
+      std::lock_guard lock(ch->mu);
+      ch->outcome = std::move(out);
+      ch->cv.notify_all();
+    };
+    tlm::admission a;
+    try {
+      a = sched_->submit(std::move(r));
+    } catch (const tlm::capacity_error& e) {
+      throw api_error(400, fmt::format("the request does not fit this server's KV cache budget (--kv-budget): {}", e.what()),
+                      {}, "context_length_exceeded");
     }
-    auto r = p.chat ? s.chat->reply(p.gen, std::move(on_text)) : s.gen->generate(p.prompt, p.gen, std::move(on_text));
-    std::lock_guard lock(stats_mu_);
-    prompt_tokens_ += r.prompt_tokens;
-    if (produced >= 2) tpot_.observe(seconds_between(first, last) / static_cast<double>(produced - 1));
-    s.kv_bytes = kv_bytes_of(s);
-    return r;
+    if (a == tlm::admission::queue_full) {
+      const auto st = sched_->status();
+      throw api_error(503, fmt::format("all {} sequences are busy and {} requests are waiting (--queue); retry later",
+                                       o_.slots, st.queued),
+                      {}, "server_busy", "server_error");
+    }
+    if (a == tlm::admission::stopping) throw shutting_down();
+    return ch;
+  }
+
+  static api_error shutting_down() {
+    return api_error(503, "the server is shutting down and takes no more requests; send it again once it is back", {},
+                     "server_shutting_down", "server_error");
+  }
+
+  // Waits for the end of a request that streams nothing.
+  static tlm::sequence_outcome wait_for_end(channel& ch) {
+    std::unique_lock lock(ch.mu);
+    ch.cv.wait(lock, [&] { return ch.outcome.has_value(); });
+    return std::move(*ch.outcome);
   }
 
   // What a failed generation tells an HTTP client: tlm's own message for a conversation
@@ -883,6 +841,7 @@ class server {
   }
 
   static api_error cut_short(const tlm::generation_result& r) {
+    if (r.ids.empty()) return shutting_down();  // it waited in the queue, or was still in its prefill
     return api_error(503, fmt::format("the server is shutting down: the reply was cut short after {} token{}; send the "
                                       "request again once it is back", r.ids.size(), r.ids.size() == 1 ? "" : "s"),
                      {}, "server_shutting_down", "server_error");
@@ -923,9 +882,13 @@ class server {
     return r.reason == tlm::stop_reason::eos && !r.ids.empty() ? r.ids.size() - 1 : r.ids.size();
   }
 
-  json usage_of(const tlm::generation_result& r) const {
-    const std::size_t c = completion_tokens(r);
-    return {{"prompt_tokens", r.prompt_tokens}, {"completion_tokens", c}, {"total_tokens", r.prompt_tokens + c}};
+  // prompt_tokens: the whole prompt, of which cached_tokens came from the prefix cache.
+  static json usage_of(std::size_t prompt_tokens, const tlm::sequence_outcome& o) {
+    const std::size_t c = completion_tokens(o.result);
+    return {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", c},
+            {"total_tokens", prompt_tokens + c},
+            {"prompt_tokens_details", {{"cached_tokens", o.reused_tokens}}}};
   }
 
   json chunk(const std::string& id, bool chat, const std::string& text, const json& finish, bool first) const {
@@ -963,13 +926,17 @@ class server {
         throw api_error(400, fmt::format("the request body is not valid JSON: {}", e.what()), {}, "invalid_json");
       }
       auto p = std::make_shared<parsed_request>(read(body, chat));
-      const std::size_t n = prompt_tokens(*p);
+      auto ids = prompt_ids(*p);
+      const std::size_t n = ids.size();
       const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
-      auto held = acquire(id, n);
+      auto ch = submit(*p, std::move(ids), id, arrived);
       if (!p->stream) {
-        bool cut = false;
-        const auto r = run(held->get(), *p, n, {}, cut, arrived);
-        if (cut) throw cut_short(r);
+        // A client that leaves is not noticed until the reply is written: httplib 0.11
+        // gives a handler no way to watch its socket (see README, "Serving").
+        auto out = wait_for_end(*ch);
+        if (out.error) std::rethrow_exception(out.error);
+        if (out.cut) throw cut_short(out.result);
+        const auto& r = out.result;
         json choice = {{"index", 0}, {"finish_reason", finish_reason(r.reason)}, {"logprobs", nullptr}};
         if (chat) choice["message"] = {{"role", "assistant"}, {"content", r.text}, {"refusal", nullptr}};
         else choice["text"] = r.text;
@@ -979,50 +946,67 @@ class server {
                               {"model", o_.name},
                               {"system_fingerprint", "tlm"},
                               {"choices", json::array({choice})},
-                              {"usage", usage_of(r)}}),
+                              {"usage", usage_of(n, out)}}),
                         "application/json");
         return;
       }
       res.set_header("Cache-Control", "no-cache");
+      // The provider runs the whole stream in its first call; a later call (there is none
+      // after sink.done()) finds nothing to do.
+      auto started = std::make_shared<bool>(false);
       res.set_chunked_content_provider(
-          "text/event-stream", [this, p, n, id, held, arrived](std::size_t, httplib::DataSink& sink) mutable {
-            if (!held) return false;  // called once: the generation ran already
+          "text/event-stream", [this, p, n, id, ch, started](std::size_t, httplib::DataSink& sink) {
+            if (*started) return false;
+            *started = true;
             const auto send = [&](const json& j) {
               const std::string event = "data: " + dump(j) + "\n\n";
               return sink.write(event.data(), event.size());
             };
-            bool connected = send(chunk(id, p->chat, "", nullptr, true)), cut = false;
-            try {
-              const auto r = run(held->get(), *p, n, tlm::make_token_callback([&](std::int32_t, std::string_view text) {
-                                   // A client that went away stops its generation, which frees the slot.
-                                   if (connected && !text.empty()) connected = send(chunk(id, p->chat, std::string(text), nullptr, false));
-                                   return connected;
-                                 }), cut, arrived);
-              held.reset();
-              if (!connected) return false;
-              if (cut) {
-                // Neither a finish_reason nor [DONE]: the reply is not complete, and the
-                // client is told why.
-                const api_error e = cut_short(r);
-                send(error_body(e.what(), e.type, e.param, e.code));
-                sink.done();
-                return true;
+            // A client that went away ends its request at the scheduler's next step.
+            const auto left = [&] {
+              ch->cancelled->store(true);
+              return false;
+            };
+            if (!send(chunk(id, p->chat, "", nullptr, true))) return left();
+            std::optional<tlm::sequence_outcome> out;
+            while (!out) {
+              std::deque<std::string> pieces;
+              {
+                std::unique_lock lock(ch->mu);
+                ch->cv.wait(lock, [&] { return !ch->pieces.empty() || ch->outcome.has_value(); });
+                pieces.swap(ch->pieces);
+                if (ch->outcome) out = std::move(ch->outcome);
               }
-              connected = send(chunk(id, p->chat, "", finish_reason(r.reason), false));
+              for (const auto& text : pieces)
+                if (!send(chunk(id, p->chat, text, nullptr, false))) return left();
+            }
+            bool connected = true;
+            if (out->error) {
+              // The status line is gone already: the error travels as an event.
+              std::string message = "internal error";
+              try {
+                std::rethrow_exception(out->error);
+              } catch (const std::exception& e) {
+                message = client_message(e);
+              } catch (...) {
+              }
+              connected = send(error_body(message, "server_error", "", "generation_failed"));
+            } else if (out->cut) {
+              // Neither a finish_reason nor [DONE]: the reply is not complete, and the
+              // client is told why.
+              const api_error e = cut_short(out->result);
+              send(error_body(e.what(), e.type, e.param, e.code));
+              sink.done();
+              return true;
+            } else {
+              connected = send(chunk(id, p->chat, "", finish_reason(out->result.reason), false));
               if (connected && p->include_usage) {
                 json u = chunk(id, p->chat, "", nullptr, false);
                 u["choices"] = json::array();
-                u["usage"] = usage_of(r);
+                u["usage"] = usage_of(n, *out);
                 connected = send(u);
               }
-            } catch (const std::exception& e) {
-              // The status line is gone already: the error travels as an event.
-              if (connected) connected = send(error_body(client_message(e), "server_error", "", "generation_failed"));
             }
-            // The slot is free once the model is done, not when httplib drops the response
-            // after the last write: a client that sends its next request on reading [DONE]
-            // must find it free.
-            held.reset();
             if (!connected) return false;
             const std::string done = "data: [DONE]\n\n";
             sink.write(done.data(), done.size());
@@ -1039,15 +1023,11 @@ class server {
   }
 
   options o_;
-  std::vector<std::unique_ptr<slot>> slots_;
+  std::unique_ptr<tlm::model<C>> m_;
   std::unique_ptr<tlm::tokenizer> tok_;
   std::unique_ptr<tlm::chat_session<C>> counter_;
   std::int64_t created_ = 0;
-  std::mutex mu_;
-  std::condition_variable freed_;
-  std::size_t busy_ = 0, waiting_ = 0;
-  std::atomic<bool> stopping_{false};
-  // The metrics and the slots' status fields. Taken after mu_ when both are held.
+  // The metrics.
   std::mutex stats_mu_;
   std::map<std::pair<std::string, int>, std::uint64_t> requests_;  // (endpoint, status) -> count
   std::uint64_t prompt_tokens_ = 0, generated_tokens_ = 0;
@@ -1055,6 +1035,9 @@ class server {
   // long prompt or a wait in the queue); per token, from a millisecond to seconds.
   histogram ttft_{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};
   histogram tpot_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
+  // Last: made once everything its callbacks touch is, and stopped (its thread joined)
+  // before any of that goes.
+  std::unique_ptr<tlm::scheduler<C>> sched_;
 };
 
 // httplib's task queue: a thread per open connection, up to a limit, made when needed and
@@ -1140,8 +1123,8 @@ int run(const options& o) {
     fail(fmt::format("cannot listen on {}:{}; is the port taken? give another with --port, or 0 for a free one", o.host, o.port));
   // An IPv6 address is written in brackets in a URL (RFC 3986), so the line can be pasted.
   const std::string shown_host = o.host.find(':') == std::string::npos ? o.host : "[" + o.host + "]";
-  fmt::print("serve: listening on http://{}:{} ({}, {} slots x {} threads)\n", shown_host, port, tlm::type_name<C>(), o.slots,
-             o.threads);
+  fmt::print("serve: listening on http://{}:{} ({}, {} requests at once, {} threads)\n", shown_host, port, tlm::type_name<C>(),
+             o.slots, o.threads);
   std::fflush(stdout);
   std::thread watcher([&] {
     int sig = 0;

@@ -283,8 +283,10 @@ class scheduler {
     s.st.reset();
     s.used = std::chrono::steady_clock::now();
     {
+      // Published before on_done: a client that has its answer finds the sequence idle.
       std::lock_guard lock(mu_);
       --running_;
+      publish_locked();
     }
     call(done, out);
   }

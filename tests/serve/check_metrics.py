@@ -115,7 +115,7 @@ def slots(port):
     slot_reads += 1
     assert [s["id"] for s in body] == list(range(SLOTS)), body
     for s in body:
-        assert set(s) == {"id", "state", "request_id", "prompt_tokens", "generated_tokens", "ctx", "started"}, s
+        assert set(s) == {"id", "state", "request_id", "prompt_tokens", "generated_tokens", "cached_tokens", "ctx", "started"}, s
         assert s["ctx"] == CTX, s
         assert s["state"] in ("idle", "prefill", "generating"), s
         if s["state"] == "idle":
@@ -155,15 +155,18 @@ def stream(port, path, body):
 t0 = time.monotonic()
 with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--api-key", KEY,
             "--max-body", "4096", "--queue", "0") as port:
-    # Before any request: the gauges, and each slot's generator cache of one position.
+    # Before any request: the gauges, and no cache yet (a sequence's is made by its first request).
     samples, types = metrics(port)
     assert types == {"tlm_requests_total": "counter", "tlm_prompt_tokens_total": "counter",
                      "tlm_generated_tokens_total": "counter", "tlm_time_to_first_token_seconds": "histogram",
                      "tlm_time_per_output_token_seconds": "histogram", "tlm_queue_length": "gauge",
-                     "tlm_active_sequences": "gauge", "tlm_slots": "gauge", "tlm_kv_cache_bytes": "gauge"}, types
+                     "tlm_active_sequences": "gauge", "tlm_slots": "gauge", "tlm_kv_cache_bytes": "gauge",
+                     "tlm_prefix_cache_hits_total": "counter", "tlm_prefix_cache_tokens_total": "counter",
+                     "tlm_decode_steps_total": "counter", "tlm_decode_rows_total": "counter"}, types
     assert value(samples, "tlm_slots") == SLOTS
     assert value(samples, "tlm_active_sequences") == 0 and value(samples, "tlm_queue_length") == 0
-    assert value(samples, "tlm_kv_cache_bytes") == SLOTS * KV_BYTES_PER_POSITION, value(samples, "tlm_kv_cache_bytes")
+    assert value(samples, "tlm_kv_cache_bytes") == 0, value(samples, "tlm_kv_cache_bytes")
+    assert value(samples, "tlm_prefix_cache_hits_total") == 0 and value(samples, "tlm_decode_steps_total") == 0
     assert not any(name == "tlm_requests_total" for name, _ in samples), "requests counted before any was answered"
     for h, lo, hi in (("tlm_time_to_first_token_seconds", 0.005, 60), ("tlm_time_per_output_token_seconds", 0.001, 2.5)):
         bounds = sorted(float(dict(labels)["le"]) for name, labels in samples if name == h + "_bucket")
@@ -177,8 +180,10 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
         status, _ = request(port, "GET", path, headers={"Authorization": "Bearer wrong"})
         assert status == 401, (path, status)
 
-    # Known requests, one at a time: each takes slot 0, the first free one.
-    usages, gen_positions, chat_positions = [], 1, 0
+    # Known requests, one at a time: each takes the idle sequence whose cache shares the
+    # longest prefix with its prompt (the chats share the template's default system
+    # turn), else the least recently used one.
+    usages = []
     for path, body, streamed in [
             ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 6}, False),
             ("/v1/completions", {"prompt": "Water boils at", "max_tokens": 9}, True),
@@ -196,13 +201,7 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
             u = r["usage"]
         assert u["completion_tokens"] == body["max_tokens"], u
         usages.append(u)
-        needed = u["prompt_tokens"] + body["max_tokens"]
-        if "messages" in body:
-            # serve's chat session: remade, rounded up to 256 positions, when too small.
-            if chat_positions < needed:
-                chat_positions = min((needed + 255) // 256 * 256, max(CTX, needed))
-        else:
-            gen_positions = max(gen_positions, needed - 1)  # the generator: prompt + max_tokens - 1
+        assert u["prompt_tokens"] + body["max_tokens"] - 1 <= 256  # so each sequence's cache is 256 positions
     # Refusals: a missing prompt (400), an unknown path (404), no key (401), a body over
     # --max-body (413).
     status, _ = post(port, "/v1/completions", {"max_tokens": 3})
@@ -238,8 +237,16 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     for h, n in (("tlm_time_to_first_token_seconds", generations), ("tlm_time_per_output_token_seconds", two_or_more)):
         assert value(samples, h + "_count") == n, (h, value(samples, h + "_count"), n)
         assert value(samples, h + "_sum") > 0, h
-    assert value(samples, "tlm_kv_cache_bytes") == (gen_positions + chat_positions + (SLOTS - 1)) * KV_BYTES_PER_POSITION, \
-        (value(samples, "tlm_kv_cache_bytes"), gen_positions, chat_positions)
+    # Both sequences served some of the six requests; each cache is rounded up to 256 positions.
+    assert value(samples, "tlm_kv_cache_bytes") == SLOTS * 256 * KV_BYTES_PER_POSITION, value(samples, "tlm_kv_cache_bytes")
+    # The second chat found the first one's system turn in a cache.
+    cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+    assert cached[3] > 0, cached
+    assert value(samples, "tlm_prefix_cache_hits_total") == sum(c > 0 for c in cached), cached
+    assert value(samples, "tlm_prefix_cache_tokens_total") == sum(cached), cached
+    steps, rows = value(samples, "tlm_decode_steps_total"), value(samples, "tlm_decode_rows_total")
+    # One request at a time: one row a step, a step for every generated token but the last.
+    assert rows == steps == sum(u["completion_tokens"] - 1 for u in usages), (steps, rows, usages)
     assert value(samples, "tlm_active_sequences") == 0 and value(samples, "tlm_queue_length") == 0
 
     # A long stream: its slot shows it generating, its tokens growing.
@@ -258,6 +265,8 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     def generating():
         view = slots(port)
         busy = [s for s in view if s["state"] != "idle"]
+        if not busy:
+            return False  # still in the scheduler's queue
         assert len(busy) == 1 and busy[0]["request_id"] == stream_id, view
         if busy[0]["state"] == "generating" and busy[0]["generated_tokens"] > 0:
             seen.append(busy[0])
@@ -280,7 +289,8 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
                   headers=dict(AUTH, **{"Content-Type": "application/json"}))
     r2 = conn2.getresponse()
     assert r2.status == 200 and r2.readline().startswith(b"data: "), r2.status
-    assert all(s["state"] != "idle" for s in slots(port)), "both slots busy"
+    # The first event is sent before the scheduler has taken the request from its queue.
+    wait_until(lambda: all(s["state"] != "idle" for s in slots(port)), 60, "both sequences busy")
     status, body = post(port, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
     assert status == 503 and body["error"]["code"] == "server_busy", (status, body)
     samples, _ = metrics(port)

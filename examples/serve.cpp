@@ -24,9 +24,13 @@
 
 #include "cli.hpp"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
 #include <nlohmann/json.hpp>
+#include <poll.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/random.h>
 
@@ -257,6 +261,48 @@ std::string random_id(std::string_view prefix) {
   id += '-';
   for (const unsigned char b : bytes) id += fmt::format("{:02x}", b);
   return id;
+}
+
+// httplib 0.11 gives a handler neither its socket nor word that the client left, so a
+// non-streaming request would be generated to its end for nobody. The connection's socket
+// is the open descriptor whose two ends are the request's addresses; the handler's thread
+// owns it until the handler returns, so it cannot be closed and reused meanwhile.
+// Returns -1 if none matches (then the request runs to its end, as before).
+int connection_socket(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  int found = -1;
+  const auto numeric = [](const sockaddr_storage& a, socklen_t len, std::string& host, int& port) {
+    char h[NI_MAXHOST], p[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV))
+      return false;
+    host = h;
+    port = std::atoi(p);
+    return true;
+  };
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    const int fd = std::atoi(e->d_name);
+    sockaddr_storage peer{}, self{};
+    socklen_t peer_len = sizeof peer, self_len = sizeof self;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&self), &self_len) != 0) continue;
+    std::string peer_host, self_host;
+    int peer_port = -1, self_port = -1;
+    if (numeric(peer, peer_len, peer_host, peer_port) && numeric(self, self_len, self_host, self_port) &&
+        peer_host == req.remote_addr && peer_port == req.remote_port && self_port == req.local_port) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// Whether the client has closed its end (or the connection broke).
+bool peer_left(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 // Requests nest a few levels (messages, content parts, a schema of up to 8 levels);
@@ -825,10 +871,13 @@ class server {
                      "server_shutting_down", "server_error");
   }
 
-  // Waits for the end of a request that streams nothing.
-  static tlm::sequence_outcome wait_for_end(channel& ch) {
+  // Waits for the end of a request that streams nothing, watching its connection: a
+  // client that leaves ends its request at the scheduler's next step.
+  static tlm::sequence_outcome wait_for_end(channel& ch, const httplib::Request& req) {
+    const int fd = connection_socket(req);
     std::unique_lock lock(ch.mu);
-    ch.cv.wait(lock, [&] { return ch.outcome.has_value(); });
+    while (!ch.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return ch.outcome.has_value(); }))
+      if (fd >= 0 && !ch.cancelled->load() && peer_left(fd)) ch.cancelled->store(true);
     return std::move(*ch.outcome);
   }
 
@@ -931,9 +980,7 @@ class server {
       const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
       auto ch = submit(*p, std::move(ids), id, arrived);
       if (!p->stream) {
-        // A client that leaves is not noticed until the reply is written: httplib 0.11
-        // gives a handler no way to watch its socket (see README, "Serving").
-        auto out = wait_for_end(*ch);
+        auto out = wait_for_end(*ch, req);
         if (out.error) std::rethrow_exception(out.error);
         if (out.cut) throw cut_short(out.result);
         const auto& r = out.result;

@@ -79,8 +79,8 @@ with server(args.build, args.model, "--slots", "2", "--threads", "1", "--queue",
 with server(args.build, args.model, "--slots", "1", "--threads", "1", "--queue", "0", "--max-tokens", "3000") as port:
     # A long stream holds the only slot; with no queue, another request is refused at once.
     s = open_stream(port, {"prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0, "stop": ["zzzzzz"]})
-    status, health = request(port, "GET", "/health")
-    assert health["busy"] == 1, health
+    # Its first event may come before the scheduler takes it from the queue.
+    wait_until(lambda: request(port, "GET", "/health")[1]["busy"] == 1, 20, "the stream running")
     status, r = request(port, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     assert status == 503 and r["error"]["code"] == "server_busy", (status, r)
     # The client goes away: its generation stops and the slot is free long before 3000 tokens.
@@ -92,6 +92,25 @@ with server(args.build, args.model, "--slots", "1", "--threads", "1", "--queue",
                                                            "temperature": 0})
     assert status == 200 and r["choices"][0]["text"] == " Paris.\n", (status, r)
     print(f"disconnect freed the slot after {freed:.2f} s; queue full gave 503")
+    # A non-streaming client that leaves: the server watches its connection while the
+    # reply is generated, and ends the request (3000 tokens would take half a minute).
+    raw = socket.create_connection(("127.0.0.1", port))
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0,
+                       "logit_bias": {"0": -100, "1": -100, "2": -100}}).encode()
+    raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    wait_until(lambda: request(port, "GET", "/health")[1]["busy"] == 1, 20, "the non-streaming request running")
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    raw.close()
+    wait_until(lambda: request(port, "GET", "/health")[1]["busy"] == 0, 20,
+               "the non-streaming request ended after its client left")
+    freed = time.monotonic() - t0
+    assert freed < 5, freed
+    status, r = request(port, "POST", "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 3,
+                                                           "temperature": 0})
+    assert status == 200 and r["choices"][0]["text"] == " Paris.\n", (status, r)
+    print(f"a non-streaming client that left freed its sequence after {freed:.2f} s")
 
 # SIGTERM while a long stream runs: the generation ends at its next token and the
 # server exits 0 at once, rather than after 3000 tokens.

@@ -9,8 +9,9 @@
 // (kernels/adamw_kernels.hpp). Every dispatch reads the active level's row; nothing
 // else switches over levels.
 //
-// A new level: its enumerator (kernels/table.hpp), its TLM_TARGET_ macro, its row
-// here, its kernels, and the list of levels in tests/test_kernel_levels.cpp.
+// A new level: its enumerator and its table builder (kernels/table.hpp), its
+// TLM_TARGET_ macro (kernels/target.hpp), its row here (with the include of its GEMM
+// micro-kernel), its kernels, and the list of levels in tests/test_kernel_levels.cpp.
 //
 // Override: the environment variable TLM_KERNELS=<a row's name> (read once, at first
 // use) or force_kernel_level() (tests and benchmarks). Asking for a level the CPU

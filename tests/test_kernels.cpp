@@ -154,7 +154,7 @@ struct placed_floats : tlm_test::placed<float> {
 // from k_codes8 (the unpacking the AVX-512 kernels take: k_code_pair, q6_codes) and from
 // k_codes32 (the AVX2 decoder's, checked against dequantize_row).
 template <encoding E>
-[[gnu::target("avx2,fma,f16c")]] bool k_codes_agree(const std::byte* p) {
+TLM_AVX2_FN bool k_codes_agree(const std::byte* p) {
   namespace a2 = tlm::kernels::avx2;
   __m256i got[8];
   a2::k_codes8<E>(p, got);

@@ -1,14 +1,13 @@
 #pragma once
-// Run-time CPU feature detection and the kernel level chosen from it.
+// Run-time CPU feature detection, for the kernel levels (kernels/levels.hpp).
 //
 // Why run-time and not -mavx2: a binary built on one machine must run on any
 // x86-64. SIMD kernels are compiled per function with target attributes (see
-// kernels.hpp), and this header decides once, at first use, which of them may run.
+// kernels/target.hpp), and this header detects once, at first use, what the CPU has.
 // A CPU without AVX2 gets the portable scalar kernels instead of SIGILL.
 //
-// Override: the environment variable TLM_KERNELS=scalar|avx2|avx512 (read once, at first
-// use) or force_kernel_level() (tests and benchmarks). Asking for a level the CPU
-// cannot run is an error, never a silent downgrade.
+// The levels, their CPU tests and the override (TLM_KERNELS, force_kernel_level) are
+// in kernels/levels.hpp; this header detects the features they test.
 #include <tlm/error.hpp>
 
 #include <cstdlib>
@@ -82,100 +81,56 @@ inline const cpu_features& cpu() {
   return features;
 }
 
-// The kernel families, in increasing order of what they need from the CPU.
-enum class kernel_level { scalar = 0, avx2 = 1, avx512 = 2 };
+// The GCC / Clang target-feature name of each flag: the names a kernel level's
+// compiler target is written in (kernels/target.hpp), so that the level's CPU test
+// reads the same string its kernels are compiled for.
+struct cpu_feature_name {
+  std::string_view name;
+  bool cpu_features::*flag;
+};
+inline constexpr cpu_feature_name cpu_feature_names[] = {
+    {"sse4.2", &cpu_features::sse42},       {"avx", &cpu_features::avx},
+    {"avx2", &cpu_features::avx2},          {"fma", &cpu_features::fma},
+    {"f16c", &cpu_features::f16c},          {"avx512f", &cpu_features::avx512f},
+    {"avx512bw", &cpu_features::avx512bw},  {"avx512vl", &cpu_features::avx512vl},
+    {"avx512dq", &cpu_features::avx512dq},  {"avx512vnni", &cpu_features::avx512vnni},
+    {"avx512vbmi", &cpu_features::avx512vbmi}, {"avx512bf16", &cpu_features::avx512bf16},
+    {"avxvnni", &cpu_features::avxvnni}};
 
-constexpr std::string_view kernel_level_name(kernel_level l) {
-  switch (l) {
-    case kernel_level::scalar: return "scalar";
-    case kernel_level::avx2: return "avx2";
-    case kernel_level::avx512: return "avx512";
-  }
-  return "?";
-}
-
-// The avx2 kernels use AVX2, FMA and F16C instructions.
-inline bool kernel_level_supported(kernel_level l) {
-  switch (l) {
-    case kernel_level::scalar: return true;
-    case kernel_level::avx2: {
-#if defined(__x86_64__) || defined(__i386__)
-      const auto& f = cpu();
-      return f.avx2 && f.fma && f.f16c;
-#else
-      return false;
-#endif
-    }
-    case kernel_level::avx512: {
-      // AVX-512 F, BW, VL and DQ, on top of everything the avx2 level needs.
-#if defined(__x86_64__) || defined(__i386__)
-      const auto& f = cpu();
-      return kernel_level_supported(kernel_level::avx2) && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
-#else
-      return false;
-#endif
-    }
-  }
+// Whether `name` is one of cpu_feature_names.
+constexpr bool known_cpu_feature(std::string_view name) {
+  for (const auto& f : cpu_feature_names)
+    if (f.name == name) return true;
   return false;
 }
 
-// Every level this CPU runs, the portable one first: what the kernel tests and
-// benchmarks sweep.
-inline std::vector<kernel_level> supported_kernel_levels() {
-  std::vector<kernel_level> levels{kernel_level::scalar};
-  for (kernel_level l : {kernel_level::avx2, kernel_level::avx512})
-    if (kernel_level_supported(l)) levels.push_back(l);
-  return levels;
-}
-
-inline kernel_level best_kernel_level() {
-  for (kernel_level l : {kernel_level::avx512, kernel_level::avx2})
-    if (kernel_level_supported(l)) return l;
-  return kernel_level::scalar;
-}
-
-inline kernel_level parse_kernel_level(std::string_view s) {
-  if (s == "scalar") return kernel_level::scalar;
-  if (s == "avx2") return kernel_level::avx2;
-  if (s == "avx512") return kernel_level::avx512;
-  throw error("TLM_KERNELS=" + std::string(s) + ": unknown kernel level; use scalar, avx2 or avx512, or unset it");
-}
-
-// The level chosen at start-up: TLM_KERNELS if set, else the best the CPU supports.
-inline kernel_level startup_kernel_level() {
-  const char* env = std::getenv("TLM_KERNELS");
-  if (env == nullptr || *env == '\0') return best_kernel_level();
-  const kernel_level l = parse_kernel_level(env);
-  if (!kernel_level_supported(l)) {
-    throw error("TLM_KERNELS=" + std::string(env) +
-                ": this CPU lacks the instructions that level needs (avx2: AVX2, FMA and F16C; avx512: also AVX-512 "
-                "F/BW/VL/DQ); choose a lower level or unset it");
+// The features of a comma-separated target string ("avx2,fma,f16c") that `f` lacks,
+// comma-separated; a name cpu_feature_names does not know counts as lacking (a CPU
+// test cannot vouch for it). Empty: `f` runs code compiled for that target.
+inline std::string missing_cpu_features(const cpu_features& f, std::string_view target) {
+  std::string missing;
+  while (!target.empty()) {
+    const std::size_t comma = target.find(',');
+    const std::string_view name = target.substr(0, comma);
+    target = comma == std::string_view::npos ? std::string_view{} : target.substr(comma + 1);
+    bool has = false;
+    for (const auto& n : cpu_feature_names)
+      if (n.name == name) has = f.*n.flag;
+    if (!has) missing += (missing.empty() ? "" : ",") + std::string(name);
   }
-  return l;
+  return missing;
 }
 
 // Short description of what was detected, for --timing output and bug reports.
 inline std::string cpu_feature_string() {
   const auto& f = cpu();
   std::string s;
-  auto add = [&s](bool on, const char* n) {
+  auto add = [&s](bool on, std::string_view n) {
     if (!on) return;
     if (!s.empty()) s += ' ';
     s += n;
   };
-  add(f.sse42, "sse4.2");
-  add(f.avx, "avx");
-  add(f.avx2, "avx2");
-  add(f.fma, "fma");
-  add(f.f16c, "f16c");
-  add(f.avx512f, "avx512f");
-  add(f.avx512bw, "avx512bw");
-  add(f.avx512vl, "avx512vl");
-  add(f.avx512dq, "avx512dq");
-  add(f.avx512vnni, "avx512vnni");
-  add(f.avx512vbmi, "avx512vbmi");
-  add(f.avx512bf16, "avx512bf16");
-  add(f.avxvnni, "avxvnni");
+  for (const auto& n : cpu_feature_names) add(f.*n.flag, n.name);
   return s.empty() ? std::string("none") : s;
 }
 

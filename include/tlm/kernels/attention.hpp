@@ -1,7 +1,7 @@
 #pragma once
 // The attention kernels at the active level (kernels/attention_scalar.hpp says what each
 // computes), and the definitions the tests hold every level to.
-#include <tlm/kernels.hpp>
+#include <tlm/kernels/levels.hpp>
 #include <tlm/kernels/attention_scalar.hpp>
 
 #include <cmath>

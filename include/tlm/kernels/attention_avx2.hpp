@@ -1,6 +1,6 @@
 #pragma once
 // The attention kernels (attention_scalar.hpp) with AVX2 and FMA. As in avx2.hpp each
-// function carries its own target attribute; kernels.hpp installs them only on CPUs
+// function carries its own target attribute; kernels/table.hpp installs them only on CPUs
 // that have the instructions.
 //
 // Scores: 8 keys at a time, each key's products summed in its own accumulator, then
@@ -11,6 +11,8 @@
 // Heads whose size is not a multiple of 8 go to the scalar kernels (every Llama head
 // is 64 or 128).
 #include <tlm/kernels/attention_scalar.hpp>
+#include <tlm/kernels/lanes.hpp>
+#include <tlm/kernels/target.hpp>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -19,19 +21,12 @@
 #include <cstddef>
 #include <cstdint>
 
-#define TLM_ATTN_AVX2_FN [[gnu::target("avx2,fma")]]
-#define TLM_ATTN_AVX2_INLINE [[gnu::target("avx2,fma"), gnu::always_inline]]
-
 namespace tlm::kernels::attention_avx2 {
 
-// 8 elements of a key or value row as floats (int8 codes convert exactly).
-TLM_ATTN_AVX2_INLINE inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-TLM_ATTN_AVX2_INLINE inline __m256 load8(const std::int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
+using lanes = avx2_lanes;
 
 // Lane j of the result is the sum of the 8 lanes of a[j].
-TLM_ATTN_AVX2_INLINE inline __m256 reduce8(const __m256 (&a)[8]) {
+TLM_AVX2_INLINE inline __m256 reduce8(const __m256 (&a)[8]) {
   const __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
   const __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
   const __m256 g0 = _mm256_hadd_ps(h01, h23), g1 = _mm256_hadd_ps(h45, h67);
@@ -39,7 +34,7 @@ TLM_ATTN_AVX2_INLINE inline __m256 reduce8(const __m256 (&a)[8]) {
 }
 
 // Lanes [0, m) of v to p.
-TLM_ATTN_AVX2_INLINE inline void store_first(float* p, __m256 v, std::size_t m) {
+TLM_AVX2_INLINE inline void store_first(float* p, __m256 v, std::size_t m) {
   if (m == 8) {
     _mm256_storeu_ps(p, v);
   } else {
@@ -52,19 +47,19 @@ TLM_ATTN_AVX2_INLINE inline void store_first(float* p, __m256 v, std::size_t m) 
 // One group of up to 8 keys: the rows past m repeat the last one (loads stay inside
 // the block) and their scores are not stored.
 template <class Elem>
-TLM_ATTN_AVX2_INLINE inline __m256 group_dots(const float* q, const Elem* rows, std::size_t stride, std::size_t m,
+TLM_AVX2_INLINE inline __m256 group_dots(const float* q, const Elem* rows, std::size_t stride, std::size_t m,
                                               std::size_t E) {
   __m256 acc[8];
   for (std::size_t jj = 0; jj < 8; ++jj) {
     const Elem* r = rows + std::min(jj, m - 1) * stride;
     __m256 a = _mm256_setzero_ps();
-    for (std::size_t e = 0; e < E; e += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(r + e), a);
+    for (std::size_t e = 0; e < E; e += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), lanes::load(r + e), a);
     acc[jj] = a;
   }
   return reduce8(acc);
 }
 
-TLM_ATTN_AVX2_FN inline void scores(const float* q, const float* keys, std::size_t stride, std::size_t n,
+TLM_AVX2_FN inline void scores(const float* q, const float* keys, std::size_t stride, std::size_t n,
                                     std::size_t E, float scale, float* s) {
   if (E % 8 != 0) return detail::attention_scores_scalar(q, keys, stride, n, E, scale, s);
   const __m256 vs = _mm256_set1_ps(scale);
@@ -75,7 +70,7 @@ TLM_ATTN_AVX2_FN inline void scores(const float* q, const float* keys, std::size
   }
 }
 
-TLM_ATTN_AVX2_FN inline void scores_q8(const float* q, const std::int8_t* codes, const float* key_scales,
+TLM_AVX2_FN inline void scores_q8(const float* q, const std::int8_t* codes, const float* key_scales,
                                        std::size_t n, std::size_t E, float scale, float* s) {
   if (E % 8 != 0) return detail::attention_scores_q8_scalar(q, codes, key_scales, n, E, scale, s);
   const __m256 vs = _mm256_set1_ps(scale);
@@ -89,7 +84,7 @@ TLM_ATTN_AVX2_FN inline void scores_q8(const float* q, const std::int8_t* codes,
 }
 
 // exp_poly on 8 lanes: the same operations in the same order.
-TLM_ATTN_AVX2_INLINE inline __m256 exp8(__m256 x) {
+TLM_AVX2_INLINE inline __m256 exp8(__m256 x) {
   namespace k = exp_constants;
   const __m256 xc = _mm256_min_ps(_mm256_set1_ps(k::highest), _mm256_max_ps(_mm256_set1_ps(k::lowest), x));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(k::log2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -113,7 +108,7 @@ TLM_ATTN_AVX2_INLINE inline __m256 exp8(__m256 x) {
   return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-TLM_ATTN_AVX2_FN inline float exp(const float* s, std::size_t n, float m, float* p) {
+TLM_AVX2_FN inline float exp(const float* s, std::size_t n, float m, float* p) {
   const __m256 vm = _mm256_set1_ps(m);
   __m256 sum = _mm256_setzero_ps();
   std::size_t j = 0;
@@ -130,52 +125,18 @@ TLM_ATTN_AVX2_FN inline float exp(const float* s, std::size_t n, float m, float*
   return total;
 }
 
-// Key j's weight: p[j], times the value's scale for int8 rows.
-TLM_ATTN_AVX2_INLINE inline __m256 weight(const float* p, const float* scales, std::size_t j) {
-  return _mm256_set1_ps(scales == nullptr ? p[j] : p[j] * scales[j]);
-}
+// The weighted sum, as every SIMD level computes it.
+#define TLM_LANES_INLINE TLM_AVX2_INLINE
+#include <tlm/kernels/attention_accumulate.inc>
+#undef TLM_LANES_INLINE
 
-// out = c * out + sum_j w(j) * row_j over 8 W columns, in one pass over the keys.
-template <std::size_t W, class Elem>
-TLM_ATTN_AVX2_INLINE inline void accumulate_pass(__m256 vc, const float* p, const float* scales, const Elem* rows,
-                                                 std::size_t stride, std::size_t n, float* out) {
-  __m256 a[W], b[W];
-  for (std::size_t i = 0; i < W; ++i) {
-    a[i] = _mm256_mul_ps(vc, _mm256_loadu_ps(out + 8 * i));
-    b[i] = _mm256_setzero_ps();
-  }
-  std::size_t j = 0;
-  for (; j + 2 <= n; j += 2) {
-    const __m256 w0 = weight(p, scales, j), w1 = weight(p, scales, j + 1);
-    const Elem* r0 = rows + j * stride;
-    for (std::size_t i = 0; i < W; ++i) {
-      a[i] = _mm256_fmadd_ps(w0, load8(r0 + 8 * i), a[i]);
-      b[i] = _mm256_fmadd_ps(w1, load8(r0 + stride + 8 * i), b[i]);
-    }
-  }
-  if (j < n) {
-    const __m256 w0 = weight(p, scales, j);
-    for (std::size_t i = 0; i < W; ++i) a[i] = _mm256_fmadd_ps(w0, load8(rows + j * stride + 8 * i), a[i]);
-  }
-  for (std::size_t i = 0; i < W; ++i) _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(a[i], b[i]));
-}
-
-template <class Elem>
-TLM_ATTN_AVX2_INLINE inline void accumulate_rows(float c, const float* p, const float* scales, const Elem* rows,
-                                                 std::size_t stride, std::size_t n, std::size_t E, float* out) {
-  const __m256 vc = _mm256_set1_ps(c);
-  std::size_t e = 0;
-  for (; e + 32 <= E; e += 32) accumulate_pass<4>(vc, p, scales, rows + e, stride, n, out + e);
-  for (; e < E; e += 8) accumulate_pass<1>(vc, p, scales, rows + e, stride, n, out + e);
-}
-
-TLM_ATTN_AVX2_FN inline void accumulate(float c, const float* p, const float* values, std::size_t stride,
+TLM_AVX2_FN inline void accumulate(float c, const float* p, const float* values, std::size_t stride,
                                         std::size_t n, std::size_t E, float* out) {
   if (E % 8 != 0) return detail::attention_accumulate_scalar(c, p, values, stride, n, E, out);
   accumulate_rows(c, p, static_cast<const float*>(nullptr), values, stride, n, E, out);
 }
 
-TLM_ATTN_AVX2_FN inline void accumulate_q8(float c, const float* p, const std::int8_t* codes,
+TLM_AVX2_FN inline void accumulate_q8(float c, const float* p, const std::int8_t* codes,
                                            const float* value_scales, std::size_t n, std::size_t E, float* out) {
   if (E % 8 != 0) return detail::attention_accumulate_q8_scalar(c, p, codes, value_scales, n, E, out);
   accumulate_rows(c, p, value_scales, codes, E, n, E, out);

@@ -3,6 +3,8 @@
 // AVX2 ones (attention_avx2.hpp): 16 keys per reduction, 64 output floats per pass
 // over the values. Heads whose size is not a multiple of 16 go to the AVX2 kernels.
 #include <tlm/kernels/attention_avx2.hpp>
+#include <tlm/kernels/lanes.hpp>
+#include <tlm/kernels/target.hpp>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -19,23 +21,17 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#define TLM_ATTN_AVX512_FN [[gnu::target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")]]
-#define TLM_ATTN_AVX512_INLINE [[gnu::target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma"), gnu::always_inline]]
-
 namespace tlm::kernels::attention_avx512 {
 
-TLM_ATTN_AVX512_INLINE inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-TLM_ATTN_AVX512_INLINE inline __m512 load16(const std::int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
+using lanes = avx512_lanes;
 
-TLM_ATTN_AVX512_INLINE inline __mmask16 first(std::size_t m) { return static_cast<__mmask16>((1u << m) - 1u); }
+TLM_AVX512_INLINE inline __mmask16 first(std::size_t m) { return static_cast<__mmask16>((1u << m) - 1u); }
 
 // Lane j of the result is the sum of the 16 lanes of a[j]. Each step adds pairs of
 // registers with their halves crossed, halving the lanes per key and the registers:
 // 256-bit halves, then 128-bit quarters, then pairs, then single lanes. Lane 4L + i
 // then holds key 4i + L, which one permute puts in order.
-TLM_ATTN_AVX512_INLINE inline __m512 reduce16(const __m512 (&a)[16]) {
+TLM_AVX512_INLINE inline __m512 reduce16(const __m512 (&a)[16]) {
   __m512 h[8], g[4], f[2];
   for (int i = 0; i < 8; ++i)
     h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
@@ -51,19 +47,19 @@ TLM_ATTN_AVX512_INLINE inline __m512 reduce16(const __m512 (&a)[16]) {
 
 // One group of up to 16 keys; rows past m repeat the last one and are not stored.
 template <class Elem>
-TLM_ATTN_AVX512_INLINE inline __m512 group_dots(const float* q, const Elem* rows, std::size_t stride, std::size_t m,
+TLM_AVX512_INLINE inline __m512 group_dots(const float* q, const Elem* rows, std::size_t stride, std::size_t m,
                                                 std::size_t E) {
   __m512 acc[16];
   for (std::size_t jj = 0; jj < 16; ++jj) {
     const Elem* r = rows + std::min(jj, m - 1) * stride;
     __m512 a = _mm512_setzero_ps();
-    for (std::size_t e = 0; e < E; e += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), load16(r + e), a);
+    for (std::size_t e = 0; e < E; e += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + e), lanes::load(r + e), a);
     acc[jj] = a;
   }
   return reduce16(acc);
 }
 
-TLM_ATTN_AVX512_FN inline void scores(const float* q, const float* keys, std::size_t stride, std::size_t n,
+TLM_AVX512_FN inline void scores(const float* q, const float* keys, std::size_t stride, std::size_t n,
                                       std::size_t E, float scale, float* s) {
   if (E % 16 != 0) return attention_avx2::scores(q, keys, stride, n, E, scale, s);
   const __m512 vs = _mm512_set1_ps(scale);
@@ -73,7 +69,7 @@ TLM_ATTN_AVX512_FN inline void scores(const float* q, const float* keys, std::si
   }
 }
 
-TLM_ATTN_AVX512_FN inline void scores_q8(const float* q, const std::int8_t* codes, const float* key_scales,
+TLM_AVX512_FN inline void scores_q8(const float* q, const std::int8_t* codes, const float* key_scales,
                                          std::size_t n, std::size_t E, float scale, float* s) {
   if (E % 16 != 0) return attention_avx2::scores_q8(q, codes, key_scales, n, E, scale, s);
   const __m512 vs = _mm512_set1_ps(scale);
@@ -85,7 +81,7 @@ TLM_ATTN_AVX512_FN inline void scores_q8(const float* q, const std::int8_t* code
 }
 
 // exp_poly on 16 lanes: the same operations in the same order.
-TLM_ATTN_AVX512_INLINE inline __m512 exp16(__m512 x) {
+TLM_AVX512_INLINE inline __m512 exp16(__m512 x) {
   namespace k = exp_constants;
   const __m512 xc = _mm512_min_ps(_mm512_set1_ps(k::highest), _mm512_max_ps(_mm512_set1_ps(k::lowest), x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(k::log2e)),
@@ -110,7 +106,7 @@ TLM_ATTN_AVX512_INLINE inline __m512 exp16(__m512 x) {
   return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
-TLM_ATTN_AVX512_FN inline float exp(const float* s, std::size_t n, float m, float* p) {
+TLM_AVX512_FN inline float exp(const float* s, std::size_t n, float m, float* p) {
   const __m512 vm = _mm512_set1_ps(m);
   __m512 sum = _mm512_setzero_ps();
   for (std::size_t j = 0; j < n; j += 16) {
@@ -122,51 +118,18 @@ TLM_ATTN_AVX512_FN inline float exp(const float* s, std::size_t n, float m, floa
   return _mm512_reduce_add_ps(sum);
 }
 
-TLM_ATTN_AVX512_INLINE inline __m512 weight(const float* p, const float* scales, std::size_t j) {
-  return _mm512_set1_ps(scales == nullptr ? p[j] : p[j] * scales[j]);
-}
+// The weighted sum, as every SIMD level computes it.
+#define TLM_LANES_INLINE TLM_AVX512_INLINE
+#include <tlm/kernels/attention_accumulate.inc>
+#undef TLM_LANES_INLINE
 
-// out = c * out + sum_j w(j) * row_j over 16 W columns, in one pass over the keys.
-template <std::size_t W, class Elem>
-TLM_ATTN_AVX512_INLINE inline void accumulate_pass(__m512 vc, const float* p, const float* scales, const Elem* rows,
-                                                   std::size_t stride, std::size_t n, float* out) {
-  __m512 a[W], b[W];
-  for (std::size_t i = 0; i < W; ++i) {
-    a[i] = _mm512_mul_ps(vc, _mm512_loadu_ps(out + 16 * i));
-    b[i] = _mm512_setzero_ps();
-  }
-  std::size_t j = 0;
-  for (; j + 2 <= n; j += 2) {
-    const __m512 w0 = weight(p, scales, j), w1 = weight(p, scales, j + 1);
-    const Elem* r0 = rows + j * stride;
-    for (std::size_t i = 0; i < W; ++i) {
-      a[i] = _mm512_fmadd_ps(w0, load16(r0 + 16 * i), a[i]);
-      b[i] = _mm512_fmadd_ps(w1, load16(r0 + stride + 16 * i), b[i]);
-    }
-  }
-  if (j < n) {
-    const __m512 w0 = weight(p, scales, j);
-    for (std::size_t i = 0; i < W; ++i) a[i] = _mm512_fmadd_ps(w0, load16(rows + j * stride + 16 * i), a[i]);
-  }
-  for (std::size_t i = 0; i < W; ++i) _mm512_storeu_ps(out + 16 * i, _mm512_add_ps(a[i], b[i]));
-}
-
-template <class Elem>
-TLM_ATTN_AVX512_INLINE inline void accumulate_rows(float c, const float* p, const float* scales, const Elem* rows,
-                                                   std::size_t stride, std::size_t n, std::size_t E, float* out) {
-  const __m512 vc = _mm512_set1_ps(c);
-  std::size_t e = 0;
-  for (; e + 64 <= E; e += 64) accumulate_pass<4>(vc, p, scales, rows + e, stride, n, out + e);
-  for (; e < E; e += 16) accumulate_pass<1>(vc, p, scales, rows + e, stride, n, out + e);
-}
-
-TLM_ATTN_AVX512_FN inline void accumulate(float c, const float* p, const float* values, std::size_t stride,
+TLM_AVX512_FN inline void accumulate(float c, const float* p, const float* values, std::size_t stride,
                                           std::size_t n, std::size_t E, float* out) {
   if (E % 16 != 0) return attention_avx2::accumulate(c, p, values, stride, n, E, out);
   accumulate_rows(c, p, static_cast<const float*>(nullptr), values, stride, n, E, out);
 }
 
-TLM_ATTN_AVX512_FN inline void accumulate_q8(float c, const float* p, const std::int8_t* codes,
+TLM_AVX512_FN inline void accumulate_q8(float c, const float* p, const std::int8_t* codes,
                                              const float* value_scales, std::size_t n, std::size_t E, float* out) {
   if (E % 16 != 0) return attention_avx2::accumulate_q8(c, p, codes, value_scales, n, E, out);
   accumulate_rows(c, p, value_scales, codes, E, n, E, out);

@@ -29,7 +29,7 @@
 
 namespace tlm::kernels {
 
-// The function pointers of one level, a member of kernels.hpp's kernel_table.
+// The function pointers of one level, a member of kernels/table.hpp's kernel_table.
 struct attention_kernels {
   // s[j] = scale * sum_e q[e] * keys[j * stride + e]     q: [E]  keys: [n] rows  s: [n]
   void (*scores)(const float* q, const float* keys, std::size_t stride, std::size_t n, std::size_t E, float scale,

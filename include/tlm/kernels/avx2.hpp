@@ -1,7 +1,7 @@
 #pragma once
 // AVX2 + FMA + F16C kernels. Every function here carries a target attribute instead
 // of relying on -mavx2, so the rest of the program stays baseline x86-64; they are
-// only reached through the table in kernels.hpp after cpu.hpp has checked the CPU.
+// only reached through the table in kernels/table.hpp after the level's CPU test passed.
 //
 // Numerics (precision::exact): activations stay float32 and every sum is a float32
 // FMA chain in independent accumulators. precision::fast (the end of this file)
@@ -16,6 +16,7 @@
 #include <tlm/blocks.hpp>
 #include <tlm/encoding.hpp>
 #include <tlm/kernels/scalar.hpp>
+#include <tlm/kernels/target.hpp>
 #include <tlm/quant.hpp>
 
 #include <immintrin.h>
@@ -26,8 +27,6 @@
 #include <cstring>
 #include <vector>
 
-#define TLM_AVX2_FN [[gnu::target("avx2,fma,f16c")]]
-#define TLM_AVX2_INLINE [[gnu::target("avx2,fma,f16c"), gnu::always_inline]]
 
 namespace tlm::kernels::avx2 {
 
@@ -720,7 +719,5 @@ TLM_AVX2_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, 
 
 }  // namespace tlm::kernels::avx2
 
-#undef TLM_AVX2_FN
-#undef TLM_AVX2_INLINE
 
 #endif

@@ -16,6 +16,7 @@
 #include <tlm/blocks.hpp>
 #include <tlm/encoding.hpp>
 #include <tlm/kernels/scalar.hpp>
+#include <tlm/kernels/target.hpp>
 #include <tlm/quant.hpp>
 
 #include <immintrin.h>
@@ -26,8 +27,6 @@
 #include <cstring>
 #include <vector>
 
-#define TLM_AVX2_FN [[gnu::target("avx2,fma,f16c")]]
-#define TLM_AVX2_INLINE [[gnu::target("avx2,fma,f16c"), gnu::always_inline]]
 
 namespace tlm::kernels::avx2 {
 
@@ -368,7 +367,5 @@ TLM_AVX2_FN inline void matmul_q8_k(encoding, const std::byte* w, std::size_t rb
 
 }  // namespace tlm::kernels::avx2
 
-#undef TLM_AVX2_FN
-#undef TLM_AVX2_INLINE
 
 #endif

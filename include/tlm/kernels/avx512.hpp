@@ -1,8 +1,8 @@
 #pragma once
 // AVX-512 (F, BW, VL, DQ) kernels, with VNNI for the fast mode where the CPU has it.
 // As in avx2.hpp every function carries its own target attribute, so the program
-// stays baseline x86-64 and a CPU without AVX-512 never reaches these (kernels.hpp
-// installs them only after cpu.hpp has checked the features).
+// stays baseline x86-64 and a CPU without AVX-512 never reaches these (kernels/table.hpp
+// installs them only after the level's CPU test has passed).
 //
 // Exact mode (float32 activations):
 //   matvec: one row at a time, the block scale factored out of the block's sum (as
@@ -19,7 +19,7 @@
 // sub-blocks) per vpdpbusd; with VBMI, four Q4 blocks per step (one byte permute
 // gathers their codes).
 //
-// Dispatch (kernels.hpp): on AMD the exact Q8_0 / Q4_0 / Q4_1 matvec uses the AVX2
+// Dispatch (kernels/table.hpp): on AMD the exact Q8_0 / Q4_0 / Q4_1 matvec uses the AVX2
 // kernels, which measured faster on Zen 4, whose 512-bit operations run as two 256-bit
 // halves; everything else here is used wherever the CPU has AVX-512.
 #if defined(__x86_64__) || defined(__i386__)
@@ -30,6 +30,7 @@
 #include <tlm/kernels/avx2.hpp>
 #include <tlm/kernels/avx2_kquant.hpp>
 #include <tlm/kernels/scalar.hpp>
+#include <tlm/kernels/target.hpp>
 #include <tlm/quant.hpp>
 
 #include <immintrin.h>
@@ -49,11 +50,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
-#define TLM_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
-#define TLM_AVX512_FN [[gnu::target(TLM_AVX512_TARGET)]]
-#define TLM_AVX512_INLINE [[gnu::target(TLM_AVX512_TARGET), gnu::always_inline]]
-#define TLM_VNNI_FN [[gnu::target(TLM_AVX512_TARGET ",avx512vnni")]]
-#define TLM_VNNI_INLINE [[gnu::target(TLM_AVX512_TARGET ",avx512vnni"), gnu::always_inline]]
+#define TLM_VNNI_FN [[gnu::target(TLM_TARGET_AVX512 ",avx512vnni")]]
+#define TLM_VNNI_INLINE [[gnu::target(TLM_TARGET_AVX512 ",avx512vnni"), gnu::always_inline]]
 
 namespace tlm::kernels::avx512 {
 
@@ -527,21 +525,6 @@ TLM_VNNI_INLINE inline __m512i codes64(const std::byte* p0, const std::byte* p1)
   }
 }
 
-// The scales of blocks p0, p1 as [d0, m0, d1, m1] (m = 0 for Q4_0, Q5_0 and Q8_0).
-template <encoding E>
-TLM_VNNI_INLINE inline __m128 scales2(const std::byte* p0, const std::byte* p1) {
-  std::uint64_t bits;
-  if constexpr (has_min<E>) {
-    std::uint32_t a, b;
-    std::memcpy(&a, p0, 4);
-    std::memcpy(&b, p1, 4);
-    bits = a | (std::uint64_t{b} << 32);
-  } else {
-    bits = load_u16(p0) | (std::uint64_t{load_u16(p1)} << 32);
-  }
-  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(bits)));
-}
-
 // Integer sums of 64 products in 16 lanes (four products each; a block's sum is
 // spread over 8 lanes). Signed weights: sum w q = sum |w| (sign(w) q), since vpdpbusd
 // multiplies unsigned by signed bytes; |q| <= 127, so negating q cannot overflow.
@@ -605,7 +588,7 @@ TLM_VNNI_INLINE inline void row_dots_vnni(const std::byte* row, std::size_t bloc
     const std::byte* p0 = row + b * bb;
     _mm_prefetch(reinterpret_cast<const char*>(p0 + prefetch_ahead), _MM_HINT_T0);
     const __m512i w = codes64<E>(p0, p0 + bb);
-    const __m128 wd = scales2<E>(p0, p0 + bb);
+    const __m128 wd = scale_pair<E>(p0, p0 + bb);
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
       const __m512i qv = _mm512_loadu_si512(q + static_cast<std::size_t>(j) * qstride + 32 * b);
@@ -651,8 +634,8 @@ TLM_VNNI_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, 
 // blocks need no unpacking, and the permute measured slower there, 29.5 against
 // 37 GB/s on Zen 4.)
 
-#define TLM_VBMI_FN [[gnu::target(TLM_AVX512_TARGET ",avx512vnni,avx512vbmi")]]
-#define TLM_VBMI_INLINE [[gnu::target(TLM_AVX512_TARGET ",avx512vnni,avx512vbmi"), gnu::always_inline]]
+#define TLM_VBMI_FN [[gnu::target(TLM_TARGET_AVX512 ",avx512vnni,avx512vbmi")]]
+#define TLM_VBMI_INLINE [[gnu::target(TLM_TARGET_AVX512 ",avx512vnni,avx512vbmi"), gnu::always_inline]]
 
 // Byte i of the result: byte idx[i] of the 128 bytes (a, b).
 TLM_VBMI_INLINE inline __m512i gather_bytes(__m512i a, __m512i b, __m512i idx) {
@@ -746,7 +729,7 @@ TLM_VBMI_INLINE inline float row_dot_vbmi(const std::byte* row, const q8_activat
   if (b + 2 <= nb) {
     const std::byte* p0 = row + b * bb;
     const __m512i s = dot64<E>(codes64<E>(p0, p0 + bb), _mm512_loadu_si512(x.q.data() + 32 * b));
-    const __m128 prod = _mm_mul_ps(scales2<E>(p0, p0 + bb), _mm_loadu_ps(x.ds.data() + 2 * b));
+    const __m128 prod = _mm_mul_ps(scale_pair<E>(p0, p0 + bb), _mm_loadu_ps(x.ds.data() + 2 * b));
     acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_permutexvar_ps(pick2, _mm512_castps128_ps512(prod)), acc1);
     if constexpr (E == encoding::q4_1) mins2 = prod;
     b += 2;
@@ -848,7 +831,7 @@ TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, 
       const std::byte* p0 = row + 2 * p * bb;
       const __m512i cv = codes64<E>(p0, p0 + bb);
       _mm512_storeu_si512(codes.data() + 64 * p, cv);
-      const __m128 dm = scales2<E>(p0, p0 + bb);
+      const __m128 dm = scale_pair<E>(p0, p0 + bb);
       _mm512_storeu_ps(dwv.data() + 16 * p, _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(dm)));
       if constexpr (is_signed) {
         const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, cv);
@@ -1014,9 +997,6 @@ TLM_VNNI_FN inline void matmul_q8_k(encoding, const std::byte* w, std::size_t rb
 
 }  // namespace tlm::kernels::avx512
 
-#undef TLM_AVX512_TARGET
-#undef TLM_AVX512_FN
-#undef TLM_AVX512_INLINE
 #undef TLM_VNNI_FN
 #undef TLM_VNNI_INLINE
 

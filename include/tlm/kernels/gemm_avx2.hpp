@@ -4,21 +4,20 @@
 // panel into 12 FMAs; 12 independent chains cover the FMA latency (4 cycles) times
 // the two FMA pipes of current x86 cores, and leave registers for the operands.
 //
-// Only reached after cpu.hpp has found AVX2 and FMA (kernel_level::avx2 or above);
+// Only reached after the avx2 level's CPU test (kernels/levels.hpp) has passed;
 // the target attribute keeps the rest of the program baseline x86-64.
 #include <tlm/kernels/gemm_pack.hpp>
+#include <tlm/kernels/target.hpp>
 
 #include <immintrin.h>
 
 #include <cstddef>
 
-#define TLM_GEMM_AVX2_FN [[gnu::target("avx2,fma")]]
-
 namespace tlm::kernels::gemm_avx2 {
 
 // C[rows, cols] (stride ldc) = (overwrite ? 0 : C) + a [kc, MR] . b [kc, 16], top-left corner of the tile.
 template <std::size_t MR>
-TLM_GEMM_AVX2_FN void micro(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc,
+TLM_AVX2_FN void micro(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc,
                             std::size_t rows, std::size_t cols, bool overwrite) {
   __m256 acc[MR][2];
 #pragma GCC unroll 16
@@ -68,7 +67,7 @@ TLM_GEMM_AVX2_FN void micro(std::size_t kc, const float* a, const float* b, floa
 }
 
 // r[q] = column q of the 8 x 8 block whose rows are r[0..7] (AVX only).
-TLM_GEMM_AVX2_FN inline void transpose8(__m256 (&r)[8]) {
+TLM_AVX2_FN inline void transpose8(__m256 (&r)[8]) {
   const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
   const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
   const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
@@ -92,7 +91,7 @@ TLM_GEMM_AVX2_FN inline void transpose8(__m256 (&r)[8]) {
 // of 8 vectors; a group short of 8 (W = 6, or the last panel) loads zeros for the
 // missing vectors and stores only the lanes that belong to the panel.
 template <std::size_t W>
-TLM_GEMM_AVX2_FN void pack_transposed(const float* src, std::size_t ld, std::size_t count, std::size_t kc,
+TLM_AVX2_FN void pack_transposed(const float* src, std::size_t ld, std::size_t count, std::size_t kc,
                                       float* dst) {
   const std::size_t kc8 = kc / 8 * 8;
   for (std::size_t panel = 0; panel * W < count; ++panel, dst += kc * W) {
@@ -138,7 +137,7 @@ TLM_GEMM_AVX2_FN void pack_transposed(const float* src, std::size_t ld, std::siz
 // W floats from s to d with vector moves chosen at compile time (8, 4, then 2 wide).
 // Not vmaskmovps: its store form is microcoded and slow on AMD cores.
 template <std::size_t W>
-TLM_GEMM_AVX2_FN inline void copy_run(const float* s, float* d) {
+TLM_AVX2_FN inline void copy_run(const float* s, float* d) {
   static_assert(W % 2 == 0, "panel widths are even");
   std::size_t x = 0;
   for (; x + 8 <= W; x += 8) _mm256_storeu_ps(d + x, _mm256_loadu_ps(s + x));
@@ -155,7 +154,7 @@ TLM_GEMM_AVX2_FN inline void copy_run(const float* s, float* d) {
 // src[p * ld + x]) into panels dst [ceil(count / W), kc, W]. Compiled for the baseline,
 // a 6- or 12-wide copy becomes scalar moves.
 template <std::size_t W>
-TLM_GEMM_AVX2_FN void pack_contiguous(const float* src, std::size_t ld, std::size_t count, std::size_t kc,
+TLM_AVX2_FN void pack_contiguous(const float* src, std::size_t ld, std::size_t count, std::size_t kc,
                                       float* dst) {
   const std::size_t full = count / W, rest = count % W;
   for (std::size_t p = 0; p < kc; ++p, src += ld) {

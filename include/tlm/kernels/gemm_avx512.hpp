@@ -8,21 +8,20 @@
 // Packing uses the AVX2 packers (gemm_avx2.hpp): it moves data, and wider shuffles
 // would not move it faster.
 //
-// Only reached after cpu.hpp has found AVX-512 F/BW/VL/DQ (kernel_level::avx512).
+// Only reached after the avx512 level's CPU test (kernels/levels.hpp) has passed.
 #include <tlm/kernels/gemm_avx2.hpp>
 #include <tlm/kernels/gemm_pack.hpp>
+#include <tlm/kernels/target.hpp>
 
 #include <immintrin.h>
 
 #include <cstddef>
 
-#define TLM_GEMM_AVX512_FN [[gnu::target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]]
-
 namespace tlm::kernels::gemm_avx512 {
 
 // C[rows, cols] (stride ldc) = (overwrite ? 0 : C) + a [kc, MR] . b [kc, 32], top-left corner of the tile.
 template <std::size_t MR>
-TLM_GEMM_AVX512_FN void micro(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc,
+TLM_AVX512_FN void micro(std::size_t kc, const float* a, const float* b, float* c, std::size_t ldc,
                               std::size_t rows, std::size_t cols, bool overwrite) {
   __m512 acc[MR][2];
 #pragma GCC unroll 32

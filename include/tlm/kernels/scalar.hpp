@@ -40,7 +40,7 @@ struct q8_activations {
 namespace tlm::kernels::detail {
 
 // Per-thread work on rows [r0, r1) of a matrix W [rows, cols] whose rows are
-// `rb` bytes apart; the table in kernels.hpp holds one of these per encoding.
+// `rb` bytes apart; the table in kernels/table.hpp holds one of these per encoding.
 //   matvec: x [cols] -> y [rows]
 //   matmul: x [batch, cols] -> y [batch, rows]
 using matvec_rows_fn = void (*)(encoding enc, const std::byte* w, std::size_t rb, const float* x, float* y,

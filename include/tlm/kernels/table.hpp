@@ -1,0 +1,285 @@
+#pragma once
+// Each kernel level's function table: which kernel serves each encoding for matvec,
+// matmul and the fast (integer) mode, and the vector and attention kernels. The
+// tables are built once, at first use (some choices follow the CPU: cpu().amd, VNNI);
+// a level's row in kernels/levels.hpp names its table.
+#include <tlm/cpu.hpp>
+#include <tlm/encoding.hpp>
+#include <tlm/kernels/attention_avx512.hpp>
+#include <tlm/kernels/avx2.hpp>
+#include <tlm/kernels/avx2_kquant.hpp>
+#include <tlm/kernels/avx512.hpp>
+#include <tlm/kernels/scalar.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+
+namespace tlm {
+// The kernel families, in increasing order of what they need from the CPU; each has a
+// row in kernels/levels.hpp.
+enum class kernel_level { scalar = 0, avx2 = 1, avx512 = 2 };
+}  // namespace tlm
+
+namespace tlm::kernels {
+
+namespace detail {
+
+// Encodings that have a matrix kernel, as table slots.
+inline constexpr encoding table_encodings[] = {encoding::f32,  encoding::f16,  encoding::bf16, encoding::q8_0,
+                                               encoding::q4_0, encoding::q4_1, encoding::q5_0, encoding::q5_1,
+                                               encoding::q4_k, encoding::q5_k, encoding::q6_k};
+inline constexpr std::size_t table_size = std::size(table_encodings);
+
+constexpr int slot(encoding enc) {
+  for (std::size_t i = 0; i < table_size; ++i) {
+    if (table_encodings[i] == enc) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// The slot of an encoding known at compile time; the tables are built from these, so a
+// missing slot is a compile error, not an index of -1.
+template <encoding E>
+inline constexpr std::size_t slot_of = [] {
+  static_assert(slot(E) >= 0, "encoding without a table slot");
+  return static_cast<std::size_t>(slot(E));
+}();
+
+struct kernel_table {
+  kernel_level level;
+  matvec_rows_fn matvec[table_size];
+  prepare_x_fn prepare[table_size];  // null: matvec takes x as it is
+  matmul_rows_fn matmul[table_size];
+  // A batch of fewer than `matmul_min_batch` rows goes to matmul_narrow instead
+  // (null: matmul takes every batch).
+  matmul_rows_fn matmul_narrow[table_size];
+  std::size_t matmul_min_batch;
+  // precision::fast; null where the encoding has no integer path (it runs exact).
+  // integer_prefill false: a fast matmul (batch > 1) takes the float32 GEMM instead of
+  // matmul_q8, where that measured faster (see avx2_table); decode keeps matvec_q8.
+  bool integer_prefill;
+  quantize_fn quantize;
+  matvec_q8_fn matvec_q8[table_size];
+  matmul_q8_fn matmul_q8[table_size];
+  float (*dot)(const float*, const float*, std::size_t);
+  void (*axpy)(float, const float*, float*, std::size_t);
+  float (*dot_i8)(const float*, const std::int8_t*, std::size_t);
+  void (*axpy_i8)(float, const std::int8_t*, float*, std::size_t);
+  attention_kernels attention;  // kernels/attention_scalar.hpp
+};
+
+// Encodings with an integer (precision::fast) path: every quantized weight encoding.
+inline constexpr encoding fast_encodings[] = {encoding::q8_0, encoding::q4_0, encoding::q4_1, encoding::q5_0,
+                                              encoding::q5_1, encoding::q4_k, encoding::q5_k, encoding::q6_k};
+
+inline const kernel_table& scalar_table() {
+  static const kernel_table t = [] {
+    kernel_table k{};
+    k.level = kernel_level::scalar;
+    k.integer_prefill = true;
+    for (std::size_t i = 0; i < table_size; ++i) {
+      k.matvec[i] = &matvec_rows_scalar;
+      k.matmul[i] = &matmul_rows_scalar;
+    }
+    k.quantize = &quantize_scalar;
+    for (encoding e : fast_encodings) {
+      k.matvec_q8[static_cast<std::size_t>(slot(e))] = &matvec_q8_scalar;
+      k.matmul_q8[static_cast<std::size_t>(slot(e))] = &matmul_q8_scalar;
+    }
+    k.dot = &dot_scalar;
+    k.axpy = &axpy_scalar;
+    k.dot_i8 = &dot_i8_scalar;
+    k.axpy_i8 = &axpy_i8_scalar;
+    k.attention = attention_scalar;
+    return k;
+  }();
+  return t;
+}
+
+#ifdef TLM_HAVE_AVX2_KERNELS
+template <encoding E>
+constexpr void set_avx2(kernel_table& k) {
+  k.matvec[slot_of<E>] = &avx2::matvec_rows<E>;
+  k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row<E>>;
+}
+
+// Decode-speed matvec with the block scales factored out (avx2.hpp); matmul decodes.
+template <encoding E>
+constexpr void set_avx2_q4(kernel_table& k) {
+  k.matvec[slot_of<E>] = &avx2::matvec_rows_q4<E>;
+  k.prepare[slot_of<E>] = &avx2::prepare_q4_x<E>;
+  k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row<E>>;
+}
+
+// Q5_0 / Q5_1: the block scale factored out of the decode-speed matvec (avx2.hpp), the
+// prefill GEMM over the bit-exact decoder.
+template <encoding E>
+constexpr void set_avx2_q5(kernel_table& k) {
+  k.matvec[slot_of<E>] = &avx2::matvec_rows_q5<E>;
+  k.prepare[slot_of<E>] = E == encoding::q5_1 ? &avx2::prepare_block_sums : nullptr;
+  k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row<E>>;
+}
+
+template <encoding E>
+constexpr void set_avx2_fast(kernel_table& k) {
+  k.matvec_q8[slot_of<E>] = &avx2::matvec_q8<E>;
+  k.matmul_q8[slot_of<E>] = &avx2::matmul_q8<E>;
+}
+
+// K-quants (avx2_kquant.hpp): SIMD decoders for exact matvec and the prefill GEMM,
+// integer sums for the fast mode.
+template <encoding E>
+constexpr void set_avx2_k(kernel_table& k) {
+  k.matvec[slot_of<E>] = &avx2::matvec_rows_k<E>;
+  k.prepare[slot_of<E>] = E == encoding::q6_k ? nullptr : &avx2::prepare_block_sums;
+  k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row_k<E>>;
+  k.matvec_q8[slot_of<E>] = &avx2::matvec_q8_k<E>;
+  k.matmul_q8[slot_of<E>] = &avx2::matmul_q8_k<E>;
+}
+
+inline const kernel_table& avx2_table() {
+  static const kernel_table t = [] {
+    kernel_table k{};
+    k.level = kernel_level::avx2;
+    set_avx2<encoding::f32>(k);
+    set_avx2<encoding::f16>(k);
+    set_avx2<encoding::bf16>(k);
+    set_avx2_q4<encoding::q4_0>(k);
+    set_avx2_q4<encoding::q4_1>(k);
+    set_avx2_q5<encoding::q5_0>(k);
+    set_avx2_q5<encoding::q5_1>(k);
+    k.matvec[slot_of<encoding::q8_0>] = &avx2::matvec_rows_q8;
+    k.matmul[slot_of<encoding::q8_0>] = &avx2::matmul_rows<&avx2::decode_row<encoding::q8_0>>;
+    set_avx2_k<encoding::q4_k>(k);
+    set_avx2_k<encoding::q5_k>(k);
+    set_avx2_k<encoding::q6_k>(k);
+    k.dot = &avx2::dot;
+    k.axpy = &avx2::axpy;
+    k.dot_i8 = &avx2::dot_i8;
+    k.axpy_i8 = &avx2::axpy_i8;
+    k.attention = attention_avx2::table;
+    k.quantize = &avx2::quantize;
+    set_avx2_fast<encoding::q8_0>(k);
+    set_avx2_fast<encoding::q4_0>(k);
+    set_avx2_fast<encoding::q4_1>(k);
+    set_avx2_fast<encoding::q5_0>(k);
+    set_avx2_fast<encoding::q5_1>(k);
+    // On AMD (Zen 4 measured) the integer prefill is slower than the float32 GEMM it
+    // would replace: one vpmaddubsw/vpdpbusd covers 32-64 products, but every 32-value
+    // block still needs its two scales applied in float (convert, multiply,
+    // multiply-add), as many instructions as the float GEMM spends on the same
+    // products. One thread, tokens/s exact / fast: prefill 64 372 / 256, 512 309 / 233
+    // (bench/results/issue10-epyc-avx512.md). Elsewhere the integer path stays, as
+    // llama.cpp's does (untested here: Intel's 512-bit units may change the balance).
+    k.integer_prefill = !cpu().amd;
+    return k;
+  }();
+  return t;
+}
+#endif
+
+#ifdef TLM_HAVE_AVX512_KERNELS
+template <encoding E>
+constexpr void set_avx512(kernel_table& k) {
+  k.matvec[slot_of<E>] = &avx512::matvec_rows<E>;
+  k.prepare[slot_of<E>] =
+      E == encoding::q4_1 || E == encoding::q4_0 || E == encoding::q5_1 ? &avx512::prepare_q4_x<E> : nullptr;
+  k.matmul[slot_of<E>] = &avx512::matmul_rows<&avx2::decode_row<E>>;
+}
+
+// K-quants: the AVX-512 exact matvec (avx512.hpp), the prefill GEMM over the AVX2
+// decoders (avx2_kquant.hpp; decoding is 1/64 of a prefill's work).
+template <encoding E>
+constexpr void set_avx512_k(kernel_table& k) {
+  k.matvec[slot_of<E>] = &avx512::matvec_rows<E>;
+  k.prepare[slot_of<E>] = E == encoding::q6_k ? nullptr : &avx2::prepare_block_sums;
+  k.matmul[slot_of<E>] = &avx512::matmul_rows<&avx2::decode_row_k<E>>;
+}
+
+template <encoding E>
+constexpr void set_avx512_fast(kernel_table& k) {
+  k.matvec_q8[slot_of<E>] = &avx512::matvec_q8<E>;
+  k.matmul_q8[slot_of<E>] = &avx512::matmul_q8<E>;
+}
+
+template <encoding E>
+constexpr void set_avx512_fast_k(kernel_table& k) {
+  k.matvec_q8[slot_of<E>] = &avx512::matvec_q8_k<E>;
+  k.matmul_q8[slot_of<E>] = &avx512::matmul_q8_k<E>;
+}
+
+// Starts from the AVX2 table (the level needs everything AVX2 does) and replaces the
+// kernels that have AVX-512 versions. The fast mode uses VNNI where the CPU has it,
+// and the AVX2 maddubs kernels otherwise (AVX-512 without VNNI: Skylake-SP).
+inline const kernel_table& avx512_table() {
+  static const kernel_table t = [] {
+    kernel_table k = avx2_table();
+    k.level = kernel_level::avx512;
+    set_avx512<encoding::f32>(k);
+    set_avx512<encoding::f16>(k);
+    set_avx512<encoding::bf16>(k);
+    set_avx512<encoding::q8_0>(k);
+    set_avx512<encoding::q4_0>(k);
+    set_avx512<encoding::q4_1>(k);
+    set_avx512<encoding::q5_0>(k);
+    set_avx512<encoding::q5_1>(k);
+    set_avx512_k<encoding::q4_k>(k);
+    set_avx512_k<encoding::q5_k>(k);
+    set_avx512_k<encoding::q6_k>(k);
+    if (cpu().amd) {
+      // Exact decode of quantized rows is bound by the int-to-float widening, which
+      // Zen 4 executes 256 bits at a time: its AVX2 kernels measured 10-35% faster
+      // than the 512-bit ones (Q4_1 11.1 against 9.8 GB/s, Q4_0 9.3 against 6.9;
+      // bench/results/kernels.md). The AVX-512 versions stay tested
+      // (tests/test_kernels.cpp) and serve CPUs with full-width 512-bit units.
+      // Q5_0, Q5_1 and the K-quants keep their AVX-512 matvec on AMD too: on an EPYC
+      // of family 26 (Zen 5) they measured 1.50-1.66x the AVX2 ones exact and 1.33-1.73x
+      // fast, hot and from DRAM (bench/results/kernels-kquant-avx512-epyc.md). Not
+      // measured on Zen 4, whose lane-crossing widening (vpmovsxbd, which these use)
+      // slowed the Q4 kernels: if they lose there, this is the place to exclude them.
+      for (std::size_t i : {slot_of<encoding::q8_0>, slot_of<encoding::q4_0>, slot_of<encoding::q4_1>}) {
+        k.matvec[i] = avx2_table().matvec[i];
+        k.prepare[i] = avx2_table().prepare[i];
+      }
+    }
+    // The AVX-512 prefill kernel puts 16 batch rows in the lanes of one register, so a
+    // prompt of 5 tokens leaves 11 of 16 lanes idle; the AVX2 kernel (a dot product
+    // per batch row) wastes none. Splitting a batch between the two would decode each
+    // weight row twice, so a short batch goes to AVX2 whole. Prefill on Zen 4, one
+    // thread, tokens/s AVX2 / AVX-512: 5 tokens 166 / 93, 8: 207 / 147, 21: 269-320 /
+    // 244, 32: 331 / 319-351, 64: 310-349 / 367-381 (bench/results/issue10-epyc-avx512.md).
+    // Zen 4 runs a 512-bit FMA as two 256-bit halves, hence its later crossover.
+    for (std::size_t i = 0; i < table_size; ++i) k.matmul_narrow[i] = avx2_table().matmul[i];
+    k.matmul_min_batch = cpu().amd ? 32 : 16;
+    k.dot = &avx512::dot;
+    k.axpy = &avx512::axpy;
+    k.dot_i8 = &avx512::dot_i8;
+    k.axpy_i8 = &avx512::axpy_i8;
+    k.attention = attention_avx512::table;
+    k.quantize = &avx512::quantize;
+    if (cpu().avx512vnni) {
+      set_avx512_fast<encoding::q8_0>(k);
+      set_avx512_fast<encoding::q4_0>(k);
+      set_avx512_fast<encoding::q4_1>(k);
+      set_avx512_fast<encoding::q5_0>(k);
+      set_avx512_fast<encoding::q5_1>(k);
+      set_avx512_fast_k<encoding::q4_k>(k);
+      set_avx512_fast_k<encoding::q5_k>(k);
+      set_avx512_fast_k<encoding::q6_k>(k);
+    }
+    // Decode with byte permutes where the CPU has them (4 Q4 blocks per step; for
+    // Q8_0 the permute measured slower than two 32-byte loads, 29.5 against 37 GB/s).
+    if (cpu().avx512vnni && cpu().avx512vbmi) {
+      k.matvec_q8[slot_of<encoding::q4_0>] = &avx512::matvec_q8_vbmi<encoding::q4_0>;
+      k.matvec_q8[slot_of<encoding::q4_1>] = &avx512::matvec_q8_vbmi<encoding::q4_1>;
+    }
+    return k;
+  }();
+  return t;
+}
+#endif
+
+}  // namespace detail
+
+}  // namespace tlm::kernels

@@ -25,9 +25,10 @@ Each source (the README, each header) becomes one translation unit; a header's e
 are compiled with only that header and a few standard headers included, the README's
 with its blocks' own #include lines (hoisted to the top) and, when a block names no tlm
 header, <tlm/generate.hpp>, <tlm/configs.hpp> and <tlm/train/trainer.hpp>. A header's
-example may name more headers it needs with `//   #include <...>` lines, hoisted too. Each block sits in a namespace
-of its own and its lines carry #line directives, so an error names README.md or the
-header and the line of the example itself.
+example may name more headers it needs with `//   #include <...>` lines, hoisted too.
+Each block sits in a namespace of its own (a `file` block at global scope, where `main`
+is the program's) and its lines carry #line directives, so an error names README.md or
+the header and the line of the example itself.
 
 A header comment line that looks like code (an indented `//   ` line naming `tlm::` and
 ending with `;` or `{`) outside any marked block is an error too: an unmarked example

@@ -35,6 +35,7 @@ constexpr std::string_view type_name() {
 // A config declares a trait only when it differs from plain Llama; the readers
 // (rope_scaling_v, attention_bias_v, architecture_v) give plain Llama's value when
 // it does not, so older configs need no edit:
+// Example (members):
 //   static constexpr auto rope_scaling = tlm::rope_llama3(32, 1, 4, 8192);  // default: none
 //   static constexpr bool attention_bias = true;                             // default: false
 //   static constexpr auto arch = tlm::architecture::qwen2;                   // default: llama

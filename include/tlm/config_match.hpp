@@ -6,9 +6,10 @@
 // a file without being told its config, and a file no config fits is written out as
 // the struct to add (examples/describe FILE).
 //
+// Example, given std::string path; template <class C> void run(const tlm::gguf::file&):
 //   const tlm::gguf::file f(path);
 //   const std::string name = tlm::match_config(f);  // or a no_matching_config error
-//   tlm::with_config(name, [&](auto c) { ... });
+//   tlm::with_config(name, [&](auto c) { run<typename decltype(c)::type>(f); });
 #include <algorithm>
 #include <cmath>
 #include <cstddef>

@@ -3,6 +3,7 @@
 // tlm.Model(config=...)), listed once. A name is the config type's own name, so
 // the list of names cannot drift from the types it stands for.
 //
+// Example, given std::string name; int options; template <class C> int run(int):
 //   return tlm::with_config(name, [&](auto c) {
 //     using C = typename decltype(c)::type;
 //     return run<C>(options);

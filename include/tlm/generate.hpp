@@ -3,11 +3,12 @@
 // session that keeps the conversation in the KV cache. The examples are thin layers
 // over these; the decoding loop exists once, here.
 //
+// Example, given std::string path:
 //   auto m = tlm::model<tlm::smollm2_135m>::load(path);
 //   auto tok = tlm::tokenizer::from_gguf(m.file());
 //   tlm::generator gen(m, tok);
 //   auto r = gen.generate("The capital of France is", {.max_tokens = 16},
-//                         [](std::int32_t, std::string_view text) { std::fputs(std::string(text).c_str(), stdout); });
+//       tlm::make_token_callback([](std::int32_t, std::string_view text) { std::fputs(std::string(text).c_str(), stdout); }));
 //
 //   tlm::chat_session chat(m, tok);
 //   chat.add("user", "What is the capital of France?");

@@ -8,6 +8,8 @@
 // as llama.cpp applies them (src/llama-adapter.cpp, llama_adapter_lora: alpha 0 or
 // absent means no alpha / r factor). The base stays mapped and in its encoding.
 //
+// Example:
+//   #include <tlm/model.hpp>
 //   auto m = tlm::model<tlm::smollm2_135m>::load("base.gguf");
 //   m.add_lora("adapter.gguf", 0.5f);              // scale 0.5 · alpha / r
 //

@@ -1,6 +1,7 @@
 #pragma once
 // model<C>: a Llama model of config C over a memory-mapped GGUF file.
 //
+// Example, given std::vector<std::int32_t> prompt_ids; std::int32_t next_id:
 //   auto m = tlm::model<tlm::smollm2_135m>::load("SmolLM2-135M-Instruct.Q4_1.gguf");
 //   tlm::kv_cache<tlm::smollm2_135m> cache(256);
 //   auto logits = m.prefill(prompt_ids, cache);      // [V] of the last prompt token

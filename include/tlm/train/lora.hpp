@@ -10,6 +10,10 @@
 // with no special case. A matrix that is not targeted has no member (absent), as a
 // bias has none on a config without biases.
 //
+// Example, given using C = tlm::smollm2_135m; extern const tlm::model<C>& model; std::uint64_t seed; std::vector<std::int32_t> tokens, targets:
+//   #include <tlm/model.hpp>
+//   #include <tlm/train/adamw.hpp>
+//   #include <tlm/train/step.hpp>
 //   tlm::lora<C, 8> ad;                                  // q, k, v, o
 //   tlm::init_lora(ad, seed);                            // B = 0: the base's logits
 //   tlm::lora<C, 8> grads;
@@ -17,7 +21,7 @@
 //   double loss = run.forward(model.weights(), ad, tokens, targets);
 //   tlm::zero(grads);
 //   run.backward(model.weights(), ad, grads);            // grads += d loss / d adapter
-//   tlm::adamw<tlm::lora<C, 8>> opt({...});  opt.step(ad, grads);
+//   tlm::adamw<tlm::lora<C, 8>> opt({.lr = 1e-4});  opt.step(ad, grads);
 //
 // Tensor names and layouts are llama.cpp's (src/llama-adapter.cpp in the llama.cpp
 // that llama-cpp-python 0.3.x vendors): "<base tensor>.lora_a" / ".lora_b", e.g.

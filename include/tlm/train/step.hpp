@@ -2,6 +2,7 @@
 // The training forward and backward passes of a whole model over a batch of B
 // sequences of T tokens, on the same block the inference path runs.
 //
+// Example, given using C = tlm::tiny_train; std::vector<std::int32_t> tokens, targets:
 //   tlm::trainable<C> params;                       // or to_trainable(model.weights())
 //   tlm::trainable<C> grads;
 //   tlm::training<C> run({.batch = 4, .seq = 128, .threads = 2});
@@ -10,7 +11,9 @@
 //   run.backward(params, grads);                          // grads += d loss / d params
 //
 // With a low-rank adapter (lora.hpp) over a frozen base, mapped from its file in its
-// encodings (or owned), the same calls take the base and the adapter:
+// encodings (or owned), the same calls take the base and the adapter.
+// Example, given using C = tlm::smollm2_135m; extern const tlm::model<C>& model; extern tlm::training<C>& run; extern tlm::lora<C, 8>& adapter, &adapter_grads; std::vector<std::int32_t> tokens, targets:
+//   #include <tlm/model.hpp>
 //   double loss = run.forward(model.weights(), adapter, tokens, targets);
 //   run.backward(model.weights(), adapter, adapter_grads);   // only the adapter's
 //
@@ -31,6 +34,7 @@
 // rotated by its position in the example, so a packed sequence computes for each
 // example what that example computes alone in a sequence of its own; backward follows
 // the same segments. Without starts every sequence is one example, today's path.
+// Example, given using C = tlm::tiny_train; extern tlm::training<C>& run; extern const tlm::trainable<C>& params; std::vector<std::int32_t> tokens, targets:
 //   std::vector<std::uint32_t> starts = {0, 0, 0, 3, 3, 3, 3, 7};   // T = 8: examples at 0, 3, 7
 //   double loss = run.forward(params, tokens, targets, starts);
 #include <array>

@@ -2,6 +2,7 @@
 // The training loop as a library type: examples/train and the Python module are front
 // ends over it (argument parsing, printing, signals), never a second copy of the loop.
 //
+// Example:
 //   tlm::trainer<tlm::tiny_train> t({.steps = 100, .batch = 4, .seq = 64, .out = "run"},
 //                                   tlm::data_source::from_text("notes.txt", tlm::byte_tokens, 64, 0.1));
 //   while (!t.done()) t.step();   // one AdamW step each, checkpoints at the cadence
@@ -29,6 +30,7 @@
 // base with the adapter merged, in the base's encodings tensor by tensor, or all its
 // matrices as out_type when that is set).
 //
+// Example, given extern const tlm::data_source& data:
 //   const tlm::gguf::file base("SmolLM2-135M-Instruct.Q4_1.gguf");
 //   tlm::trainer<tlm::smollm2_135m, tlm::lora<tlm::smollm2_135m, 16>> t({.steps = 100, .lora_alpha = 32}, data, &base);
 //   t.run();   // out/adapter.gguf

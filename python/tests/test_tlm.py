@@ -588,6 +588,24 @@ def test_gil_released_during_training_steps(tmp_path):
     assert during > 1000
 
 
+def test_lora_trainer_equals_the_command_line_run(tmp_path):
+    # A LoRA adapter (rank 16, the test wheel's) over a random tiny_train model in Q4_1.
+    base = tmp_path / "tiny-q4_1.gguf"
+    subprocess.run([str(EXAMPLES / "synth_model"), "--config", "tiny_train", "--encoding", "q4_1", "--std", "0.1", "--out",
+                    str(base)], check=True, capture_output=True)
+    data = _training_text(tmp_path / "text.txt")
+    opts = dict(model=base, data=data, lora=16, lora_alpha=32, steps=3, seq=8, batch=2, eval_every=0, threads=1)
+    t = tlm.Trainer(out=tmp_path / "py", **opts)
+    assert t.config == "tiny_train"  # from the file
+    f = t.run()
+    assert f["exported"] and f["model"] == str(tmp_path / "py" / "adapter.gguf")
+    cli = [os.path.join(EXAMPLES, "train")] + _cli_arguments(out=tmp_path / "cli", **opts)
+    subprocess.run(cli, check=True, stdout=subprocess.DEVNULL)
+    assert (tmp_path / "py" / "adapter.gguf").read_bytes() == (tmp_path / "cli" / "adapter.gguf").read_bytes()
+    with pytest.raises(tlm.Error, match=r"--lora 8: this build trains LoRA ranks 16; give one of them"):  # the wheel's ranks
+        tlm.Trainer(out=tmp_path / "r8", **{**opts, "lora": 8})
+
+
 def test_the_wheel_has_no_train_program():
     assert not (pathlib.Path(tlm.__file__).parent / "bin").exists()
 

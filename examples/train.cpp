@@ -39,94 +39,59 @@ namespace {
 // file's hyperparameters choose one.
 using trainable_configs = tlm::program_configs;
 
-// "a, b, c, ..." broken into lines of the help's option column.
-std::string indented_list(const std::string& items) {
-  constexpr std::size_t indent = 23, width = 100;
-  std::string out(indent, ' '), word;
-  std::size_t line = indent;
-  for (std::size_t i = 0; i <= items.size(); ++i) {
-    if (i < items.size() && items[i] != ' ') {
-      word += items[i];
-      continue;
-    }
-    if (word.empty()) continue;
-    if (line > indent && line + 1 + word.size() > width) {
-      out += '\n' + std::string(indent, ' ');
-      line = indent;
-    } else if (line > indent) {
-      out += ' ';
-      ++line;
-    }
-    out += word;
-    line += word.size();
-    word.clear();
-  }
-  return out;
-}
-
-constexpr std::string_view usage = R"(train: train or fine-tune a Llama-architecture model
+constexpr std::string_view usage_head = R"(train: train or fine-tune a Llama-architecture model
 
   train (--model FILE.gguf | --config NAME) --data FILE [--chat] (--steps N | --epochs E) [options]
 
-  --model FILE.gguf    fine-tune this model; its tokenizer reads the data, and its hyperparameters
-                       choose the config unless --config names one
-  --config NAME        train from scratch with N(0, 0.02) weights and byte tokens (with --model:
-                       the config to bind to), one of:
-{configs}
-  --data FILE          training data: UTF-8 text, or chat JSONL with --chat
-  --chat               FILE is JSONL, one {"messages": [{"role", "content"}, ...]} per line,
-                       rendered with the model's chat template; loss on assistant tokens only
-  --steps N            optimizer steps to run in total (counting steps of a resumed run)
-  --epochs E           passes over the training windows instead of --steps
-  --batch B            windows per micro-batch (default 4)
-  --accumulate N       micro-batches per optimizer step, 1 to 1024 (default 1): a step's loss and
-                       gradient are the mean over N * B windows, as one batch of N * B would give,
-                       in the memory of B windows
-  --recompute          keep only each block's input in the forward and recompute the block's
-                       activations in the backward: far less activation memory, about a third
-                       more arithmetic, the same gradients bit for bit
-  --pack               with --chat: pack several conversations into each window instead of one
-                       window each (first fit in file order); each attends only to itself and
-                       its positions start at 0, so fewer windows compute the same losses
-  --seq T              tokens per window (default 128)
-  --lr X               peak learning rate (default 3e-4)
-  --min-lr X           learning rate at the end of the cosine decay (default 0)
-  --warmup N           steps of linear warm-up (default 0)
-  --clip X             clip the global gradient norm to X; 0 turns it off (default 1)
-  --weight-decay X     decoupled weight decay on matrices (default 0.01)
-  --held-out F         fraction of windows kept out of training for the held-out loss (default 0.1)
-  --eval-every N       held-out loss every N steps (default 10; 0: only at the end)
-  --save-every N       checkpoint every N steps (default 100; 0: only at the end)
-  --out DIR            output folder: checkpoints, model.gguf (LoRA: adapter.gguf), loss.csv, loss.svg
-                       (default train-out)
-  --out-type TYPE      encoding of the exported model.gguf: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1,
-                       q8_0, q4_k, q5_k, q6_k (default f32; norms stay f32; a K-quant puts each
-                       matrix where llama.cpp's quantizer would: Q6_K output, Q5_0/Q5_1/Q8_0
-                       for rows that are not a multiple of 256; examples/quantize writes the _M mixes),
-                       or, with --merge, base (its default): each tensor in its encoding in --model
-  --resume             continue from the newest checkpoint in --out
-  --overwrite          start a new run in an --out that holds one, deleting its checkpoints,
-                       model.gguf and loss log (without it such an --out is refused)
-  --keep-checkpoints K keep the newest K checkpoints in --out (default 2)
-  --threads T          worker threads (default 1); a bit-exact resume needs the same count
-  --seed S             seed for weights (from scratch) and the data order (default 1)
-  --stop-after N       stop after N steps of this run as Ctrl-C would (for tests)
-  --lora RANK          train a LoRA adapter over --model instead of every weight: the base stays
-                       mapped read-only; writes adapter.gguf (llama.cpp's adapter format) into --out.
-                       RANK is one of {ranks} for smollm2_135m, 16 for the other configs
-                       (the ranks this build is compiled for)
-  --lora-alpha A       scale the adapter by A / RANK (default: A = RANK, scale 1, as llama.cpp's
-                       finetune and tlm::lora; PEFT's default is a fixed lora_alpha = 8)
-  --lora-targets LIST  matrices to adapt: q,v or q,k,v,o (default) or q,k,v,o,gate,up,down for
-                       smollm2_135m; q,k,v,o for the other configs
-  --merge              with --lora: also write model.gguf, the base with the adapter merged
-                       (W + alpha/RANK B A), each tensor in the encoding it has in --model (a Q4_1
-                       base with a Q6_K output stays so), or all matrices as --out-type TYPE
-  --help               this text
+)";
+constexpr std::string_view usage_tail = R"(  --help               this text
 
 Ctrl-C finishes the current step, writes a checkpoint and exits 0; a second Ctrl-C
 abandons that write (the previous checkpoint stays intact) and exits 1.
 )";
+
+// The usage text: a line per row of tlm::training_options, "--flag VALUE" in a column of
+// 23 and its help beside it, wrapped at 100 columns (and at a '\n' in the help).
+std::string usage_text() {
+  constexpr std::size_t indent = 23, width = 100;
+  std::string text(usage_head);
+  for (const auto& o : tlm::training_options) {
+    std::string head = "  " + o.flag_name();
+    if (!o.value_name.empty()) head += " " + std::string(o.value_name);
+    text += head;
+    std::size_t line = head.size();
+    if (line >= indent) {
+      text += '\n';
+      line = 0;
+    }
+    text += std::string(indent - line, ' ');
+    line = indent;
+    const std::string help = o.help_text();
+    std::size_t words = 0;
+    for (std::size_t i = 0; i < help.size();) {
+      const std::size_t end = std::min(help.find_first_of(" \n", i), help.size());
+      const std::string_view word(help.data() + i, end - i);
+      if (words > 0 && line + 1 + word.size() > width) {
+        text += '\n' + std::string(indent, ' ');
+        line = indent;
+      } else if (words > 0) {
+        text += ' ';
+        ++line;
+      }
+      text += word;
+      line += word.size();
+      ++words;
+      if (end < help.size() && help[end] == '\n') {  // a line break the help asks for
+        text += '\n' + std::string(indent, ' ');
+        line = indent;
+        words = 0;
+      }
+      i = end + 1;
+    }
+    text += '\n';
+  }
+  return text + std::string(usage_tail);
+}
 
 using options = tlm::training_request;
 
@@ -139,10 +104,7 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") {
-      std::string text(usage);
-      text.replace(text.find("{ranks}"), 7, tlm::lora_ranks_text(false));
-      text.replace(text.find("{configs}"), 9, indented_list(tlm::config_names_text<trainable_configs>()));
-      fmt::print("{}", text);
+      fmt::print("{}", usage_text());
       std::exit(0);
     }
     if (!a.starts_with("--")) fail(fmt::format("unexpected argument '{}'; options start with -- (see --help)", a));

@@ -846,7 +846,7 @@ nb::list training_option_list() {
     nb::dict d;
     d["name"] = nb::str(std::string(o.name).c_str());
     d["flag"] = nb::str(o.flag_name().c_str());
-    d["help"] = nb::str(std::string(o.help).c_str());
+    d["help"] = nb::str(o.help_text().c_str());
     switch (o.kind) {
       case tlm::training_option_kind::whole:
         d["kind"] = "whole";
@@ -882,11 +882,10 @@ std::string trainer_doc() {
       "run(on_step=None) steps to the end and returns finish()'s report; iterating yields each step's report "
       "(call finish() after). Ctrl-C during run() stops at the next step boundary, writes a checkpoint and raises "
       "KeyboardInterrupt; resume=True continues.\n\nKeywords (tlm/train/training_options.hpp):";
-  const tlm::training_request defaults;
   for (const auto& o : tlm::training_options) {
-    doc += "\n  " + std::string(o.name) + ": " + std::string(o.help);
-    if (o.kind == tlm::training_option_kind::whole) doc += fmt::format("; {} to {}, default {}", o.lo, o.hi, defaults.*(o.whole));
-    if (o.kind == tlm::training_option_kind::real) doc += fmt::format("; range {}, default {}", o.range_text(), defaults.*(o.real));
+    doc += "\n  " + std::string(o.name) + ": " + o.help_text();
+    if (o.kind == tlm::training_option_kind::whole) doc += fmt::format("; {} to {}", o.lo, o.hi);
+    if (o.kind == tlm::training_option_kind::real) doc += "; range " + o.range_text();
   }
   return doc;
 }

@@ -60,6 +60,10 @@ struct training_option {
   training_option_kind kind;
   double lo, hi;  // whole and real (whole bounds are exact: below 2^53)
   bool lo_open;
+  std::string_view value_name;  // in the usage line: N, X, FILE; empty for a flag
+  // train --help's text and the Python docstring's, with {default} (the member's initial
+  // value), {min} and {max}, {configs} (the configs this build trains) and {ranks} (its
+  // LoRA ranks) filled in by help_text(); a '\n' breaks the usage line there.
   std::string_view help;
   // The member it sets: exactly one, by kind.
   std::uint64_t training_request::* whole = nullptr;
@@ -77,8 +81,10 @@ struct training_option {
   bool accepts(double v) const { return std::isfinite(v) && v >= lo && v <= hi && !(lo_open && v == lo); }
   // The message for a value out of range; `shown` is how the surface names the option.
   std::string out_of_range(std::string_view shown, std::string_view value) const {
-    return fmt::format("{} {} is outside {}; {}", shown, value, range_text(), help);
+    return fmt::format("{} {} is outside {}", shown, value, range_text());
   }
+  std::string default_text() const;
+  std::string help_text() const;
 };
 
 namespace training_detail {
@@ -89,37 +95,90 @@ using R = training_request;
 
 // In the order of examples/train's usage text.
 inline const std::array<training_option, 31> training_options{{
-    {"model", training_detail::K::text, 0, 0, false, "a GGUF file to fine-tune; its tokenizer reads the data", nullptr, nullptr, &training_detail::R::model},
-    {"config", training_detail::K::text, 0, 0, false, "a config name: from scratch, or the config to bind --model to", nullptr, nullptr, &training_detail::R::config},
-    {"data", training_detail::K::text, 0, 0, false, "the training data: UTF-8 text, or chat JSONL with chat", nullptr, nullptr, &training_detail::R::data},
-    {"chat", training_detail::K::flag, 0, 0, false, "the data is chat JSONL, rendered with the model's template; loss on the assistant's tokens", nullptr, nullptr, nullptr, &training_detail::R::chat},
-    {"steps", training_detail::K::whole, 1, training_detail::billion, false, "optimizer steps in total, counting a resumed run's", &training_detail::R::steps},
-    {"epochs", training_detail::K::whole, 1, 1e6, false, "passes over the training windows instead of steps", &training_detail::R::epochs},
-    {"batch", training_detail::K::whole, 1, 4096, false, "windows per micro-batch", &training_detail::R::batch},
-    {"accumulate", training_detail::K::whole, 1, 1024, false, "micro-batches per optimizer step", &training_detail::R::accumulate},
-    {"recompute", training_detail::K::flag, 0, 0, false, "recompute each block's activations in the backward: less memory, the same gradients", nullptr, nullptr, nullptr, &training_detail::R::recompute},
-    {"pack", training_detail::K::flag, 0, 0, false, "with chat: pack several conversations into each window", nullptr, nullptr, nullptr, &training_detail::R::pack},
-    {"seq", training_detail::K::whole, 1, 1e6, false, "tokens per window", &training_detail::R::seq},
-    {"lr", training_detail::K::real, 0, 1, true, "the peak learning rate", nullptr, &training_detail::R::lr},
-    {"min_lr", training_detail::K::real, 0, 1, false, "the learning rate at the end of the cosine decay", nullptr, &training_detail::R::min_lr},
-    {"warmup", training_detail::K::whole, 0, training_detail::billion, false, "steps of linear warm-up", &training_detail::R::warmup},
-    {"clip", training_detail::K::real, 0, 1e9, false, "the global gradient-norm clip; 0 turns it off", nullptr, &training_detail::R::clip},
-    {"weight_decay", training_detail::K::real, 0, 1, false, "decoupled weight decay on matrices", nullptr, &training_detail::R::weight_decay},
-    {"held_out", training_detail::K::real, 0, 0.9, false, "the fraction of windows kept out of training for the held-out loss", nullptr, &training_detail::R::held_out},
-    {"eval_every", training_detail::K::whole, 0, training_detail::billion, false, "held-out loss every N steps (0: only at the end)", &training_detail::R::eval_every},
-    {"save_every", training_detail::K::whole, 0, training_detail::billion, false, "a checkpoint every N steps (0: only at the end)", &training_detail::R::save_every},
-    {"out", training_detail::K::text, 0, 0, false, "the output folder: checkpoints, model.gguf (LoRA: adapter.gguf), loss.csv, loss.svg", nullptr, nullptr, &training_detail::R::out},
-    {"out_type", training_detail::K::text, 0, 0, false, "the encoding of the exported model.gguf (f32 by default), or base with merge", nullptr, nullptr, &training_detail::R::out_type},
-    {"resume", training_detail::K::flag, 0, 0, false, "continue from the newest checkpoint in out", nullptr, nullptr, nullptr, &training_detail::R::resume},
-    {"overwrite", training_detail::K::flag, 0, 0, false, "start a new run in an out that holds one, deleting it", nullptr, nullptr, nullptr, &training_detail::R::overwrite},
-    {"keep_checkpoints", training_detail::K::whole, 1, 1e6, false, "the newest checkpoints kept in out", &training_detail::R::keep_checkpoints},
-    {"threads", training_detail::K::whole, 1, 1024, false, "worker threads; a bit-exact resume needs the same count", &training_detail::R::threads},
-    {"seed", training_detail::K::whole, 0, 9007199254740991.0, false, "the seed of the weights (from scratch) and the data order", &training_detail::R::seed},
-    {"stop_after", training_detail::K::whole, 1, training_detail::billion, false, "stop after N steps of this run as Ctrl-C would", &training_detail::R::stop_after},
-    {"lora", training_detail::K::whole, 1, 1e6, false, "train a LoRA adapter of this rank over model instead of every weight", &training_detail::R::lora},
-    {"lora_alpha", training_detail::K::real, 0, 1e6, true, "scale the adapter by alpha / rank (default: alpha = rank)", nullptr, &training_detail::R::lora_alpha},
-    {"lora_targets", training_detail::K::text, 0, 0, false, "the matrices to adapt: q,v or q,k,v,o (default) or q,k,v,o,gate,up,down", nullptr, nullptr, &training_detail::R::lora_targets},
-    {"merge", training_detail::K::flag, 0, 0, false, "with lora: also write model.gguf, the base with the adapter merged", nullptr, nullptr, nullptr, &training_detail::R::merge},
+    {"model", training_detail::K::text, 0, 0, false, "FILE.gguf",
+     "fine-tune this model; its tokenizer reads the data, and its hyperparameters choose the config unless --config names one",
+     nullptr, nullptr, &training_detail::R::model},
+    {"config", training_detail::K::text, 0, 0, false, "NAME",
+     "train from scratch with N(0, 0.02) weights and byte tokens (with --model: the config to bind to), one of: {configs}",
+     nullptr, nullptr, &training_detail::R::config},
+    {"data", training_detail::K::text, 0, 0, false, "FILE", "training data: UTF-8 text, or chat JSONL with --chat", nullptr, nullptr,
+     &training_detail::R::data},
+    {"chat", training_detail::K::flag, 0, 0, false, "",
+     "--data FILE is JSONL, one {\"messages\": [{\"role\", \"content\"}, ...]} per line, rendered with the model's chat template; "
+     "loss on assistant tokens only",
+     nullptr, nullptr, nullptr, &training_detail::R::chat},
+    {"steps", training_detail::K::whole, 1, training_detail::billion, false, "N",
+     "optimizer steps to run in total (counting steps of a resumed run)", &training_detail::R::steps},
+    {"epochs", training_detail::K::whole, 1, 1e6, false, "E", "passes over the training windows instead of --steps",
+     &training_detail::R::epochs},
+    {"batch", training_detail::K::whole, 1, 4096, false, "B", "windows per micro-batch (default {default})", &training_detail::R::batch},
+    {"accumulate", training_detail::K::whole, 1, 1024, false, "N",
+     "micro-batches per optimizer step, {min} to {max} (default {default}): a step's loss and gradient are the mean over N * B "
+     "windows, as one batch of N * B would give, in the memory of B windows",
+     &training_detail::R::accumulate},
+    {"recompute", training_detail::K::flag, 0, 0, false, "",
+     "keep only each block's input in the forward and recompute the block's activations in the backward: far less activation "
+     "memory, about a third more arithmetic, the same gradients bit for bit",
+     nullptr, nullptr, nullptr, &training_detail::R::recompute},
+    {"pack", training_detail::K::flag, 0, 0, false, "",
+     "with --chat: pack several conversations into each window instead of one window each (first fit in file order); each "
+     "attends only to itself and its positions start at 0, so fewer windows compute the same losses",
+     nullptr, nullptr, nullptr, &training_detail::R::pack},
+    {"seq", training_detail::K::whole, 1, 1e6, false, "T", "tokens per window (default {default})", &training_detail::R::seq},
+    {"lr", training_detail::K::real, 0, 1, true, "X", "peak learning rate (default {default})", nullptr, &training_detail::R::lr},
+    {"min_lr", training_detail::K::real, 0, 1, false, "X", "learning rate at the end of the cosine decay (default {default})", nullptr,
+     &training_detail::R::min_lr},
+    {"warmup", training_detail::K::whole, 0, training_detail::billion, false, "N", "steps of linear warm-up (default {default})",
+     &training_detail::R::warmup},
+    {"clip", training_detail::K::real, 0, 1e9, false, "X", "clip the global gradient norm to X; 0 turns it off (default {default})",
+     nullptr, &training_detail::R::clip},
+    {"weight_decay", training_detail::K::real, 0, 1, false, "X", "decoupled weight decay on matrices (default {default})", nullptr,
+     &training_detail::R::weight_decay},
+    {"held_out", training_detail::K::real, 0, 0.9, false, "F",
+     "fraction of windows kept out of training for the held-out loss (default {default})", nullptr, &training_detail::R::held_out},
+    {"eval_every", training_detail::K::whole, 0, training_detail::billion, false, "N",
+     "held-out loss every N steps (default {default}; 0: only at the end)", &training_detail::R::eval_every},
+    {"save_every", training_detail::K::whole, 0, training_detail::billion, false, "N",
+     "checkpoint every N steps (default {default}; 0: only at the end)", &training_detail::R::save_every},
+    {"out", training_detail::K::text, 0, 0, false, "DIR",
+     "output folder: checkpoints, model.gguf (LoRA: adapter.gguf), loss.csv, loss.svg (default {default})", nullptr, nullptr,
+     &training_detail::R::out},
+    {"out_type", training_detail::K::text, 0, 0, false, "TYPE",
+     "encoding of the exported model.gguf: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k (default f32; norms "
+     "stay f32; a K-quant puts each matrix where llama.cpp's quantizer would: Q6_K output, Q5_0/Q5_1/Q8_0 for rows that are not "
+     "a multiple of 256; examples/quantize writes the _M mixes), or, with --merge, base (its default): each tensor in its "
+     "encoding in --model",
+     nullptr, nullptr, &training_detail::R::out_type},
+    {"resume", training_detail::K::flag, 0, 0, false, "", "continue from the newest checkpoint in --out", nullptr, nullptr, nullptr,
+     &training_detail::R::resume},
+    {"overwrite", training_detail::K::flag, 0, 0, false, "",
+     "start a new run in an --out that holds one, deleting its checkpoints, model.gguf and loss log (without it such an --out "
+     "is refused)",
+     nullptr, nullptr, nullptr, &training_detail::R::overwrite},
+    {"keep_checkpoints", training_detail::K::whole, 1, 1e6, false, "K", "keep the newest K checkpoints in --out (default {default})",
+     &training_detail::R::keep_checkpoints},
+    {"threads", training_detail::K::whole, 1, 1024, false, "T",
+     "worker threads (default {default}); a bit-exact resume needs the same count", &training_detail::R::threads},
+    {"seed", training_detail::K::whole, 0, 9007199254740991.0, false, "S",
+     "seed for weights (from scratch) and the data order (default {default})", &training_detail::R::seed},
+    {"stop_after", training_detail::K::whole, 1, training_detail::billion, false, "N",
+     "stop after N steps of this run as Ctrl-C would (for tests)", &training_detail::R::stop_after},
+    {"lora", training_detail::K::whole, 1, 1e6, false, "RANK",
+     "train a LoRA adapter over --model instead of every weight: the base stays mapped read-only; writes adapter.gguf "
+     "(llama.cpp's adapter format) in --out.\nRANK is one of {ranks} for smollm2_135m, 16 for the other configs (the ranks "
+     "this build is compiled for)",
+     &training_detail::R::lora},
+    {"lora_alpha", training_detail::K::real, 0, 1e6, true, "A",
+     "scale the adapter by A / RANK (default: A = RANK, scale 1, as llama.cpp's finetune and tlm::lora; PEFT's default is a "
+     "fixed lora_alpha = 8)",
+     nullptr, &training_detail::R::lora_alpha},
+    {"lora_targets", training_detail::K::text, 0, 0, false, "LIST",
+     "matrices to adapt: q,v or q,k,v,o (default) or q,k,v,o,gate,up,down for smollm2_135m; q,k,v,o for the other configs",
+     nullptr, nullptr, &training_detail::R::lora_targets},
+    {"merge", training_detail::K::flag, 0, 0, false, "",
+     "with --lora: also write model.gguf, the base with the adapter merged (W + alpha/RANK B A), each tensor in the encoding it "
+     "has in --model (a Q4_1 base with a Q6_K output stays so), or all matrices as --out-type TYPE",
+     nullptr, nullptr, nullptr, &training_detail::R::merge},
 }};
 
 inline const training_option* find_training_option(std::string_view name) {
@@ -244,6 +303,31 @@ inline std::string lora_ranks_text(bool and_last) {
     text += std::to_string(ranks[i]);
   }
   return text;
+}
+
+// The member's initial value in training_request, as the help shows it.
+inline std::string training_option::default_text() const {
+  const training_request d;
+  switch (kind) {
+    case training_option_kind::whole: return fmt::format("{}", d.*whole);
+    case training_option_kind::real: return fmt::format("{}", d.*real);
+    case training_option_kind::text: return d.*text;
+    case training_option_kind::flag: return d.*flag ? "on" : "off";
+  }
+  return {};
+}
+
+inline std::string training_option::help_text() const {
+  std::string h(help);
+  const auto fill = [&h](std::string_view key, const std::string& value) {
+    for (std::size_t at = h.find(key); at != std::string::npos; at = h.find(key, at + value.size())) h.replace(at, key.size(), value);
+  };
+  fill("{default}", default_text());
+  fill("{min}", fmt::format("{}", lo));
+  fill("{max}", fmt::format("{}", hi));
+  fill("{configs}", config_names_text<program_configs>());
+  fill("{ranks}", lora_ranks_text(false));
+  return h;
 }
 
 // Returns f.template operator()<C, Adapter>() (a value, the same type for each) for the config named `config_name` (one of

@@ -742,7 +742,7 @@ class py_trainer {
       try {
         if (!on_step.is_none()) on_step(step_dict(rep));
         if (PyErr_CheckSignals() != 0) throw nb::python_error();
-      } catch (nb::python_error& e) {
+      } catch (nb::python_error&) {
         // Ctrl-C (or the callback's exception) ends the run at this step with its
         // checkpoint, which resume=True continues; the exception goes on to the caller.
         finish_locked();

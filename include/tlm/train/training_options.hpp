@@ -19,11 +19,11 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <fmt/core.h>
 #include <unistd.h>
 
-#include "../config_match.hpp"
 #include "../configs.hpp"
 #include "../encoding.hpp"
 #include "../error.hpp"

@@ -15,6 +15,10 @@
 #include <tlm/sampler.hpp>
 #include <tlm/sampling_options.hpp>
 #include <tlm/tokenizer.hpp>
+#include <tlm/train/trainer.hpp>
+#include <tlm/train/training_options.hpp>
+
+#include <fmt/core.h>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -561,6 +565,331 @@ std::vector<tlm::chat_message> messages_from(const nb::handle& given) {
   return out;
 }
 
+// ---- training: tlm::trainer behind tlm.Trainer, its options read by the table of
+// examples/train's flags (tlm/train/training_options.hpp).
+
+class trainer_base {
+ public:
+  virtual ~trainer_base() = default;
+  virtual tlm::step_report step() = 0;
+  virtual bool done() const = 0;
+  virtual tlm::finish_report finish() = 0;
+  virtual double held_out_loss() = 0;
+  virtual std::size_t steps() const = 0;
+  virtual std::size_t total_steps() const = 0;
+  virtual std::size_t steps_this_run() const = 0;
+  virtual const tlm::dataset& data() const = 0;
+  virtual std::string kernel_level() const = 0;
+  virtual double load_seconds() const = 0;
+  virtual const std::vector<tlm::loss_log_row>& log() const = 0;
+};
+
+template <tlm::LlamaConfig C, class Adapter>
+class trainer_impl final : public trainer_base {
+ public:
+  trainer_impl(const tlm::training_request& r, const std::string& config, tlm::trainer_hooks hooks) {
+    if (!r.model.empty()) {
+      source_ = std::make_unique<tlm::gguf::file>(r.model);
+      (void)tlm::bind<C>(*source_);  // a file of another shape is refused before anything else is read
+    }
+    t_.emplace(tlm::to_trainer_options(r, config), tlm::training_data<C>(r, config, source_.get()), source_.get(), std::move(hooks));
+  }
+  tlm::step_report step() override { return t_->step(); }
+  bool done() const override { return t_->done(); }
+  tlm::finish_report finish() override { return t_->finish(); }
+  double held_out_loss() override { return t_->held_out_loss(); }
+  std::size_t steps() const override { return t_->steps(); }
+  std::size_t total_steps() const override { return t_->total_steps(); }
+  std::size_t steps_this_run() const override { return t_->steps_this_run(); }
+  const tlm::dataset& data() const override { return t_->data(); }
+  std::string kernel_level() const override { return t_->kernel_level(); }
+  double load_seconds() const override { return t_->load_seconds(); }
+  const std::vector<tlm::loss_log_row>& log() const override { return t_->log(); }
+
+ private:
+  std::unique_ptr<tlm::gguf::file> source_;  // the trainer's source outlives it: declared first
+  std::optional<tlm::trainer<C, Adapter>> t_;
+};
+
+nb::object nan_as_none(double x) { return std::isnan(x) ? nb::none() : nb::cast(x); }
+
+nb::dict step_dict(const tlm::step_report& r) {
+  nb::dict d;
+  d["step"] = r.step;
+  d["total"] = r.total;
+  d["loss"] = r.loss;
+  d["held_out"] = nan_as_none(r.held_out);
+  d["last_held_out"] = nan_as_none(r.last_held_out);
+  d["lr"] = r.lr;
+  d["grad_norm"] = r.grad_norm;
+  d["tokens_per_s"] = r.tokens_per_s;
+  d["eta_seconds"] = r.eta_seconds;
+  return d;
+}
+
+nb::dict finish_dict(const tlm::finish_report& f, std::size_t step, std::size_t total) {
+  nb::dict d;
+  d["step"] = step;
+  d["total"] = total;
+  d["saved"] = f.saved;
+  d["checkpoint"] = f.checkpoint.empty() ? nb::none() : nb::cast(f.checkpoint);
+  d["save_seconds"] = f.save_seconds;
+  d["exported"] = f.exported;
+  d["model"] = f.model.empty() ? nb::none() : nb::cast(f.model.string());
+  d["merged"] = f.merged.empty() ? nb::none() : nb::cast(f.merged.string());
+  d["merge_kept"] = nan_as_none(f.merge_kept);
+  return d;
+}
+
+// The keywords of tlm.Trainer, each a row of the table; a value of the wrong type is a
+// TypeError, one out of range tlm.Error with the range, as the flag's message gives it.
+tlm::training_request training_request_from(const nb::kwargs& kw) {
+  tlm::training_request r;
+  const nb::object fspath = nb::module_::import_("os").attr("fspath");
+  for (const auto& [key, value] : kw) {
+    const std::string name = nb::cast<std::string>(key);
+    const tlm::training_option* o = tlm::find_training_option(name);
+    if (!o)
+      throw nb::type_error(("tlm.Trainer: unexpected keyword argument '" + name + "'; the keywords are " + tlm::training_option_names()).c_str());
+    if (value.is_none()) continue;  // the default, as if omitted
+    const std::string shown = name + "=" + nb::cast<std::string>(nb::repr(value));
+    switch (o->kind) {
+      case tlm::training_option_kind::flag:
+        if (!nb::isinstance<nb::bool_>(value)) throw nb::type_error((name + " is a switch: pass True or False, not " + shown).c_str());
+        r.*(o->flag) = nb::cast<bool>(value);
+        break;
+      case tlm::training_option_kind::whole: {
+        if (nb::isinstance<nb::bool_>(value) || !nb::isinstance<nb::int_>(value))
+          throw nb::type_error((name + " must be a whole number (an int), not " + shown).c_str());
+        const long long n = PyLong_AsLongLong(value.ptr());  // -1 and an error when too big
+        if (n == -1 && PyErr_Occurred()) PyErr_Clear();
+        else if (n >= 0 && static_cast<double>(n) >= o->lo && static_cast<double>(n) <= o->hi) {
+          r.*(o->whole) = static_cast<std::uint64_t>(n);
+          break;
+        }
+        throw tlm::error(fmt::format("{} takes a whole number from {} to {}, got {}", name, o->lo, o->hi, nb::cast<std::string>(nb::repr(value))));
+      }
+      case tlm::training_option_kind::real: {
+        if (nb::isinstance<nb::bool_>(value) || !(nb::isinstance<nb::float_>(value) || nb::isinstance<nb::int_>(value)))
+          throw nb::type_error((name + " must be a number, not " + shown).c_str());
+        const double x = nb::cast<double>(value);
+        if (!o->accepts(x)) throw tlm::error(o->out_of_range(name, nb::cast<std::string>(nb::repr(value))));
+        r.*(o->real) = x;
+        break;
+      }
+      case tlm::training_option_kind::text:
+        if (!nb::isinstance<nb::str>(value) && !nb::hasattr(value, "__fspath__"))
+          throw nb::type_error((name + " must be a string or a path, not " + shown).c_str());
+        r.*(o->text) = nb::cast<std::string>(fspath(value));
+        break;
+    }
+  }
+  return r;
+}
+
+// tlm.Trainer: one run of tlm::trainer. Each step runs with the GIL released; run()
+// looks for Ctrl-C between steps, as examples/train's stop flag is read, and then writes
+// the checkpoint examples/train writes on Ctrl-C before raising KeyboardInterrupt.
+class py_trainer {
+ public:
+  explicit py_trainer(const nb::kwargs& kw) : r_(training_request_from(kw)) {
+    tlm::check_request(r_);
+    if (!r_.config.empty() && !tlm::program_configs::contains(r_.config))
+      throw tlm::error("unknown config '" + r_.config + "'; known: " + tlm::config_names_text<tlm::program_configs>());
+    tlm::trainer_hooks hooks;
+    hooks.warn = [this](const std::string& m) {
+      std::lock_guard lock(messages_mu_);
+      pending_.push_back(m);
+    };
+    {
+      nb::gil_scoped_release unlocked;
+      config_ = tlm::choose_config<tlm::program_configs>(r_.config, r_.model);
+      t_ = tlm::with_training_types<tlm::program_configs>(r_, config_, [&]<class C, class Adapter>() -> std::unique_ptr<trainer_base> {
+        if constexpr (std::is_void_v<Adapter>) tlm::refuse_beyond_memory<C>(config_);
+        return std::make_unique<trainer_impl<C, Adapter>>(r_, config_, hooks);
+      });
+    }
+    flush_messages();
+  }
+
+  nb::dict step() {
+    const std::unique_lock lock = claim();
+    if (finished_) throw tlm::error("tlm.Trainer: finish() ended this run; continue it with a new Trainer(..., resume=True)");
+    tlm::step_report rep;
+    {
+      nb::gil_scoped_release unlocked;
+      rep = t_->step();
+    }
+    flush_messages();
+    return step_dict(rep);
+  }
+
+  nb::dict finish() {
+    const std::unique_lock lock = claim();
+    return finish_locked();
+  }
+
+  nb::dict run(const nb::object& on_step) {
+    std::unique_lock lock = claim();
+    if (finished_) throw tlm::error("tlm.Trainer: finish() ended this run; continue it with a new Trainer(..., resume=True)");
+    while (!t_->done()) {
+      tlm::step_report rep;
+      {
+        nb::gil_scoped_release unlocked;
+        rep = t_->step();
+      }
+      flush_messages();
+      try {
+        if (!on_step.is_none()) on_step(step_dict(rep));
+        if (PyErr_CheckSignals() != 0) throw nb::python_error();
+      } catch (nb::python_error&) {
+        // Ctrl-C (or the callback's exception) ends the run at this step with its
+        // checkpoint, which resume=True continues; the exception goes on to the caller.
+        finish_locked();
+        messages_.append(nb::str(fmt::format("stopped at step {} of {}; continue with resume=True", t_->steps(), t_->total_steps()).c_str()));
+        throw;
+      }
+    }
+    return finish_locked();
+  }
+
+  double held_out_loss() {
+    const std::unique_lock lock = claim();
+    nb::gil_scoped_release unlocked;
+    return t_->held_out_loss();
+  }
+
+  nb::object next() {
+    if (t_->done()) throw nb::stop_iteration();
+    return step();
+  }
+
+  std::size_t steps() const { return t_->steps(); }
+  std::size_t total_steps() const { return t_->total_steps(); }
+  std::size_t steps_this_run() const { return t_->steps_this_run(); }
+  bool done() const { return t_->done(); }
+  bool finished() const { return finished_; }
+  std::string config() const { return config_; }
+  std::string out() const { return r_.out; }
+  std::string kernel_level() const { return t_->kernel_level(); }
+  double load_seconds() const { return t_->load_seconds(); }
+  std::size_t train_windows() const { return t_->data().train.size(); }
+  std::size_t held_out_windows() const { return t_->data().held_out.size(); }
+  std::size_t tokens() const { return t_->data().tokens; }
+  nb::list messages() const { return messages_; }
+  nb::list log() const {
+    nb::list rows;
+    for (const auto& x : t_->log()) {
+      nb::dict d;
+      d["step"] = x.step;
+      d["loss"] = x.loss;
+      d["held_out"] = nan_as_none(x.held_out);
+      d["lr"] = x.lr;
+      d["grad_norm"] = x.grad_norm;
+      d["tokens_per_s"] = x.tokens_per_s;
+      rows.append(d);
+    }
+    return rows;
+  }
+
+ private:
+  // One call at a time: a step from a second thread would race the first on the
+  // trainer's buffers.
+  std::unique_lock<std::mutex> claim() {
+    std::unique_lock lock(busy_, std::try_to_lock);
+    if (!lock.owns_lock()) throw tlm::error("tlm.Trainer: another thread is running this trainer; one call at a time");
+    return lock;
+  }
+
+  nb::dict finish_locked() {
+    if (finished_) throw tlm::error("tlm.Trainer: finish() already ended this run; continue it with a new Trainer(..., resume=True)");
+    tlm::finish_report f;
+    {
+      nb::gil_scoped_release unlocked;
+      f = t_->finish();
+    }
+    finished_ = true;
+    flush_messages();
+    return finish_dict(f, t_->steps(), t_->total_steps());
+  }
+
+  // The trainer's warnings and notes (a changed option on resume, what earlier runs
+  // left), kept in Trainer.messages and written to stderr as examples/train writes them.
+  void flush_messages() {
+    std::vector<std::string> now;
+    {
+      std::lock_guard lock(messages_mu_);
+      now.swap(pending_);
+    }
+    if (now.empty()) return;
+    const nb::object err = nb::module_::import_("sys").attr("stderr");
+    for (const auto& m : now) {
+      messages_.append(nb::str(m.c_str()));
+      err.attr("write")(nb::str(("tlm.Trainer: " + m + "\n").c_str()));
+    }
+  }
+
+  tlm::training_request r_;
+  std::string config_;
+  std::unique_ptr<trainer_base> t_;
+  std::mutex busy_, messages_mu_;
+  std::vector<std::string> pending_;
+  nb::list messages_;
+  bool finished_ = false;
+};
+
+// The table as Python sees it: tlm._training_options(), one dict per keyword.
+nb::list training_option_list() {
+  nb::list out;
+  const tlm::training_request defaults;
+  for (const auto& o : tlm::training_options) {
+    nb::dict d;
+    d["name"] = nb::str(std::string(o.name).c_str());
+    d["flag"] = nb::str(o.flag_name().c_str());
+    d["help"] = nb::str(o.help_text().c_str());
+    switch (o.kind) {
+      case tlm::training_option_kind::whole:
+        d["kind"] = "whole";
+        d["default"] = defaults.*(o.whole);
+        d["min"] = static_cast<std::uint64_t>(o.lo);
+        d["max"] = static_cast<std::uint64_t>(o.hi);
+        break;
+      case tlm::training_option_kind::real:
+        d["kind"] = "real";
+        d["default"] = defaults.*(o.real);
+        d["min"] = o.lo;
+        d["max"] = o.hi;
+        d["min_open"] = o.lo_open;
+        break;
+      case tlm::training_option_kind::text:
+        d["kind"] = "text";
+        d["default"] = nb::str((defaults.*(o.text)).c_str());
+        break;
+      case tlm::training_option_kind::flag:
+        d["kind"] = "flag";
+        d["default"] = defaults.*(o.flag);
+        break;
+    }
+    out.append(d);
+  }
+  return out;
+}
+
+std::string trainer_doc() {
+  std::string doc =
+      "tlm.Trainer(**options): one training run of tlm::trainer, with examples/train's options as keywords "
+      "(flag --min-lr is min_lr=; switches take True). step() runs one optimizer step and returns its report; "
+      "run(on_step=None) steps to the end and returns finish()'s report; iterating yields each step's report "
+      "(call finish() after). Ctrl-C during run() stops at the next step boundary, writes a checkpoint and raises "
+      "KeyboardInterrupt; resume=True continues.\n\nKeywords (tlm/train/training_options.hpp):";
+  for (const auto& o : tlm::training_options) {
+    doc += "\n  " + std::string(o.name) + ": " + o.help_text();
+    if (o.kind == tlm::training_option_kind::whole) doc += fmt::format("; {} to {}", o.lo, o.hi);
+    if (o.kind == tlm::training_option_kind::real) doc += "; range " + o.range_text();
+  }
+  return doc;
+}
+
 }  // namespace
 
 NB_MODULE(_tlm, m) {
@@ -629,4 +958,34 @@ NB_MODULE(_tlm, m) {
       .def_prop_ro("bos", &py_model::bos, "The file's beginning-of-sequence id (-1 if it has none).")
       .def_prop_ro("end_of_generation", &py_model::end_of_generation,
                    "The sorted ids that end a generated reply (EOS and the file's end-of-turn tokens).");
+  m.def("_training_options", &training_option_list,
+        "The keywords of tlm.Trainer and tlm.train (examples/train's flags): name, flag, kind, default, min, max, help.");
+  static const std::string train_doc = trainer_doc();
+  nb::class_<py_trainer>(m, "Trainer", train_doc.c_str())
+      .def(nb::init<const nb::kwargs&>(), "options"_a)
+      .def("step", &py_trainer::step, "One optimizer step (and the held-out loss and checkpoint at their cadence): a dict of step, "
+           "total, loss, held_out (None unless measured at this step), last_held_out, lr, grad_norm, tokens_per_s, eta_seconds.")
+      .def("run", &py_trainer::run, "on_step"_a = nb::none(),
+           "Steps to the end (on_step receives each step's dict), then finish(). Ctrl-C stops at the next step "
+           "boundary with a checkpoint and raises KeyboardInterrupt.")
+      .def("finish", &py_trainer::finish,
+           "Ends the run: a checkpoint of the last step, and at the total out/model.gguf (LoRA: adapter.gguf). A dict of "
+           "step, total, saved, checkpoint, save_seconds, exported, model, merged, merge_kept.")
+      .def("held_out_loss", &py_trainer::held_out_loss, "The mean loss over the held-out windows (NaN without any).")
+      .def("__iter__", [](nb::handle self) { return self; })
+      .def("__next__", &py_trainer::next)
+      .def_prop_ro("steps", &py_trainer::steps, "Optimizer steps done, counting a resumed run's.")
+      .def_prop_ro("total_steps", &py_trainer::total_steps)
+      .def_prop_ro("steps_this_run", &py_trainer::steps_this_run)
+      .def_prop_ro("done", &py_trainer::done)
+      .def_prop_ro("finished", &py_trainer::finished)
+      .def_prop_ro("config", &py_trainer::config)
+      .def_prop_ro("out", &py_trainer::out)
+      .def_prop_ro("kernel_level", &py_trainer::kernel_level)
+      .def_prop_ro("load_seconds", &py_trainer::load_seconds, "Seconds the resumed checkpoint took to load.")
+      .def_prop_ro("train_windows", &py_trainer::train_windows)
+      .def_prop_ro("held_out_windows", &py_trainer::held_out_windows)
+      .def_prop_ro("tokens", &py_trainer::tokens, "Tokens read from the data.")
+      .def_prop_ro("messages", &py_trainer::messages, "The trainer's warnings and notes, also written to stderr.")
+      .def_prop_ro("log", &py_trainer::log, "The loss log (loss.csv's rows, a resumed run's earlier ones too).");
 }

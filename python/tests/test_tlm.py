@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -383,11 +384,46 @@ def test_two_models_in_two_threads(model):
     print(f"two models: sequential {sequential:.2f} s, two threads {parallel:.2f} s, speed-up {sequential / parallel:.2f}")
 
 
-# ---- tlm.train: the trainer of examples/train, with the same options ----------------
+# ---- tlm.Trainer and tlm.train: the library's trainer, bound directly ----------------
 
 def _training_text(path):
     path.write_text("".join(f"line {i}: the quick brown fox jumps over {i * 7 % 13} lazy dogs\n" for i in range(400)))
     return path
+
+
+def _cli_arguments(**options):
+    """examples/train's command line for these keywords (the table's flags)."""
+    kinds = {o["name"]: o["kind"] for o in tlm._training_options()}
+    args = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if kinds[name] == "flag":
+            args += [flag] if value else []
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def test_trainer_steps_lower_the_loss(tmp_path):
+    data = _training_text(tmp_path / "text.txt")
+    t = tlm.Trainer(config="tiny_train", data=data, steps=30, batch=4, seq=32, lr=3e-3, eval_every=10, out=tmp_path / "o")
+    assert (t.config, t.steps, t.total_steps, t.done) == ("tiny_train", 0, 30, False)
+    h0 = t.held_out_loss()
+    reports = [t.step() for _ in range(5)]
+    reports += list(t)  # iteration runs the remaining steps
+    assert [r["step"] for r in reports] == list(range(1, 31)) and t.done
+    losses = [r["loss"] for r in reports]
+    assert all(np.isfinite(losses))
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5
+    assert reports[0]["held_out"] is None and reports[9]["held_out"] is not None
+    assert reports[-1]["held_out"] < h0
+    assert reports[0]["total"] == 30 and reports[0]["lr"] > 0 and reports[0]["grad_norm"] > 0
+    f = t.finish()
+    assert f["exported"] and f["saved"] and f["step"] == 30
+    assert pathlib.Path(f["model"]) == tmp_path / "o" / "model.gguf" and pathlib.Path(f["model"]).is_file()
+    assert [row["step"] for row in t.log] == list(range(1, 31))
+    with pytest.raises(tlm.Error, match=r"finish\(\) ended this run; continue it with a new Trainer\(\.\.\., resume=True\)"):
+        t.step()
 
 
 def test_train_from_scratch_equals_the_command_line_run(tmp_path):
@@ -399,10 +435,11 @@ def test_train_from_scratch_equals_the_command_line_run(tmp_path):
     assert r["model"] == tmp_path / "py" / "model.gguf" and r["model"].is_file()
     assert [row["step"] for row in r["losses"]] == list(range(1, 13))
     assert any(line.startswith("train: tiny_train from scratch") for line in lines)
+    assert any(re.match(r"step 12 loss [0-9.]+ held_out [0-9.]+ lr ", line) for line in lines)
     assert r["losses"][-1]["loss"] < r["losses"][0]["loss"]
     assert r["losses"][3]["held_out_loss"] is not None and r["losses"][0]["held_out_loss"] is None
     # The same options on the command line: the same run, loss for loss and byte for byte.
-    cli = [os.path.join(EXAMPLES, "train")] + tlm._train.train_arguments(out=tmp_path / "cli", **opts)
+    cli = [os.path.join(EXAMPLES, "train")] + _cli_arguments(out=tmp_path / "cli", **opts)
     subprocess.run(cli, check=True, stdout=subprocess.DEVNULL)
     cut = lambda p: [line.split(",")[:4] for line in p.read_text().splitlines()]  # noqa: E731
     assert cut(tmp_path / "py" / "loss.csv") == cut(tmp_path / "cli" / "loss.csv")
@@ -413,38 +450,164 @@ def test_train_from_scratch_equals_the_command_line_run(tmp_path):
     assert m.tokenize("line") == list(b"line")
 
 
+def test_train_on_step_receives_the_reports(tmp_path):
+    data = _training_text(tmp_path / "text.txt")
+    seen, lines = [], []
+    r = tlm.train(config="tiny_train", data=data, steps=3, seq=16, out=tmp_path / "o", on_step=seen.append, on_line=lines.append)
+    assert [x["step"] for x in seen] == [1, 2, 3] and r["exported"]
+    assert not any(line.startswith("step ") for line in lines)  # the reports went to on_step instead
+
+
 def test_train_errors_come_through(tmp_path):
     data = _training_text(tmp_path / "text.txt")
-    with pytest.raises(tlm.Error, match=r"--lr 0 is outside"):
+    with pytest.raises(tlm.Error, match=r"lr 0 is outside \(0, 1\]"):
         tlm.train(config="tiny_train", data=data, steps=1, lr=0, out=tmp_path / "o", on_line=None)
+    with pytest.raises(tlm.Error, match=r"steps takes a whole number from 1 to 1000000000, got -3"):
+        tlm.Trainer(config="tiny_train", data=data, steps=-3)
+    with pytest.raises(tlm.Error, match=r"--min-lr 0.5 is above --lr 0.1"):
+        tlm.Trainer(config="tiny_train", data=data, steps=1, lr=0.1, min_lr=0.5)
     with pytest.raises(tlm.Error, match=r"no checkpoint to resume from"):
         tlm.train(config="tiny_train", data=data, steps=1, resume=True, out=tmp_path / "none", on_line=None)
-    with pytest.raises(TypeError, match=r"unknown option 'learning_rate'"):
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'learning_rate'; the keywords are model, config, data, .*lr"):
+        tlm.Trainer(config="tiny_train", data=data, steps=1, learning_rate=0.1)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'learning_rate'"):
         tlm.train(config="tiny_train", data=data, steps=1, learning_rate=0.1, on_line=None)
     with pytest.raises(TypeError, match=r"chat is a switch"):
         tlm.train(config="tiny_train", data=data, steps=1, chat="yes", on_line=None)
+    with pytest.raises(TypeError, match=r"steps must be a whole number"):
+        tlm.Trainer(config="tiny_train", data=data, steps=2.5)
+    with pytest.raises(tlm.Error, match=r"unknown config 'tiny_nothing'"):
+        tlm.Trainer(config="tiny_nothing", data=data, steps=1)
+    # A finished run in out is neither resumed nor deleted by accident.
+    tlm.train(config="tiny_train", data=data, steps=2, seq=16, out=tmp_path / "run", on_line=None)
+    with pytest.raises(tlm.Error, match=r"holds an earlier run \(checkpoint-2, model.gguf\); continue it with --resume, "
+                                        r"replace it with --overwrite"):
+        tlm.Trainer(config="tiny_train", data=data, steps=2, seq=16, out=tmp_path / "run")
+    assert tlm.Trainer(config="tiny_train", data=data, steps=2, seq=16, out=tmp_path / "run", overwrite=True).steps == 0
 
 
 def test_train_options_are_the_train_programs_flags():
-    # Every flag train --help names (in its option column or in another option's text),
-    # as keyword arguments with '-' read as '_': a flag added to examples/train without its
-    # keyword here, or a keyword for a flag train lost, fails this.
+    # Every flag train --help names (in its option column or in another option's text) is
+    # a keyword of the table tlm.Trainer reads, and each keyword a flag: a flag added to
+    # examples/train outside the table, or a row the help does not document, fails this.
     help_text = subprocess.run([str(EXAMPLES / "train"), "--help"], check=True, capture_output=True, text=True).stdout
     flags = {m.replace("-", "_") for m in re.findall(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)", help_text)}
     assert "model" in flags and "lora_alpha" in flags  # the pattern reads the help at all
-    flags.discard("help")  # train prints its help; tlm.train has the docstring
-    ours = set(tlm._train._VALUE_OPTIONS) | set(tlm._train._SWITCHES)
-    assert not set(tlm._train._VALUE_OPTIONS) & set(tlm._train._SWITCHES)
-    assert flags == ours, f"only in train --help: {sorted(flags - ours)}; only in tlm.train: {sorted(ours - flags)}"
+    flags.discard("help")  # train prints its help; tlm.Trainer has the docstring
+    table = tlm._training_options()
+    ours = {o["name"] for o in table}
+    assert flags == ours, f"only in train --help: {sorted(flags - ours)}; only in the table: {sorted(ours - flags)}"
+    for o in table:  # each keyword's line in the docstring
+        assert f"\n  {o['name']}: {o['help']}" in tlm.Trainer.__doc__
+    # The defaults train --help states are the table's.
+    defaults = {o["name"]: o["default"] for o in table}
+    for name in ("batch", "seq", "lr", "min_lr", "warmup", "clip", "weight_decay", "held_out", "eval_every", "save_every",
+                 "keep_checkpoints", "threads", "seed", "accumulate"):
+        m = re.search(r"--" + name.replace("_", "-") + r" [A-Z]+ .*?\(default ([0-9.e-]+)", help_text, re.S)
+        assert m and float(m.group(1)) == defaults[name], name
 
 
-def test_train_resumes_from_python(tmp_path):
+def test_trainer_resume_equals_an_uninterrupted_run(tmp_path, capsys):
     data = _training_text(tmp_path / "text.txt")
-    opts = dict(config="tiny_train", data=data, steps=8, batch=2, seq=16, seed=2, threads=1, on_line=None)
-    full = tlm.train(out=tmp_path / "full", **opts)
-    tlm.train(out=tmp_path / "split", stop_after=3, **opts)
-    resumed = tlm.train(out=tmp_path / "split", resume=True, **opts)
-    assert [(x["step"], x["loss"]) for x in resumed["losses"]] == [(x["step"], x["loss"]) for x in full["losses"]]
+    opts = dict(config="tiny_train", data=data, steps=8, batch=2, seq=16, seed=2, threads=1, save_every=100)
+    full = tlm.Trainer(out=tmp_path / "full", **opts)
+    full.run()
+    first = tlm.Trainer(out=tmp_path / "split", **opts)
+    for _ in range(3):
+        first.step()
+    f = first.finish()  # a checkpoint of step 3, no export
+    assert f["saved"] and not f["exported"] and f["checkpoint"].endswith("checkpoint-3")
+    assert not (tmp_path / "split" / "model.gguf").exists()
+    rest = tlm.Trainer(out=tmp_path / "split", resume=True, **opts)
+    assert rest.steps == 3
+    rest.run()
+    assert [(x["step"], x["loss"]) for x in rest.log] == [(x["step"], x["loss"]) for x in full.log]
+    assert (tmp_path / "split" / "model.gguf").read_bytes() == (tmp_path / "full" / "model.gguf").read_bytes()
+    # A changed learning rate is taken, with the trainer's warning, on stderr and in messages.
+    capsys.readouterr()
+    more = tlm.Trainer(out=tmp_path / "split", resume=True, **{**opts, "steps": 10, "lr": 1e-3})
+    assert any("this run uses 0.001" in m for m in more.messages)
+    assert "tlm.Trainer: warning: the checkpoint was made with --lr 0.0003, this run uses 0.001" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_run_at_a_step_with_a_checkpoint(tmp_path):
+    data = _training_text(tmp_path / "text.txt")
+    opts = dict(config="tiny_train", data=data, steps=100000, batch=2, seq=16, save_every=0, out=tmp_path / "o")
+    t = tlm.Trainer(**opts)
+
+    def interrupt():  # once a step has run: the main thread is then inside run() with the GIL released
+        while t.steps < 1:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        t.run()
+    assert time.monotonic() - start < 60
+    stopped = t.steps
+    assert 1 <= stopped < 100000 and t.finished
+    assert (tmp_path / "o" / f"checkpoint-{stopped}.gguf").is_file() and not (tmp_path / "o" / "model.gguf").exists()
+    assert any(f"stopped at step {stopped} of 100000" in m for m in t.messages)
+    resumed = tlm.Trainer(resume=True, **opts)
+    assert resumed.steps == stopped
+    assert resumed.step()["step"] == stopped + 1
+
+
+def test_ctrl_c_in_a_step_loop_then_finish(tmp_path):
+    data = _training_text(tmp_path / "text.txt")
+    t = tlm.Trainer(config="tiny_train", data=data, steps=50, batch=2, seq=16, out=tmp_path / "o")
+    with pytest.raises(KeyboardInterrupt):
+        for r in t:
+            if r["step"] == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)  # the handler raises here, in the loop's body
+    assert t.steps == 2
+    f = t.finish()
+    assert f["saved"] and f["checkpoint"].endswith("checkpoint-2") and not f["exported"]
+
+
+def test_gil_released_during_training_steps(tmp_path):
+    data = _training_text(tmp_path / "text.txt")
+    t = tlm.Trainer(config="tiny_train", data=data, steps=40, batch=8, seq=64, eval_every=0, out=tmp_path / "o")
+    count, stop = [0], threading.Event()
+
+    def counter():
+        while not stop.is_set():
+            count[0] += 1
+
+    th = threading.Thread(target=counter)
+    th.start()
+    try:
+        before = count[0]
+        t.run()  # one C++ call: the counter runs only while a step lets go of the GIL
+        during = count[0] - before
+    finally:
+        stop.set()
+        th.join()
+    assert during > 1000
+
+
+def test_lora_trainer_equals_the_command_line_run(tmp_path):
+    # A LoRA adapter (rank 16, the test wheel's) over a random tiny_train model in Q4_1.
+    base = tmp_path / "tiny-q4_1.gguf"
+    subprocess.run([str(EXAMPLES / "synth_model"), "--config", "tiny_train", "--encoding", "q4_1", "--std", "0.1", "--out",
+                    str(base)], check=True, capture_output=True)
+    data = _training_text(tmp_path / "text.txt")
+    opts = dict(model=base, data=data, lora=16, lora_alpha=32, steps=3, seq=8, batch=2, eval_every=0, threads=1)
+    t = tlm.Trainer(out=tmp_path / "py", **opts)
+    assert t.config == "tiny_train"  # from the file
+    f = t.run()
+    assert f["exported"] and f["model"] == str(tmp_path / "py" / "adapter.gguf")
+    cli = [os.path.join(EXAMPLES, "train")] + _cli_arguments(out=tmp_path / "cli", **opts)
+    subprocess.run(cli, check=True, stdout=subprocess.DEVNULL)
+    assert (tmp_path / "py" / "adapter.gguf").read_bytes() == (tmp_path / "cli" / "adapter.gguf").read_bytes()
+    with pytest.raises(tlm.Error, match=r"--lora 8: this build trains LoRA ranks 16; give one of them"):  # the wheel's ranks
+        tlm.Trainer(out=tmp_path / "r8", **{**opts, "lora": 8})
+
+
+def test_the_wheel_has_no_train_program():
+    assert not (pathlib.Path(tlm.__file__).parent / "bin").exists()
 
 
 LORA_SMALL = ROOT / "tests" / "fixtures" / "lora" / "small.gguf"

@@ -1,99 +1,73 @@
-"""tlm.train: the trainer of examples/train, from Python.
+"""tlm.train: a whole training run through tlm.Trainer, printed as examples/train prints it.
 
-The training loop (data, AdamW, atomic checkpoints, resume, SIGINT, exports, MPI) lives in
-the `train` program, which the wheel installs beside this module; tlm.train runs it with
-the same options, so a run from Python and one from the shell are the same run, bit for
-bit. Its output lines reach `on_line` as they come (default: printed).
+tlm.Trainer is the library's training loop (include/tlm/train/trainer.hpp) bound directly:
+the same options (examples/train's flags as keywords, read by one table), the same data,
+AdamW, checkpoints, resume and exports, so a run from Python and one from the shell give
+the same model.gguf, byte for byte.
 """
 from __future__ import annotations
 
-import csv
-import os
-import signal
-import subprocess
+import math
+import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from ._tlm import Error
-
-# Every option of examples/train, as keyword arguments: value options take their value
-# (a string or a number), the switches take True. Names use '_' where the flag has '-'.
-_VALUE_OPTIONS = ("model", "config", "data", "steps", "epochs", "batch", "accumulate", "seq", "lr", "min_lr", "warmup", "clip",
-                  "weight_decay", "held_out", "eval_every", "save_every", "out", "out_type", "threads", "seed",
-                  "stop_after", "keep_checkpoints", "lora", "lora_alpha", "lora_targets")
-_SWITCHES = ("chat", "resume", "overwrite", "recompute", "pack", "merge")
+from ._tlm import Trainer
 
 
-def train_executable() -> Path:
-    """The `train` program run by train(): $TLM_TRAIN if set, else the one in the wheel."""
-    env = os.environ.get("TLM_TRAIN")
-    exe = Path(env) if env else Path(__file__).resolve().parent / "bin" / "train"
-    if not exe.is_file():
-        raise Error(f"tlm.train: the train program is missing at {exe}; reinstall the package (pip install ./python) "
-                    "or point TLM_TRAIN at a built examples/train")
-    return exe
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s // 60 % 60:02}m" if s >= 3600 else f"{s // 60}m{s % 60:02}s"
 
 
-def train_arguments(**options) -> list[str]:
-    """The command line of examples/train for these options (see train())."""
-    args = []
-    for name, value in options.items():
-        if name in _SWITCHES:
-            if not isinstance(value, bool):
-                raise TypeError(f"tlm.train: {name} is a switch; pass True or False, not {value!r}")
-            if value:
-                args.append("--" + name)
-        elif name in _VALUE_OPTIONS:
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (str, int, float, os.PathLike)):
-                raise TypeError(f"tlm.train: {name} takes a number, a string or a path, not {value!r}")
-            args += ["--" + name.replace("_", "-"), os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
-        else:
-            known = ", ".join(sorted(_VALUE_OPTIONS + _SWITCHES))
-            raise TypeError(f"tlm.train: unknown option {name!r}; the options are {known}")
-    return args
+def step_line(r: dict) -> str:
+    """A step's report as examples/train prints it when its output is not a terminal."""
+    held = "-" if r["last_held_out"] is None else f"{r['last_held_out']:.4f}"
+    return (f"step {r['step']} loss {r['loss']:.6f} held_out {held} lr {r['lr']:.3e} grad_norm {r['grad_norm']:.4f} "
+            f"tokens_per_s {r['tokens_per_s']:.0f} eta {_duration(r['eta_seconds'])}")
 
 
-def train(*, on_line: Optional[Callable[[str], None]] = print, **options) -> dict:
-    """Trains or fine-tunes a model as `examples/train` does, with the same options:
+def train(*, on_step: Optional[Callable[[dict], None]] = None, on_line: Optional[Callable[[str], None]] = print,
+          **options) -> dict:
+    """Trains or fine-tunes a model as `examples/train` does, with its options as keywords:
 
         tlm.train(model="SmolLM2-135M-Instruct.Q4_1.gguf", data="notes.txt", steps=100, lr=1e-4,
                   out="run1", out_type="q4_1", threads=2)
         tlm.train(config="tiny_train", data="text.txt", steps=300, out="scratch")
 
-    Returns {"out": Path, "model": Path of the exported model.gguf, "losses": [{"step",
-    "loss", "held_out_loss", "lr", "grad_norm", "tokens_per_s"}, ...]} (from loss.csv;
-    held_out_loss is None where it was not evaluated). A refused option or a failed run
-    raises tlm.Error with the trainer's message; KeyboardInterrupt stops the trainer as
-    Ctrl-C does (it writes a checkpoint, so resume=True continues) and is raised again.
+    Equals tlm.Trainer(**options).run(), with progress lines like the CLI's passed to
+    on_line (default: printed; None: silent). on_step, if given, receives each step's
+    report (a dict) instead of its printed line.
+
+    Returns finish()'s dict plus "out" (a Path) and "losses" (the loss log: step, loss,
+    held_out_loss (None where not evaluated), lr, grad_norm, tokens_per_s). A refused
+    option is a TypeError (an unknown keyword or a value of the wrong type) or tlm.Error
+    (a value out of range, an earlier run in out without resume or overwrite); Ctrl-C
+    stops at the next step with a checkpoint (resume=True continues) and raises
+    KeyboardInterrupt.
     """
-    args = [str(train_executable())] + train_arguments(**options)
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if on_line is not None:
-                on_line(line.rstrip("\n"))
-        stderr = proc.stderr.read() if proc.stderr else ""
-        code = proc.wait()
-    except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)
-        proc.wait()
-        raise
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if code != 0:
-        message = stderr.strip() or f"the train program exited with status {code}"
-        raise Error(message)
-    out = Path(options.get("out") or "train-out")
-    losses = []
-    with open(out / "loss.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            losses.append({"step": int(row["step"]), "loss": float(row["loss"]),
-                           "held_out_loss": float(row["held_out_loss"]) if row["held_out_loss"] else None,
-                           "lr": float(row["lr"]), "grad_norm": float(row["grad_norm"]),
-                           "tokens_per_s": float(row["tokens_per_s"])})
-    return {"out": out, "model": out / "model.gguf", "losses": losses}
+    say = on_line if on_line is not None else (lambda line: None)
+    t = Trainer(**options)
+    say(f"train: {t.config} {options.get('model') or 'from scratch'}, {t.train_windows} training windows and "
+        f"{t.held_out_windows} held-out, {t.total_steps} steps from step {t.steps}, kernels {t.kernel_level}")
+    if options.get("resume"):
+        say(f"resumed at step {t.steps} (checkpoint loaded in {t.load_seconds:.2f} s)")
+    else:
+        h0 = t.held_out_loss()
+        if not math.isnan(h0):
+            say(f"held-out loss before training {h0:.4f}")
+    f = t.run(on_step=on_step if on_step is not None else (lambda r: say(step_line(r))))
+    if f["saved"]:
+        say(f"checkpoint {f['checkpoint']} written (step {f['step']}, {f['save_seconds']:.2f} s)")
+    if f["exported"]:
+        say(f"exported {f['model']}")
+    if f["merged"]:
+        say(f"merged the adapter into {f['merged']}")
+    if not f["exported"]:
+        say(f"stopped at step {f['step']} of {f['total']}; continue with resume=True")
+    out = dict(f)
+    out["out"] = Path(t.out)
+    out["model"] = Path(f["model"]) if f["model"] else None
+    out["losses"] = [{"step": x["step"], "loss": x["loss"], "held_out_loss": x["held_out"], "lr": x["lr"],
+                      "grad_norm": x["grad_norm"], "tokens_per_s": x["tokens_per_s"]} for x in t.log]
+    return out

@@ -14,9 +14,14 @@
 // sequence otherwise. The reply is what a cold run gives, token for token, up to the
 // summation order of the batched products.
 //
-//   tlm::scheduler<C> s(m, tok, {.parallel = 4});
-//   s.submit({.prompt = ids, .options = {.max_tokens = 32}, .stop_ids = stops,
-//             .on_token = ..., .on_done = [](tlm::sequence_outcome& o) { ... }});
+// Example, given tlm::model<tlm::smollm2_135m>* model; const tlm::tokenizer* tokens; std::vector<std::int32_t> ids:
+//   auto& m = *model;
+//   const auto& tok = *tokens;
+//   tlm::scheduler<tlm::smollm2_135m> s(m, tok, {.parallel = 4});
+//   tlm::sequence_request r{.prompt = ids, .options = {.max_tokens = 32}};
+//   r.stop_ids.assign(tok.end_of_generation().begin(), tok.end_of_generation().end());
+//   r.on_done = [](tlm::sequence_outcome& o) { std::fputs(o.result.text.c_str(), stdout); };
+//   if (s.submit(std::move(r)) != tlm::admission::accepted) std::fputs("busy\n", stderr);
 //
 // on_token and on_done run on the scheduler's thread: they must be quick (hand the text
 // to the thread that writes it) and must not call back into the scheduler.

@@ -143,9 +143,10 @@ class model_impl final : public model_base {
       }
     if (r.k == request::kind::chat) {
       // The cache is sized to this conversation rather than to the whole context: the
-      // rendered prompt's length plus the reply, with slack for the markers.
-      const std::size_t capacity =
-          std::min(C::context, r.chat_prompt_tokens + r.options.max_tokens + 8 + 2 * r.messages.size());
+      // positions the session itself counts for it (chat_session::positions_for, which
+      // tokenizes as add() and reply() do) plus the reply.
+      const tlm::chat_session<C> counter(m_, tok_, tlm::chat_options{.capacity = 1, .chat_template = r.chat_template});
+      const std::size_t capacity = std::min(C::context, counter.positions_for(r.messages) + r.options.max_tokens);
       tlm::chat_session<C> session(m_, tok_, tlm::chat_options{.capacity = capacity, .chat_template = r.chat_template});
       for (const auto& msg : r.messages) session.add(msg.role, msg.content);
       return session.reply(r.options, std::move(on_text));

@@ -161,6 +161,14 @@ TEST_CASE("dispatch reads the active level's row; a level the CPU cannot run is 
   CHECK(tlm::missing_cpu_features(tlm::cpu_features{}, "avx2,fma,f16c") == "avx2,fma,f16c");
   CHECK(tlm::missing_cpu_features(tlm::cpu_features{}, "").empty());
   CHECK(tlm::missing_cpu_features(tlm::cpu(), "no_such_feature") == "no_such_feature");
+  // has_cpu_features, the allocation-free test the dispatch uses, agrees with it.
+  for (const kernel_level l : all_levels) {
+    const auto target = tlm::kernel_level_row_of(l).target;
+    CHECK(tlm::has_cpu_features(tlm::cpu(), target) == tlm::missing_cpu_features(tlm::cpu(), target).empty());
+    CHECK(tlm::has_cpu_features(tlm::cpu_features{}, target) == std::string_view(target).empty());
+  }
+  CHECK_FALSE(tlm::has_cpu_features(tlm::cpu(), "no_such_feature"));
+  CHECK_FALSE(tlm::has_cpu_features(tlm::cpu_features{}, "avx2,fma,f16c"));
 }
 
 }  // namespace test_kernel_levels

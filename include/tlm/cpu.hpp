@@ -104,6 +104,22 @@ constexpr bool known_cpu_feature(std::string_view name) {
   return false;
 }
 
+// Whether `f` has every feature of a comma-separated target string ("avx2,fma,f16c"); a
+// name cpu_feature_names does not know counts as lacking. Allocates nothing: the kernels'
+// first dispatch asks it, inside code that must not allocate.
+inline bool has_cpu_features(const cpu_features& f, std::string_view target) {
+  while (!target.empty()) {
+    const std::size_t comma = target.find(',');
+    const std::string_view name = target.substr(0, comma);
+    target = comma == std::string_view::npos ? std::string_view{} : target.substr(comma + 1);
+    bool has = false;
+    for (const auto& n : cpu_feature_names)
+      if (n.name == name) has = f.*n.flag;
+    if (!has) return false;
+  }
+  return true;
+}
+
 // The features of a comma-separated target string ("avx2,fma,f16c") that `f` lacks,
 // comma-separated; a name cpu_feature_names does not know counts as lacking (a CPU
 // test cannot vouch for it). Empty: `f` runs code compiled for that target.

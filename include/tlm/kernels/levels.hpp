@@ -94,7 +94,7 @@ constexpr std::string_view kernel_level_name(kernel_level l) {
 
 // The CPU test: every feature of the level's target is present and usable.
 inline bool kernel_level_supported(kernel_level l) {
-  return missing_cpu_features(cpu(), kernel_level_row_of(l).target).empty();
+  return has_cpu_features(cpu(), kernel_level_row_of(l).target);
 }
 
 // Every level this CPU runs, the portable one first: what the kernel tests and
@@ -106,7 +106,14 @@ inline std::vector<kernel_level> supported_kernel_levels() {
   return levels;
 }
 
-inline kernel_level best_kernel_level() { return supported_kernel_levels().back(); }
+// Without a vector: it runs at the kernels' first use, inside code that must not allocate
+// (test_attention counts the heap calls of a backward pass that is the first to dispatch).
+inline kernel_level best_kernel_level() {
+  kernel_level best = kernel_level_rows[0].level;
+  for (const auto& r : kernel_level_rows)
+    if (kernel_level_supported(r.level)) best = r.level;
+  return best;
+}
 
 // "scalar, avx2 or avx512": the names of the rows, for messages.
 inline std::string kernel_level_names() {

@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cctype>
@@ -57,6 +58,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -86,6 +88,8 @@ constexpr std::string_view usage_format = R"(usage: serve [options]
                      delays the running requests' next token by one chunk, not by all of it
   --no-prefix-cache  run every prompt whole (default: reuse the longest prefix an earlier
                      request left in a cache)
+  --pooling P        how /v1/embeddings pools a text's final hidden states: mean (default)
+                     or last (the last position's); either way scaled to unit length
   --lora FILE        apply a LoRA adapter (llama.cpp's adapter GGUF) to every request; repeatable
   --lora-scale S     the scale of the --lora just before it (default 1; effective: S * alpha / rank)
   --ctx N            positions per request, prompt plus max_tokens (default 4096; at most the context)
@@ -128,6 +132,7 @@ struct options {
               max_connections = 256, read_timeout = 10, kv_budget_mib = 0, prefill_chunk = 128;
   tlm::kv_type kv = tlm::kv_type::f32;
   bool prefix_cache = true;
+  tlm::pooling pooling = tlm::pooling::mean;
 };
 
 std::uint64_t to_whole(std::string_view flag, const std::string& v, std::uint64_t lo, std::uint64_t hi) {
@@ -170,6 +175,12 @@ options parse(int argc, char** argv) {
     }
     else if (a == "--prefill-chunk") o.prefill_chunk = to_whole(a, value(), 1, 1 << 20);
     else if (a == "--no-prefix-cache") o.prefix_cache = false;
+    else if (a == "--pooling") {
+      const std::string t = value();
+      if (t == "mean") o.pooling = tlm::pooling::mean;
+      else if (t == "last") o.pooling = tlm::pooling::last;
+      else fail(fmt::format("--pooling takes mean or last, got '{}'", t));
+    }
     else if (a == "--threads") o.threads = to_whole(a, value(), 1, 1024);
     else if (a == "--queue") o.queue = to_whole(a, value(), 0, 100000);
     else if (a == "--ctx") o.ctx = to_whole(a, value(), 2, 1 << 20);
@@ -308,6 +319,8 @@ bool peer_left(int fd) {
 // Requests nest a few levels (messages, content parts, a schema of up to 8 levels);
 // deeper JSON is refused before it is parsed, so nothing later recurses over it.
 constexpr std::size_t max_body_depth = 64;
+// OpenAI takes up to 2048 texts per embeddings request; so does tlm.
+constexpr std::size_t max_embedding_inputs = 2048;
 
 // The fields of a request, checked one by one so that a wrong type names its field.
 struct request_reader {
@@ -368,8 +381,8 @@ struct histogram {
 // The endpoint label of a request: its route, or "other" for a path no route has, so
 // that clients probing random paths cannot grow the metrics without bound.
 std::string endpoint_label(const std::string& path) {
-  static constexpr std::string_view known[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                                               "/metrics", "/slots"};
+  static constexpr std::string_view known[] = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                                               "/v1/models", "/health", "/metrics", "/slots"};
   for (const std::string_view k : known)
     if (path == k) return path;
   if (path.starts_with("/v1/models/")) return "/v1/models/{id}";
@@ -498,7 +511,8 @@ class server {
       std::string code;
       if (res.status == 404) {
         message = fmt::format("no endpoint {} {}; the endpoints are POST /v1/chat/completions, POST /v1/completions, "
-                              "GET /v1/models, GET /health, GET /metrics and GET /slots", req.method, req.path);
+                              "POST /v1/embeddings, GET /v1/models, GET /health, GET /metrics and GET /slots",
+                              req.method, req.path);
         code = "not_found";
       } else if (res.status == 413) {
         message = "the request body is larger than the server's limit (--max-body); send a shorter request";
@@ -559,6 +573,8 @@ class server {
                                             const httplib::ContentReader& reader) { handle(req, res, reader, true); });
     svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res,
                                        const httplib::ContentReader& reader) { handle(req, res, reader, false); });
+    svr.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res,
+                                      const httplib::ContentReader& reader) { embeddings(req, res, reader); });
     // Any other request with a body is answered 404 (by the error handler) without reading
     // it: httplib would otherwise read a chunked body of any size into memory first.
     const auto unknown = [](const httplib::Request&, httplib::Response& res, const httplib::ContentReader&) {
@@ -923,6 +939,213 @@ class server {
     return body;
   }
 
+  // The body read (read_body), its nesting checked before it is parsed, and parsed.
+  json json_body(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) const {
+    const std::string raw = read_body(req, res, reader);
+    if (tlm::json_nesting_depth(raw, max_body_depth) > max_body_depth)
+      throw api_error(400, fmt::format("the request body nests arrays and objects more than {} deep; no request field "
+                                       "needs that, so flatten it", max_body_depth),
+                      {}, "invalid_json");
+    try {
+      return json::parse(raw);
+    } catch (const json::exception& e) {
+      throw api_error(400, fmt::format("the request body is not valid JSON: {}", e.what()), {}, "invalid_json");
+    }
+  }
+
+  // The texts of an embeddings request as token ids: `input` is a string, an array of
+  // strings, an array of token ids, or an array of arrays of token ids, as OpenAI takes.
+  std::vector<std::vector<std::int32_t>> embedding_inputs(const json& body) const {
+    if (!body.is_object()) throw api_error(400, "the request body must be a JSON object", {}, "invalid_type");
+    const request_reader r{body};
+    if (const json* m = r.find("model"); m && !m->is_string()) r.wrong("model", "must be a string");
+    if (const json* u = r.find("user"); u && !u->is_string()) r.wrong("user", "must be a string");
+    if (const auto d = r.whole("dimensions", 1, std::numeric_limits<std::uint32_t>::max()); d && *d != tlm::dim<C>)
+      throw api_error(400, fmt::format("'dimensions' is {}; this model's embeddings have {} (its hidden size), and tlm "
+                                       "does not shorten them: leave 'dimensions' out or give {}",
+                                       *d, tlm::dim<C>, tlm::dim<C>),
+                      "dimensions", "unsupported");
+    const json* in = r.find("input");
+    if (!in) throw api_error(400, "'input' is required: a string, an array of strings or an array of token ids", "input",
+                             "missing");
+    const auto text = [&](const json& v, std::size_t i) {
+      std::vector<std::int32_t> ids;
+      try {
+        // The file's BOS rule, as the generator's prompts: an embedding of a text is the
+        // same whether it came as text or as the ids a client tokenized itself.
+        ids = tok_->encode(v.get<std::string>(), {.parse_special = false});
+      } catch (const tlm::error& e) {
+        throw api_error(400, fmt::format("'input[{}]' cannot be tokenized: {}", i, e.what()), "input", "invalid_value");
+      }
+      return ids;
+    };
+    const auto token_ids = [&](const json& v, std::size_t i) {
+      std::vector<std::int32_t> ids;
+      for (const auto& t : v) {
+        if (!t.is_number_integer() || t.get<std::int64_t>() < 0 || t.get<std::int64_t>() >= static_cast<std::int64_t>(C::vocab))
+          throw api_error(400, fmt::format("'input[{}]' holds {}, which is not a token id of this model (0 to {})", i,
+                                           t.dump(), C::vocab - 1),
+                          "input", "invalid_value");
+        ids.push_back(static_cast<std::int32_t>(t.get<std::int64_t>()));
+      }
+      return ids;
+    };
+    std::vector<std::vector<std::int32_t>> out;
+    if (in->is_string()) {
+      out.push_back(text(*in, 0));
+    } else if (in->is_array() && !in->empty() && (*in)[0].is_number()) {
+      out.push_back(token_ids(*in, 0));
+    } else if (in->is_array() && !in->empty()) {
+      if (in->size() > max_embedding_inputs)
+        throw api_error(400, fmt::format("'input' holds {} texts; a request takes at most {}: send them in several requests",
+                                         in->size(), max_embedding_inputs),
+                        "input", "invalid_value");
+      for (std::size_t i = 0; i < in->size(); ++i) {
+        const json& v = (*in)[i];
+        if (v.is_string()) out.push_back(text(v, i));
+        else if (v.is_array()) out.push_back(token_ids(v, i));
+        else
+          throw api_error(400, fmt::format("'input[{}]' must be a string or an array of token ids", i), "input",
+                          "invalid_type");
+      }
+    } else {
+      r.wrong("input", "must be a non-empty string, array of strings or array of token ids");
+    }
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (out[i].empty())
+        throw api_error(400, fmt::format("'input[{}]' is empty; every text needs at least one token", i), "input",
+                        "invalid_value");
+      if (out[i].size() > o_.ctx)
+        throw api_error(400, fmt::format("'input[{}]' has {} tokens; this server takes at most {} per text (--ctx); "
+                                         "shorten it or split it", i, out[i].size(), o_.ctx),
+                        "input", "context_length_exceeded");
+    }
+    return out;
+  }
+
+  // POST /v1/embeddings: each text runs through the scheduler as an embedding request, up
+  // to --parallel of one request's texts at a time, so that a request of many texts
+  // interleaves with the others instead of filling the queue.
+  void embeddings(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+    try {
+      const json body = json_body(req, res, reader);
+      const auto inputs = embedding_inputs(body);
+      const request_reader r{body};
+      std::string format = "float";
+      if (const json* f = r.find("encoding_format")) {
+        if (!f->is_string() || (f->get<std::string>() != "float" && f->get<std::string>() != "base64"))
+          r.wrong("encoding_format", "must be \"float\" or \"base64\"");
+        format = f->get<std::string>();
+      }
+      struct gathered {
+        std::mutex mu;
+        std::condition_variable cv;
+        std::vector<std::optional<tlm::sequence_outcome>> outcomes;
+        std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+      };
+      auto g = std::make_shared<gathered>();
+      g->outcomes.resize(inputs.size());
+      const std::string id = random_id("embd");
+      const int fd = connection_socket(req);
+      std::size_t next = 0, finished = 0, tokens = 0;
+      // On an early exit the texts still queued or running end at their next step.
+      struct cancel_on_exit {
+        std::atomic<bool>& flag;
+        ~cancel_on_exit() { flag.store(true); }
+      } guard{*g->cancelled};
+      std::unique_lock lock(g->mu);
+      while (finished < inputs.size()) {
+        while (next < inputs.size() && next - finished < o_.slots) {
+          tlm::sequence_request sr;
+          sr.prompt = inputs[next];
+          sr.embed = o_.pooling;
+          sr.cancelled = g->cancelled;
+          sr.tag = fmt::format("{}/{}", id, next);
+          sr.on_done = [g, i = next](tlm::sequence_outcome& out) {
+            std::lock_guard l(g->mu);
+            g->outcomes[i] = std::move(out);
+            g->cv.notify_all();
+          };
+          lock.unlock();
+          tlm::admission a;
+          try {
+            a = sched_->submit(std::move(sr));
+          } catch (const tlm::capacity_error& e) {
+            throw api_error(400, fmt::format("'input[{}]' does not fit this server's KV cache budget (--kv-budget): {}",
+                                             next, e.what()),
+                            "input", "context_length_exceeded");
+          }
+          lock.lock();
+          if (a == tlm::admission::stopping) throw shutting_down();
+          if (a == tlm::admission::queue_full) {
+            if (next > finished) break;  // ours take the places: wait for one to end
+            throw api_error(503, fmt::format("all {} sequences are busy and the queue (--queue) is full; retry later",
+                                             o_.slots),
+                            {}, "server_busy", "server_error");
+          }
+          tokens += inputs[next].size();
+          ++next;
+        }
+        // The outcomes arrive in any order: count the ones in.
+        g->cv.wait_for(lock, std::chrono::milliseconds(100));
+        finished = static_cast<std::size_t>(
+            std::count_if(g->outcomes.begin(), g->outcomes.end(), [](const auto& o) { return o.has_value(); }));
+        if (fd >= 0 && peer_left(fd)) {
+          g->cancelled->store(true);
+          return;  // nobody reads the answer
+        }
+        for (const auto& o : g->outcomes) {
+          if (!o) continue;
+          if (o->error) std::rethrow_exception(o->error);
+          if (o->cut) throw shutting_down();
+        }
+      }
+      lock.unlock();
+      {
+        std::lock_guard l(stats_mu_);
+        prompt_tokens_ += tokens;
+      }
+      json data = json::array();
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        const auto& e = g->outcomes[i]->embedding;
+        json item = {{"object", "embedding"}, {"index", i}};
+        if (format == "base64") item["embedding"] = base64_of_floats(e);
+        else item["embedding"] = e;
+        data.push_back(std::move(item));
+      }
+      res.set_content(dump({{"object", "list"},
+                            {"data", std::move(data)},
+                            {"model", o_.name},
+                            {"pooling", tlm::pooling_name(o_.pooling)},
+                            {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}}),
+                      "application/json");
+    } catch (const api_error& e) {
+      send_error(res, e);
+    } catch (const tlm::capacity_error& e) {
+      send_error(res, api_error(400, client_message(e), "input", "context_length_exceeded"));
+    } catch (const tlm::error& e) {
+      send_error(res, api_error(400, e.what(), "input", "invalid_value"));
+    }
+  }
+
+  // OpenAI's base64 encoding of an embedding: its float32 values' little-endian bytes.
+  static std::string base64_of_floats(std::span<const float> v) {
+    static_assert(std::endian::native == std::endian::little, "the bytes are sent as they are in memory");
+    static constexpr char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const auto* b = reinterpret_cast<const unsigned char*>(v.data());
+    const std::size_t n = v.size_bytes();
+    std::string out;
+    out.reserve((n + 2) / 3 * 4);
+    for (std::size_t i = 0; i < n; i += 3) {
+      const unsigned w = (unsigned{b[i]} << 16) | (i + 1 < n ? unsigned{b[i + 1]} << 8 : 0u) | (i + 2 < n ? unsigned{b[i + 2]} : 0u);
+      out += digits[(w >> 18) & 63];
+      out += digits[(w >> 12) & 63];
+      out += i + 1 < n ? digits[(w >> 6) & 63] : '=';
+      out += i + 2 < n ? digits[w & 63] : '=';
+    }
+    return out;
+  }
+
   static std::string finish_reason(tlm::stop_reason r) {
     return r == tlm::stop_reason::max_tokens || r == tlm::stop_reason::context_full ? "length" : "stop";
   }
@@ -963,18 +1186,7 @@ class server {
   void handle(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader, bool chat) {
     const auto arrived = std::chrono::steady_clock::now();
     try {
-      const std::string raw = read_body(req, res, reader);
-      if (tlm::json_nesting_depth(raw, max_body_depth) > max_body_depth)
-        throw api_error(400, fmt::format("the request body nests arrays and objects more than {} deep; no request field "
-                                         "needs that, so flatten it", max_body_depth),
-                        {}, "invalid_json");
-      json body;
-      try {
-        body = json::parse(raw);
-      } catch (const json::exception& e) {
-        throw api_error(400, fmt::format("the request body is not valid JSON: {}", e.what()), {}, "invalid_json");
-      }
-      auto p = std::make_shared<parsed_request>(read(body, chat));
+      auto p = std::make_shared<parsed_request>(read(json_body(req, res, reader), chat));
       auto ids = prompt_ids(*p);
       const std::size_t n = ids.size();
       const std::string id = random_id(chat ? "chatcmpl" : "cmpl");

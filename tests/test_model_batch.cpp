@@ -8,6 +8,7 @@
 #include <cmath>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fixture.hpp"
@@ -135,6 +136,82 @@ TEST_CASE("a bad batch is refused before any cache changes") {
     CHECK_THROWS_AS((void)m.forward_batch(std::span<const std::int32_t>(), std::span<tlm::kv_cache<C>* const>()), tlm::error);
     unchanged();
   }
+}
+
+TEST_CASE("an embedding is the pooled final hidden state at unit length, however the text is split") {
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
+  const auto& text = prompts[2];
+  const auto whole = m.embed(text);
+  REQUIRE(whole.size() == tlm::dim<C>);
+  double norm = 0;
+  for (const float v : whole) norm += static_cast<double>(v) * v;
+  CHECK(std::fabs(std::sqrt(norm) - 1.0) < 1e-6);
+
+  // The hidden states of the text in two chunks, pooled by hand in double: the mean.
+  tlm::kv_cache<C> cache(text.size());
+  std::vector<double> sum(tlm::dim<C>, 0.0);
+  tlm::embedding_pool<tlm::dim<C>> pool(tlm::pooling::mean);
+  std::vector<float> last_row;
+  for (const auto& [first, n] : {std::pair<std::size_t, std::size_t>{0, 5}, {5, text.size() - 5}}) {
+    const auto& h = m.hidden(std::span(text).subspan(first, n), cache);
+    REQUIRE(h.count() == n);
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = 0; j < tlm::dim<C>; ++j) sum[j] += h.row(i)[j];
+    last_row.assign(h.row(n - 1).begin(), h.row(n - 1).end());
+    pool.add(h);
+  }
+  CHECK(pool.positions() == text.size());
+  double len = 0;
+  for (const double v : sum) len += v * v;
+  std::vector<float> by_hand(tlm::dim<C>);
+  for (std::size_t j = 0; j < tlm::dim<C>; ++j) by_hand[j] = static_cast<float>(sum[j] / std::sqrt(len));
+  // Chunked and whole differ only by the summation order of the prefill's products.
+  CHECK(max_rel_diff(pool.finish(), whole) < 1e-5);
+  CHECK(max_rel_diff(by_hand, whole) < 1e-5);
+
+  // last: the final position's hidden state alone, scaled to unit length.
+  const auto last = m.embed(text, tlm::pooling::last);
+  double last_len = 0;
+  for (const float v : last_row) last_len += static_cast<double>(v) * v;
+  for (auto& v : last_row) v = static_cast<float>(v / std::sqrt(last_len));
+  CHECK(max_rel_diff(last, last_row) < 1e-5);
+  CHECK(max_rel_diff(last, whole) > 1e-2);  // a different pooling is a different vector
+
+  // The hidden states are what the output matrix turns into logits: the last row dotted
+  // with a token's row of the (tied) output matrix is that token's logit from prefill.
+  static_assert(C::tied_embeddings);
+  tlm::kv_cache<C> fresh(text.size());
+  const auto span_logits = m.prefill(text, fresh);
+  const std::vector<float> logits(span_logits.begin(), span_logits.end());
+  tlm::kv_cache<C> again(text.size());
+  const auto& h = m.hidden(text, again);
+  CHECK(again.length() == text.size());
+  const auto hl = h.row(text.size() - 1);
+  std::vector<float> w(tlm::dim<C>);
+  double worst = 0, top = 0;
+  for (const std::int32_t id : {argmax(logits), std::int32_t{0}, std::int32_t{28}, std::int32_t{4649}, std::int32_t{40000}}) {
+    tlm::embed(m.weights().token_embd, id, std::span<float, tlm::dim<C>>(w));
+    double dot = 0;
+    for (std::size_t j = 0; j < tlm::dim<C>; ++j) dot += static_cast<double>(w[j]) * hl[j];
+    worst = std::max(worst, std::fabs(dot - logits[static_cast<std::size_t>(id)]));
+    top = std::max(top, static_cast<double>(std::fabs(logits[static_cast<std::size_t>(id)])));
+  }
+  CHECK(worst / top < 1e-5);
+
+  // Different texts, different embeddings; the same text, the same one.
+  CHECK(max_rel_diff(m.embed(prompts[0]), whole) > 1e-2);
+  CHECK(m.embed(text) == whole);
+}
+
+TEST_CASE("a bad embedding input is refused with the reason") {
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
+  CHECK_THROWS_WITH_AS((void)m.embed(std::vector<std::int32_t>{}), doctest::Contains("the text is empty"), tlm::error);
+  CHECK_THROWS_WITH_AS((void)m.embed(std::vector<std::int32_t>{1, -3}), doctest::Contains("outside the vocabulary"),
+                       tlm::error);
+  const std::vector<std::int32_t> too_long(C::context + 1, 28);
+  CHECK_THROWS_WITH_AS((void)m.embed(too_long), doctest::Contains("more than the context"), tlm::capacity_error);
+  tlm::embedding_pool<tlm::dim<C>> empty(tlm::pooling::mean);
+  CHECK_THROWS_WITH_AS((void)empty.finish(), doctest::Contains("no position was pooled"), tlm::error);
 }
 
 }  // namespace test_model_batch

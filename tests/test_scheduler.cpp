@@ -4,6 +4,8 @@
 
 #include <tlm/scheduler.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -238,6 +240,62 @@ TEST_CASE("int8 caches and constrained output run in the batch as they do alone"
     if (i % 2) o.grammar = json;
     CHECK(c.outcomes[i].result.ids == g.generate(texts[i], o).ids);
   }
+}
+
+TEST_CASE("embedding requests run in chunks among generations and give what model::embed gives") {
+  tlm::generator<C> alone(alone_model(), tok());
+  tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 3, .prefill_chunk = 8, .queue = 8});
+  // The long text takes several chunks; the generations keep decoding between them.
+  std::string long_text;
+  for (int i = 0; i < 6; ++i) long_text += texts[static_cast<std::size_t>(i)] + " ";
+  const std::vector<std::string> inputs = {texts[0], long_text, texts[5]};
+  collector c(5);
+  for (std::size_t i = 0; i < 2; ++i)
+    REQUIRE(s.submit(c.request(i, ids(texts[i + 7]), {.max_tokens = 10})) == tlm::admission::accepted);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    auto r = c.request(2 + i, ids(inputs[i]), {});
+    r.embed = i == 2 ? tlm::pooling::last : tlm::pooling::mean;
+    REQUIRE(s.submit(std::move(r)) == tlm::admission::accepted);
+  }
+  c.wait();
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(c.outcomes[i].result.ids == alone.generate(texts[i + 7], {.max_tokens = 10}).ids);
+    CHECK(c.outcomes[i].embedding.empty());
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    CAPTURE(inputs[i]);
+    const auto& got = c.outcomes[2 + i];
+    REQUIRE(!got.error);
+    CHECK(!got.cut);
+    CHECK(got.result.ids.empty());
+    CHECK(c.streamed[2 + i].empty());
+    CHECK(got.result.prompt_tokens == ids(inputs[i]).size());
+    const auto want = alone_model().embed(ids(inputs[i]), i == 2 ? tlm::pooling::last : tlm::pooling::mean);
+    REQUIRE(got.embedding.size() == want.size());
+    double worst = 0;
+    for (std::size_t j = 0; j < want.size(); ++j)
+      worst = std::max(worst, static_cast<double>(std::fabs(got.embedding[j] - want[j])));
+    CHECK(worst < 1e-5);  // both unit length: an absolute bound is a relative one
+  }
+  CHECK(ids(long_text).size() > 3 * 8);
+
+  // An embedding never starts from a cached prefix (it needs every position's hidden
+  // state), but what it leaves in its cache is a prefix for a generation.
+  tlm::scheduler<C> one(scheduled_model(), tok(), {.parallel = 1});
+  collector d(3);
+  auto e1 = d.request(0, ids(long_text), {});
+  e1.embed = tlm::pooling::mean;
+  REQUIRE(one.submit(std::move(e1)) == tlm::admission::accepted);
+  auto e2 = d.request(1, ids(long_text), {});
+  e2.embed = tlm::pooling::mean;
+  REQUIRE(one.submit(std::move(e2)) == tlm::admission::accepted);
+  REQUIRE(one.submit(d.request(2, ids(long_text + "and then"), {.max_tokens = 6})) == tlm::admission::accepted);
+  d.wait();
+  CHECK(d.outcomes[0].reused_tokens == 0);
+  CHECK(d.outcomes[1].reused_tokens == 0);
+  CHECK(d.outcomes[0].embedding == d.outcomes[1].embedding);
+  CHECK(d.outcomes[2].reused_tokens > 0);
+  CHECK(d.outcomes[2].result.ids == alone.generate(long_text + "and then", {.max_tokens = 6}).ids);
 }
 
 }  // namespace test_scheduler

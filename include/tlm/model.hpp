@@ -6,6 +6,7 @@
 //   tlm::kv_cache<tlm::smollm2_135m> cache(256);
 //   auto logits = m.prefill(prompt_ids, cache);      // [V] of the last prompt token
 //   logits = m.forward(next_id, cache);              // [V] of the next position
+//   std::vector<float> e = m.embed(prompt_ids);      // [D] the prompt's embedding, unit length
 //
 // Shapes (glossary in config.hpp): x [D] residual stream, q [D] = H heads of [E],
 // k and v [K] = G heads of [E], MLP hidden [F], logits [V].
@@ -51,6 +52,61 @@ struct model_options {
   // the prefill runs exact where that is faster, kernels::integer_prefill). The
   // default is exact unless TLM_PRECISION=fast is set.
   kernels::precision precision = kernels::default_precision();
+};
+
+// How an embedding pools a text's final hidden states: their mean over the positions
+// (what sentence-embedding models trained with mean pooling expect), or the last
+// position's, the one that has attended to the whole text (llama.cpp's `last`).
+enum class pooling { mean, last };
+
+inline const char* pooling_name(pooling p) { return p == pooling::mean ? "mean" : "last"; }
+
+// Pools final hidden states chunk by chunk, so that a long text can run in pieces
+// between other work (the scheduler does), and gives the pooled vector at unit L2 length,
+// as OpenAI's embeddings and llama.cpp's (embd_normalize 2) are. Sums in double: a mean
+// over thousands of positions in float would lose the low bits the 1e-5 check needs.
+template <std::size_t D>
+class embedding_pool {
+ public:
+  explicit embedding_pool(pooling p) : p_(p) {}
+
+  // h: [n, D] the final hidden states of the next n positions.
+  void add(const rows<D>& h) {
+    const std::size_t n = h.count();
+    if (n == 0) return;
+    if (p_ == pooling::last) {
+      const auto r = h.row(n - 1);
+      std::copy(r.begin(), r.end(), sum_.begin());
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const auto r = h.row(i);
+        for (std::size_t j = 0; j < D; ++j) sum_[j] += r[j];
+      }
+    }
+    count_ += n;
+  }
+
+  std::size_t positions() const { return count_; }
+
+  // [D] the pooled states scaled to length 1. Throws if nothing was added, or if the
+  // states are all zero or not finite (a model that produced NaN).
+  std::vector<float> finish() const {
+    if (count_ == 0) throw error("embedding: no position was pooled; give at least one token");
+    double norm = 0.0;
+    for (const double v : sum_) norm += v * v;
+    norm = std::sqrt(norm);
+    if (!std::isfinite(norm) || norm == 0.0)
+      throw error("embedding: the pooled hidden state has " + std::string(norm == 0.0 ? "zero length" : "a NaN or infinity") +
+                  "; the model's weights or input produce no usable embedding");
+    std::vector<float> out(D);
+    for (std::size_t j = 0; j < D; ++j) out[j] = static_cast<float>(sum_[j] / norm);  // the mean's 1/n cancels
+    return out;
+  }
+
+ private:
+  pooling p_;
+  std::array<double, D> sum_{};  // [D]
+  std::size_t count_ = 0;
 };
 
 // What a traced forward records, for debugging a model that misbehaves.
@@ -123,18 +179,32 @@ class model {
   // also fills it with the logits of every prompt position: [n, V].
   std::span<const float, V> prefill(std::span<const std::int32_t> tokens, kv_cache<C>& cache,
                                     std::vector<float>* all_logits = nullptr) {
-    const std::size_t n = tokens.size();
-    if (n == 0) throw error("prefill: the prompt is empty; give at least one token");
-    for (auto t : tokens) check_token(t);
-    if (n > cache.room()) {
-      throw capacity_error("prompt of " + std::to_string(n) + " tokens does not fit the KV cache: " +
-                           std::to_string(cache.length()) + " of " + std::to_string(cache.capacity()) +
-                           " positions are used; use a larger cache capacity (at most " + std::to_string(C::context) +
-                           ") or a shorter prompt");
-    }
-    const std::size_t pos0 = cache.length();
-    for (std::size_t i = 0; i < n; ++i) cache.push();
+    const std::size_t pos0 = claim(tokens, cache);
     return run(tokens, pos0, cache.storage(), all_logits, nullptr);
+  }
+
+  // Runs the tokens at the cache's next positions, as prefill does, and returns their
+  // final hidden states (after the output norm, before the output matrix): [n, D],
+  // valid until the next call. What embeddings pool (embedding_pool).
+  const rows<D>& hidden(std::span<const std::int32_t> tokens, kv_cache<C>& cache) {
+    const std::size_t pos0 = claim(tokens, cache);
+    run_blocks(tokens, pos0, cache.storage(), nullptr);
+    final_norm(0);
+    return final_;
+  }
+
+  // The embedding of a text given as token ids, run alone from position 0: its final
+  // hidden states pooled and scaled to unit length. Returns [D]. The cache it needs is
+  // made for the call; a text longer than the context throws capacity_error.
+  std::vector<float> embed(std::span<const std::int32_t> tokens, pooling p = pooling::mean) {
+    if (tokens.empty()) throw error("embed: the text is empty; give at least one token");
+    if (tokens.size() > C::context)
+      throw capacity_error("embed: the text has " + std::to_string(tokens.size()) + " tokens, more than the context of " +
+                           std::to_string(C::context) + "; shorten it or embed it in pieces");
+    kv_cache<C> cache(tokens.size());
+    embedding_pool<D> pool(p);
+    pool.add(hidden(tokens, cache));
+    return pool.finish();
   }
 
   // One token for each of several sequences, each at the next position of its own
@@ -167,7 +237,7 @@ class model {
       starts_[s] = caches[s]->length();
       caches[s]->push();
       stores_[s] = &caches[s]->storage();
-      embed(weights_.token_embd, tokens[s], ws_.x.row(s));
+      tlm::embed(weights_.token_embd, tokens[s], ws_.x.row(s));
       angles_[s] = rope_angles<C>(starts_[s]);
     }
     const block_context<C, float> ctx{{n, 1, 0, starts_.data()}, angles_.data(), opt_.pairing, nullptr, opt_.precision};
@@ -221,6 +291,22 @@ class model {
     }
   }
 
+  // Checks a prompt and takes its positions in the cache; returns the first one.
+  std::size_t claim(std::span<const std::int32_t> tokens, kv_cache<C>& cache) const {
+    const std::size_t n = tokens.size();
+    if (n == 0) throw error("prefill: the prompt is empty; give at least one token");
+    for (auto t : tokens) check_token(t);
+    if (n > cache.room()) {
+      throw capacity_error("prompt of " + std::to_string(n) + " tokens does not fit the KV cache: " +
+                           std::to_string(cache.length()) + " of " + std::to_string(cache.capacity()) +
+                           " positions are used; use a larger cache capacity (at most " + std::to_string(C::context) +
+                           ") or a shorter prompt");
+    }
+    const std::size_t pos0 = cache.length();
+    for (std::size_t i = 0; i < n; ++i) cache.push();
+    return pos0;
+  }
+
   const auto& output_matrix() const {
     if constexpr (C::tied_embeddings) return weights_.token_embd;
     else return weights_.output;
@@ -258,7 +344,7 @@ class model {
     reserve(n);
     ws_.x.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
-      embed(weights_.token_embd, tokens[i], ws_.x.row(i));
+      tlm::embed(weights_.token_embd, tokens[i], ws_.x.row(i));
       angles_[i] = rope_angles<C>(pos0 + i);
     }
     const block_context<C, float> ctx{{1, n, pos0}, angles_.data(), opt_.pairing, trace ? &entropy_ : nullptr, opt_.precision};
@@ -285,13 +371,9 @@ class model {
   // rows whose logits are wanted: it is the largest matrix of the model). Returns the
   // logits of the last row; with `all_logits`, fills it with all of them: [n - first, V].
   std::span<const float, V> head(std::size_t first, std::vector<float>* all_logits, forward_trace<C>* trace) {
-    thread_pool* pool = pool_.get();
-    const std::size_t n = ws_.x.count();
-    final_.resize(n - first);
-    const auto gain = weights_.output_norm.f32();
-    for (std::size_t i = first; i < n; ++i) rmsnorm<D>(ws_.x.row(i), gain, C::rms_eps, final_.row(i - first));
-    matmul(output_matrix(), final_, logits_, pool, opt_.precision);
-    if (all_logits) all_logits->assign(logits_.data(), logits_.data() + (n - first) * V);
+    final_norm(first);
+    matmul(output_matrix(), final_, logits_, pool_.get(), opt_.precision);
+    if (all_logits) all_logits->assign(logits_.data(), logits_.data() + logits_.count() * V);
     const std::span<const float, V> last = logits_.row(logits_.count() - 1);
     if (trace) {
       const auto [h, top] = logit_entropy(last);
@@ -299,6 +381,14 @@ class model {
       trace->logit_max = top;
     }
     return last;
+  }
+
+  // Rows first .. n-1 of ws_.x through the final norm into final_: [n - first, D].
+  void final_norm(std::size_t first) {
+    const std::size_t n = ws_.x.count();
+    final_.resize(n - first);
+    const auto gain = weights_.output_norm.f32();
+    for (std::size_t i = first; i < n; ++i) rmsnorm<D>(ws_.x.row(i), gain, C::rms_eps, final_.row(i - first));
   }
 
   gguf::file file_;

@@ -23,6 +23,12 @@
 //   r.on_done = [](tlm::sequence_outcome& o) { std::fputs(o.result.text.c_str(), stdout); };
 //   if (s.submit(std::move(r)) != tlm::admission::accepted) std::fputs("busy\n", stderr);
 //
+// An embedding request (sequence_request::embed) takes a sequence like any other: its
+// text runs in prefill chunks between the others' decode steps, the chunks' final hidden
+// states are pooled, and on_done gets the embedding; nothing is generated. Its cache is
+// then a prefix for later requests like any other, but it never starts from one, since a
+// cached prefix keeps its keys and values, not the hidden states an embedding pools.
+//
 // on_token and on_done run on the scheduler's thread: they must be quick (hand the text
 // to the thread that writes it) and must not call back into the scheduler.
 #include <algorithm>
@@ -66,6 +72,7 @@ struct sequence_outcome {
   std::exception_ptr error;
   bool cut = false;
   std::size_t reused_tokens = 0;  // prompt tokens found in the prefix cache, not run again
+  std::vector<float> embedding;   // [D] an embedding request's result, unit length; empty otherwise
 };
 
 struct sequence_request {
@@ -77,13 +84,16 @@ struct sequence_request {
   // Set (from any thread) to end the request at the next step: a client that left.
   std::shared_ptr<std::atomic<bool>> cancelled{};
   std::string tag{};  // the caller's name for the request, shown by status()
+  // Set: the request wants the embedding of its prompt, pooled so, and generates nothing
+  // (options, stop_ids and on_token are not used).
+  std::optional<pooling> embed{};
 };
 
 enum class admission { accepted, queue_full, stopping };
 
 // What status() reports of one sequence.
 struct sequence_status {
-  std::string state;  // idle, queued work is not here: prefill, generating
+  std::string state;  // idle, prefill, generating or embedding (queued work is not here)
   std::string tag;
   std::size_t prompt_tokens = 0, generated_tokens = 0, cached_tokens = 0, kv_bytes = 0;
   std::chrono::steady_clock::time_point started{};
@@ -173,11 +183,13 @@ class scheduler {
     std::size_t prefilled = 0;             // prompt tokens in the cache
     std::size_t reused = 0;                // of which the prefix cache gave
     std::optional<decode_state> st;        // set once the prompt is in
+    std::optional<embedding_pool<dim<C>>> pool;  // an embedding request's pooled states so far
     std::int32_t pending = -1;             // the token to run next
     std::chrono::steady_clock::time_point used{}, prefill_start{};
   };
 
   static std::size_t positions_needed(const sequence_request& r) {
+    if (r.embed) return r.prompt.size();
     // The last token chosen is never run.
     return r.prompt.size() + std::max<std::size_t>(r.options.max_tokens, 1) - 1;
   }
@@ -207,7 +219,7 @@ class scheduler {
     std::size_t best_common = 0;
     for (auto& s : seqs_) {
       if (s.j) continue;
-      const std::size_t c = o_.prefix_cache ? common_prefix(s.cached, prompt) : 0;
+      const std::size_t c = o_.prefix_cache && !jb.r.embed ? common_prefix(s.cached, prompt) : 0;
       if (!best || c > best_common || (c == best_common && s.used < best->used)) {
         best = &s;
         best_common = c;
@@ -253,6 +265,8 @@ class scheduler {
     queue_.pop_front();
     ++running_;
     s.st.reset();
+    s.pool.reset();
+    if (s.j->r.embed) s.pool.emplace(*s.j->r.embed);
     s.pending = -1;
     s.used = s.prefill_start = std::chrono::steady_clock::now();
     return true;
@@ -273,6 +287,14 @@ class scheduler {
     } else {
       out.result.prompt_tokens = s.prefilled - s.reused;
       out.result.reason = stop_reason::callback;
+      if (s.pool && !err && !cut && !cancelled && s.prefilled == s.j->r.prompt.size()) {
+        try {
+          out.embedding = s.pool->finish();
+          out.result.reason = stop_reason::max_tokens;  // it ran to its end
+        } catch (...) {
+          err = std::current_exception();
+        }
+      }
     }
     if (err) {
       // A failed step may have left positions it claimed unwritten: nothing of it is reused.
@@ -286,6 +308,7 @@ class scheduler {
     auto done = std::move(s.j->r.on_done);
     s.j.reset();
     s.st.reset();
+    s.pool.reset();
     s.used = std::chrono::steady_clock::now();
     {
       // Published before on_done: a client that has its answer finds the sequence idle.
@@ -329,6 +352,13 @@ class scheduler {
     const std::size_t n = std::min(o_.prefill_chunk, prompt.size() - s->prefilled);
     try {
       const auto chunk = std::span<const std::int32_t>(prompt).subspan(s->prefilled, n);
+      if (s->pool) {
+        s->pool->add(m_->hidden(chunk, *s->cache));
+        s->cached.insert(s->cached.end(), chunk.begin(), chunk.end());
+        s->prefilled += n;
+        if (s->prefilled == prompt.size()) finish(*s, nullptr, false);
+        return;
+      }
       const auto logits = m_->prefill(chunk, *s->cache);
       s->cached.insert(s->cached.end(), chunk.begin(), chunk.end());
       s->prefilled += n;
@@ -400,7 +430,7 @@ class scheduler {
         continue;
       }
       ++stats_.active;
-      v.state = s.st ? "generating" : "prefill";
+      v.state = s.pool ? "embedding" : s.st ? "generating" : "prefill";
       v.tag = s.j->r.tag;
       v.prompt_tokens = s.j->r.prompt.size();
       v.generated_tokens = s.st ? s.st->result().ids.size() : 0;

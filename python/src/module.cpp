@@ -77,6 +77,8 @@ class model_base {
   virtual void prepare(request& r) const = 0;
   virtual tlm::generation_result generate(const request& r, tlm::token_callback on_text, const give_up_test& give_up) = 0;
   virtual std::vector<float> logits(std::span<const std::int32_t> ids) = 0;
+  virtual std::vector<float> embed(std::span<const std::int32_t> ids, tlm::pooling p) = 0;
+  virtual std::size_t dim() const = 0;
   virtual std::size_t vocab() const = 0;
   virtual std::size_t context() const = 0;
   virtual std::string config_name() const = 0;
@@ -167,6 +169,12 @@ class model_impl final : public model_base {
     return all;
   }
 
+  std::vector<float> embed(std::span<const std::int32_t> ids, tlm::pooling p) override {
+    std::lock_guard lock(mu_);
+    return m_.embed(ids, p);
+  }
+
+  std::size_t dim() const override { return tlm::dim<C>; }
   std::size_t vocab() const override { return C::vocab; }
   std::size_t context() const override { return C::context; }
   std::string config_name() const override { return std::string(tlm::config_name<C>()); }
@@ -332,6 +340,47 @@ class py_model {
     }
     // The array views the vector's memory, which the capsule frees with the array.
     return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<2>>(all->data(), {ids.size(), m_->vocab()}, owner));
+  }
+
+  // A text, a list of token ids, or a list of those; the texts tokenized as the server
+  // does (the file's BOS rule, special-token strings as text).
+  nb::object embed(const nb::object& input, const std::string& pooling_name) {
+    tlm::pooling p;
+    if (pooling_name == "mean") p = tlm::pooling::mean;
+    else if (pooling_name == "last") p = tlm::pooling::last;
+    else throw tlm::error("embed: pooling is '" + pooling_name + "'; give 'mean' or 'last'");
+    std::vector<std::vector<std::int32_t>> texts;
+    bool single = true;
+    const auto one = [&](const nb::handle& item, std::size_t i) {
+      if (nb::isinstance<nb::str>(item)) {
+        texts.push_back(m_->tokenizer().encode(nb::cast<std::string>(item), {.parse_special = false}));
+      } else {
+        std::vector<std::int32_t> ids;
+        if (!nb::try_cast(item, ids))
+          throw tlm::error("embed: input " + std::to_string(i) + " is neither a str nor a list of token ids");
+        texts.push_back(std::move(ids));
+      }
+    };
+    const bool is_list = nb::isinstance<nb::list>(input) || nb::isinstance<nb::tuple>(input);
+    if (is_list && nb::len(input) > 0 && !nb::isinstance<nb::int_>(input[0])) {
+      single = false;
+      std::size_t i = 0;
+      for (const nb::handle item : input) one(item, i++);
+    } else {
+      one(input, 0);
+    }
+    auto* all = new std::vector<float>();
+    nb::capsule owner(all, [](void* q) noexcept { delete static_cast<std::vector<float>*>(q); });
+    {
+      nb::gil_scoped_release unlocked;
+      all->reserve(texts.size() * m_->dim());
+      for (const auto& ids : texts) {
+        const auto e = m_->embed(ids, p);
+        all->insert(all->end(), e.begin(), e.end());
+      }
+    }
+    if (single) return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<1>>(all->data(), {m_->dim()}, owner));
+    return nb::cast(nb::ndarray<nb::numpy, float, nb::ndim<2>>(all->data(), {texts.size(), m_->dim()}, owner));
   }
 
   nb::object run(request r, bool stream, bool details) {
@@ -921,6 +970,10 @@ NB_MODULE(_tlm, m) {
            "Token ids of the text, without a BOS token; special=True makes markers like <|im_start|> tokens.")
       .def("detokenize", &py_model::detokenize, "ids"_a)
       .def("logits", &py_model::logits, "ids"_a, "The logits of every position, a float32 array [len(ids), vocab].")
+      .def("embed", &py_model::embed, "input"_a, "pooling"_a = "mean",
+           "The embedding of a text (a str or a list of token ids): its final hidden states pooled, their mean or "
+           "(pooling='last') the last position's, at unit length; a float32 array [dim]. A list of texts gives "
+           "[len(input), dim]. Each text runs alone from position 0, as /v1/embeddings does.")
       .def(
           "generate",
           [](py_model& self, const nb::object& prompt, std::size_t max_tokens, const nb::object& stop, bool stream,

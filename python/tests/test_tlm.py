@@ -98,6 +98,35 @@ def test_logits_are_not_copied(model):
     assert a.flags["C_CONTIGUOUS"]
 
 
+def test_embed_equals_the_float64_reference(model):
+    import sys
+    sys.path.insert(0, str(ROOT / "tests" / "reference"))
+    from ref_forward import RefModel
+
+    ref = RefModel(MODEL)
+    texts = ["The capital of France is Paris.", "def f(x):\n    return x ** 2  # héllo"]
+    ids = [model.tokenize(t) for t in texts]
+    for pooling in ("mean", "last"):
+        for t, i in zip(texts, ids):
+            e = model.embed(t, pooling=pooling)
+            assert e.dtype == np.float32 and e.shape == (576,)
+            assert abs(float(np.linalg.norm(e.astype(np.float64))) - 1) < 1e-6
+            want = ref.embedding(i, pooling)
+            assert np.max(np.abs(e - want)) / np.max(np.abs(want)) <= 1e-5
+            assert np.array_equal(model.embed(i, pooling=pooling), e)  # ids or text: the same run
+    both = model.embed([texts[0], ids[1]])
+    assert both.shape == (2, 576)
+    assert np.array_equal(both[0], model.embed(texts[0])) and np.array_equal(both[1], model.embed(texts[1]))
+    with pytest.raises(tlm.Error, match="pooling is 'max'; give 'mean' or 'last'"):
+        model.embed("x", pooling="max")
+    with pytest.raises(tlm.Error, match="the text is empty"):
+        model.embed("")
+    with pytest.raises(tlm.Error, match="outside the vocabulary"):
+        model.embed([1, 49152])
+    with pytest.raises(tlm.Error, match="input 1 is neither a str nor a list of token ids"):
+        model.embed(["fine", 3.5])
+
+
 def test_chat_equals_cpp(model):
     question = "What is the capital of France?"
     printed = run("generate", "--threads", "1", "--chat", "-n", "30", question)[:-1]

@@ -348,8 +348,10 @@ class RefModel:
         return rope_halfsplit(x, *args)
 
     def forward(self, tokens, cache: KVCache, trace: dict | None = None,
-                trace_layers=(), rms_log: list | None = None) -> np.ndarray:
-        """Feed `tokens` at positions cache.length.. ; returns logits [T, vocab].
+                trace_layers=(), rms_log: list | None = None, hidden: bool = False) -> np.ndarray:
+        """Feed `tokens` at positions cache.length.. ; returns logits [T, vocab], or with
+        hidden=True the final hidden states (after output_norm, before the output matrix)
+        [T, dim].
 
         trace: filled with {layer: {name: [T, ...] array}} for layers in trace_layers.
         rms_log: appended with per-position RMS of the residual stream after the
@@ -420,7 +422,21 @@ class RefModel:
                 trace[l] = rec
         cache.length = S
         xf = rmsnorm(x, self.output_norm, hp.rms_eps)      # [T, dim]
+        if hidden:
+            return xf
         return self._mm(xf, self.output)  # [T, vocab]
+
+    def embedding(self, tokens, pooling: str = "mean") -> np.ndarray:
+        """The text's final hidden states pooled (their mean, or the last position's) and
+        scaled to unit L2 length: [dim]."""
+        h = self.forward(tokens, self.new_cache(max(16, len(tokens))), hidden=True)
+        if pooling == "mean":
+            e = h.mean(axis=0)
+        elif pooling == "last":
+            e = h[-1]
+        else:
+            raise ValueError("pooling must be 'mean' or 'last'")
+        return e / np.linalg.norm(e)
 
     def prompt_logits(self, tokens) -> np.ndarray:
         cache = self.new_cache(max(16, len(tokens)))

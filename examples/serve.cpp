@@ -1092,7 +1092,9 @@ class server {
             std::count_if(g->outcomes.begin(), g->outcomes.end(), [](const auto& o) { return o.has_value(); }));
         if (fd >= 0 && peer_left(fd)) {
           g->cancelled->store(true);
-          return;  // nobody reads the answer
+          // Nobody reads the answer; /metrics counts it under nginx's "client closed request".
+          res.status = 499;
+          return;
         }
         for (const auto& o : g->outcomes) {
           if (!o) continue;

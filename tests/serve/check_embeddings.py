@@ -7,7 +7,9 @@ per request, with float and base64 encodings, through plain HTTP and the officia
 client. Then what the endpoint refuses, each with 400 and the reason, and its count in
 /metrics."""
 import base64
+import json
 import os
+import socket
 import sys
 
 for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -21,7 +23,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 
 from ref_forward import RefModel  # noqa: E402
 from tokenizer_common import build_hf_tokenizer, hf_encode  # noqa: E402
-from serve_common import arguments, request, server  # noqa: E402
+from serve_common import arguments, request, server, wait_until  # noqa: E402
 
 args = arguments()
 BOUND = 1e-5
@@ -115,6 +117,17 @@ for pooling in ("mean", "last"):
                 assert part in r["error"]["message"], (part, r["error"]["message"])
             got_status, r = request(port, "POST", "/v1/embeddings", b"{not json", {"Content-Type": "application/json"})
             assert got_status == 400 and "not valid JSON" in r["error"]["message"], r
+            # A client that leaves in the middle of 2048 texts frees both sequences at their
+            # next step, and the server answers the next request.
+            body = json.dumps({"input": [TEXTS[2]] * 2048}).encode()
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            wait_until(lambda: any(x["state"] == "embedding" for x in request(port, "GET", "/slots")[1]), 30,
+                       "the 2048 texts to start")
+            sock.close()
+            wait_until(lambda: all(x["state"] == "idle" for x in request(port, "GET", "/slots")[1]), 10,
+                       "the sequences to be freed after the client left")
             # Explicit dimensions equal to the model's are fine.
             assert rel(embed(port, {"input": TEXTS[0], "dimensions": DIM})["data"][0]["embedding"], want["mean"][0]) <= BOUND
             # A generation between embeddings runs as usual, and the counts show the endpoint.
@@ -124,6 +137,8 @@ for pooling in ("mean", "last"):
             assert status == 200
             ok = [ln for ln in text.splitlines() if ln.startswith('tlm_requests_total{endpoint="/v1/embeddings",status="200"}')]
             assert ok and int(ok[0].split()[-1]) == 2 * len(TEXTS) + 3 + 1, ok
+            left = [ln for ln in text.splitlines() if ln.startswith('tlm_requests_total{endpoint="/v1/embeddings",status="499"}')]
+            assert left and int(left[0].split()[-1]) == 1, left
             bad = [ln for ln in text.splitlines() if ln.startswith('tlm_requests_total{endpoint="/v1/embeddings",status="400"}')]
             assert bad and int(bad[0].split()[-1]) == 13, bad
 

@@ -197,4 +197,100 @@ TEST_CASE("100 of 100 outputs sampled at temperature 1 parse, and validate again
   }
 }
 
+namespace {
+// Two tools as the server writes their calls: a sequence per tool, one_of over them.
+tlm::json_node tool_calls() {
+  using namespace tlm::json_schema;
+  const auto call = [](const std::string& name, tlm::json_node args) {
+    return sequence({{"<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": ", std::move(args)}}, "}\n</tool_call>");
+  };
+  return one_of({call("get_weather", object({{"city", string()}, {"days", integer()}})),
+                 call("get", object({{"key", enumeration({"\"a\"", "\"b\""})}})),
+                 call("now", object({}))});
+}
+}  // namespace
+
+TEST_CASE("a sequence writes its texts exactly around its values, and one_of picks a sequence by its first text") {
+  const tlm::json_grammar g(tool_calls());
+  CHECK(admits(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\",\"days\":3}}\n</tool_call>"));
+  CHECK(admits(g, "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"key\":\"b\"}}\n</tool_call>"));
+  CHECK(admits(g, "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>"));
+  // "get" and "get_weather" share a prefix up to the closing quote, which tells them apart.
+  CHECK(prefix(g, "<tool_call>\n{\"name\": \"get"));
+  CHECK(!admits(g, "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"city\":\"Paris\",\"days\":3}}\n</tool_call>"));
+  CHECK(!admits(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"key\":\"a\"}}\n</tool_call>"));
+  CHECK(!prefix(g, "<tool_call>\n{\"name\": \"delete_everything\""));
+  CHECK(!prefix(g, "<tool_call> {"));
+  CHECK(!admits(g, "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call"));  // tail unfinished
+  CHECK(!prefix(g, "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>x"));  // nothing after the tail
+  // The distance to a document counts the texts still to write.
+  auto st = g.start();
+  const std::string head = "<tool_call>\n{\"name\": \"now\", \"arguments\": ";
+  REQUIRE(g.feed(st, head));
+  CHECK(g.min_to_finish(st) == std::string("{}}\n</tool_call>").size());
+  CHECK(g.min_to_finish(g.start()) == head.size() + std::string("{}}\n</tool_call>").size());
+  auto mid = g.start();
+  REQUIRE(g.feed(mid, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Pa"));
+  CHECK(g.min_to_finish(mid) == std::string("\",\"days\":0}}\n</tool_call>").size());
+
+  // Alternatives one of which begins another cannot be told apart: refused.
+  using namespace tlm::json_schema;
+  CHECK_THROWS_WITH_AS(tlm::json_grammar(one_of({sequence({{"ab", integer()}}, ""), sequence({{"abc", integer()}}, "")})),
+                       doctest::Contains("start alike"), tlm::error);
+  CHECK_THROWS_WITH_AS(tlm::json_grammar(one_of({})), doctest::Contains("1 to 64 alternatives"), tlm::error);
+  CHECK_THROWS_WITH_AS(tlm::json_grammar(one_of({integer()})), doctest::Contains("must be a sequence"), tlm::error);
+}
+
+TEST_CASE("a grammar with a trigger binds a reply that begins with it and leaves any other reply free") {
+  const auto& tok = tlm_test::shared_tokenizer<tlm::model<C>>();
+  const auto g = std::make_shared<const tlm::json_grammar>(tool_calls());
+  const std::vector<std::int32_t> stop(tok.end_of_generation().begin(), tok.end_of_generation().end());
+  // decode_state alone, fed logits that lead it: the first steps favour the given tokens
+  // strongly, the rest are flat, so that temperature 1 samples anything the mask allows.
+  const auto run = [&](const std::vector<std::int32_t>& lead, std::uint64_t seed) {
+    tlm::generation_options o{.max_tokens = 120};
+    o.sample = {.temperature = 1.0f, .seed = seed};
+    o.grammar = g;
+    o.grammar_trigger = "<tool_call>";
+    tlm::decode_state st(tok, o, stop, {}, {});
+    std::vector<float> logits(tok.vocab_size());
+    for (std::size_t step = 0;; ++step) {
+      std::fill(logits.begin(), logits.end(), 0.0f);
+      if (step < lead.size()) logits[static_cast<std::size_t>(lead[step])] = 30.0f;
+      if (!st.next(logits, step, 1000)) break;
+    }
+    return st.finish();
+  };
+  const auto trigger = tok.encode("<tool_call>");
+  REQUIRE(trigger.size() > 1);  // spelled in pieces: the undecided steps are exercised
+  for (std::uint64_t seed = 0; seed < 20; ++seed) {
+    const auto out = run(trigger, seed);
+    CAPTURE(out.text);
+    auto st = g->start();
+    CHECK((g->feed(st, out.text) && g->can_end(st)));
+    CHECK(out.reason == tlm::stop_reason::eos);
+  }
+  // A reply that leaves the trigger behind at its second piece is free: flat logits then
+  // sample any token of the vocabulary, step after step, to the token limit.
+  const auto elsewhere = tok.encode("<b");
+  REQUIRE(elsewhere.size() == 2);
+  REQUIRE(elsewhere[0] == trigger[0]);
+  for (std::uint64_t seed = 0; seed < 5; ++seed) {
+    const auto out = run(elsewhere, seed);
+    CHECK(out.text.starts_with("<b"));
+    CHECK(out.ids.size() > 100);
+    CHECK(out.reason == tlm::stop_reason::max_tokens);
+  }
+  // Without the trigger the same grammar binds every reply from its first token.
+  tlm::generation_options o{.max_tokens = 120};
+  o.sample = {.temperature = 1.0f, .seed = 9};
+  o.grammar = g;
+  tlm::decode_state bound(tok, o, stop, {}, {});
+  std::vector<float> flat(tok.vocab_size(), 0.0f);
+  for (std::size_t step = 0; bound.next(flat, step, 1000); ++step) {
+  }
+  auto st = g->start();
+  CHECK((g->feed(st, bound.finish().text) && g->can_end(st)));
+}
+
 }  // namespace test_grammar

@@ -47,6 +47,10 @@ struct generation_options {
   // grammar are sampled, and the document is complete within max_tokens - 1 characters
   // (then end-of-sequence is the only choice, and ends it whatever stop_at_eos says).
   std::shared_ptr<const json_grammar> grammar{};
+  // With a grammar: it binds only a reply that begins with this text, and a reply that
+  // begins otherwise is free (a tool call's "<tool_call>": the model answers in words or
+  // calls a tool, and a call always parses). Empty: the grammar binds every reply.
+  std::string grammar_trigger{};
 };
 
 enum class stop_reason {
@@ -193,7 +197,10 @@ class decode_state {
         filter_(o.stop), context_(std::move(context)), r_(std::move(r)), listening_(static_cast<bool>(on_token_)),
         t0_(std::chrono::steady_clock::now()) {
     r_.reason = stop_reason::max_tokens;
-    if (o_.grammar) {
+    if (o_.grammar && !o_.grammar_trigger.empty()) {
+      mode_ = grammar_mode::undecided;
+    } else if (o_.grammar) {
+      mode_ = grammar_mode::bound;
       doc_ = o_.grammar->start();
       if (const std::size_t need = o_.grammar->min_to_finish(doc_); need > budget())
         throw error("constrained output: the shortest document of the grammar has " + std::to_string(need) +
@@ -209,7 +216,11 @@ class decode_state {
   std::optional<std::int32_t> next(std::span<const float> logits, std::size_t position, std::size_t room) {
     if (done_ || chosen_ >= o_.max_tokens) return end();
     detail::require_finite_logits(logits, position);
-    if (o_.grammar) {
+    if (mode_ == grammar_mode::undecided) {
+      triggered_allowed();
+      mask(logits);
+      logits = masked_;
+    } else if (mode_ == grammar_mode::bound) {
       o_.grammar->allowed(doc_, *tok_, budget(), allowed_);
       masked_.assign(logits.begin(), logits.end());
       bool any = false;
@@ -225,13 +236,26 @@ class decode_state {
     const std::int32_t id = pick_(logits, context_);
     ++chosen_;
     r_.ids.push_back(id);
-    if ((o_.stop_at_eos || o_.grammar) && std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) {
+    if ((o_.stop_at_eos || mode_ == grammar_mode::bound) &&
+        std::find(stop_ids_.begin(), stop_ids_.end(), id) != stop_ids_.end()) {
       r_.reason = stop_reason::eos;
       return end();
     }
     context_.push_back(id);
-    if (o_.grammar && !o_.grammar->feed(doc_, tok_->token_bytes(id)))
+    if (mode_ == grammar_mode::undecided) {
+      written_ += tok_->token_bytes(id);
+      const std::string& trigger = o_.grammar_trigger;
+      if (written_.starts_with(trigger)) {
+        mode_ = grammar_mode::bound;
+        doc_ = o_.grammar->start();
+        if (!o_.grammar->feed(doc_, written_))
+          throw error("constrained output: sampled token " + std::to_string(id) + " outside the grammar (a bug in tlm)");
+      } else if (!trigger.starts_with(written_)) {
+        mode_ = grammar_mode::free;
+      }
+    } else if (mode_ == grammar_mode::bound && !o_.grammar->feed(doc_, tok_->token_bytes(id))) {
       throw error("constrained output: sampled token " + std::to_string(id) + " outside the grammar (a bug in tlm)");
+    }
     auto [text, stopped] = filter_.push(stream_.push(id));
     const step s = emit(id, text);
     if (stopped) {
@@ -278,6 +302,32 @@ class decode_state {
     done_ = true;
     return std::nullopt;
   }
+  // Keeps the logits of the allowed tokens; the others become -inf.
+  void mask(std::span<const float> logits) {
+    masked_.assign(logits.begin(), logits.end());
+    for (std::size_t v = 0; v < masked_.size(); ++v)
+      if (v >= allowed_.size() || !allowed_[v]) masked_[v] = -std::numeric_limits<float>::infinity();
+  }
+  // Before the reply has shown whether it begins with the trigger: a token that keeps it
+  // a prefix of the trigger, or completes the trigger into a document the grammar can
+  // still finish within the budget, or leaves the trigger behind (free text from then on).
+  void triggered_allowed() {
+    const std::string& trigger = o_.grammar_trigger;
+    const std::size_t v = tok_->vocab_size();
+    allowed_.assign(v, 0);
+    for (std::size_t i = 0; i < v; ++i) {
+      const auto id = static_cast<std::int32_t>(i);
+      const std::string_view bytes = tok_->token_bytes(id);
+      const std::string joined = written_ + std::string(bytes);
+      const bool into = !bytes.empty() && (trigger.starts_with(joined) || joined.starts_with(trigger));
+      if (!into) {
+        allowed_[i] = 1;  // an end token, or text that is not the trigger: free from here
+        continue;
+      }
+      json_grammar::state t = o_.grammar->start();
+      if (o_.grammar->feed(t, joined) && t.chars + o_.grammar->min_to_finish(t) <= budget()) allowed_[i] = 1;
+    }
+  }
   // A token writes at least one character, so a grammar's document must be complete
   // within max_tokens - 1 of them, leaving the last token for the end.
   std::size_t budget() const { return o_.max_tokens > 0 ? o_.max_tokens - 1 : 0; }
@@ -299,6 +349,11 @@ class decode_state {
   generation_result r_;
   bool listening_;
   std::chrono::steady_clock::time_point t0_;
+  // Whether the grammar binds the reply: always without a trigger; with one, undecided
+  // until the reply begins with it (bound) or leaves it behind (free).
+  enum class grammar_mode : std::uint8_t { none, undecided, bound, free };
+  grammar_mode mode_ = grammar_mode::none;
+  std::string written_;  // the reply's bytes while undecided
   json_grammar::state doc_{};
   std::vector<std::uint8_t> allowed_;
   std::vector<float> masked_;

@@ -9,6 +9,11 @@
 // printable ASCII (escapes allowed) of at most max_string characters, arrays of at
 // most max_items items and nesting of at most max_depth containers. Schemas fix the
 // order of an object's properties to the declared order and require them all.
+//
+// Besides JSON values, a grammar may hold fixed texts around values (sequence) and a
+// choice between such sequences told apart by their first text (one_of): a tool call is
+// `<tool_call>\n{"name": "NAME", "arguments": ` then the arguments' schema then
+// `}\n</tool_call>`, one sequence per tool.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -28,11 +33,14 @@ namespace tlm {
 
 // A node of the grammar: what one JSON value may be.
 struct json_node {
-  enum class kind { any, string, number, integer, boolean, choice, array, object } k = kind::any;
+  enum class kind { any, string, number, integer, boolean, choice, array, object, sequence, one_of } k = kind::any;
   std::vector<std::string> choices{};                              // choice: the JSON texts allowed
   std::shared_ptr<const json_node> items{};                        // array: its items
-  std::vector<std::pair<std::string, json_node>> properties{};     // object: in order, all required
+  // object: in order, all required; sequence: each part's text, then its value
+  std::vector<std::pair<std::string, json_node>> properties{};
   std::size_t min_items = 0;                                       // array
+  std::string tail{};                                              // sequence: the text after the last value
+  std::vector<json_node> alternatives{};                           // one_of: sequences
 };
 
 namespace json_schema {
@@ -51,6 +59,16 @@ inline json_node array(json_node items, std::size_t min_items = 0) {
 }
 inline json_node object(std::vector<std::pair<std::string, json_node>> properties) {
   return {.k = json_node::kind::object, .properties = std::move(properties)};
+}
+// Text and values in turn, written exactly: parts[0].first, parts[0].second's value,
+// parts[1].first, ..., then tail. Texts are bytes, not JSON: any text the tokenizer can write.
+inline json_node sequence(std::vector<std::pair<std::string, json_node>> parts, std::string tail) {
+  return {.k = json_node::kind::sequence, .properties = std::move(parts), .tail = std::move(tail)};
+}
+// One of several sequences, chosen by the first text written: no alternative's first text
+// may be a prefix of another's (so the choice is known when one is complete).
+inline json_node one_of(std::vector<json_node> sequences) {
+  return {.k = json_node::kind::one_of, .alternatives = std::move(sequences)};
 }
 }  // namespace json_schema
 
@@ -130,7 +148,7 @@ class json_grammar {
   }
 
  private:
-  enum frame_type : std::uint8_t { f_value, f_string, f_number, f_choice, f_array, f_object, f_free_object };
+  enum frame_type : std::uint8_t { f_value, f_string, f_number, f_choice, f_array, f_object, f_free_object, f_sequence, f_one_of };
 
   void check(const json_node& n, std::size_t depth) const {
     if (depth > 8) throw error("json schema: nested deeper than 8 levels; flatten it");
@@ -148,6 +166,24 @@ class json_grammar {
                       std::to_string(lim_.max_items) + " items, so nothing is admitted; lower minItems or raise max_items");
         check(*n.items, depth + 1);
         break;
+      case json_node::kind::sequence:
+        if (n.properties.size() > 100) throw error("grammar: a sequence of more than 100 values; split it");
+        for (const auto& part : n.properties) check(part.second, depth + 1);
+        break;
+      case json_node::kind::one_of:
+        if (n.alternatives.empty() || n.alternatives.size() > 64)
+          throw error("grammar: one_of takes 1 to 64 alternatives, not " + std::to_string(n.alternatives.size()));
+        for (std::size_t i = 0; i < n.alternatives.size(); ++i) {
+          const json_node& a = n.alternatives[i];
+          if (a.k != json_node::kind::sequence || first_text(a).empty())
+            throw error("grammar: each one_of alternative must be a sequence that starts with a text");
+          for (std::size_t j = 0; j < n.alternatives.size(); ++j)
+            if (i != j && first_text(n.alternatives[j]).starts_with(first_text(a)))
+              throw error("grammar: one_of alternatives " + std::to_string(i) + " and " + std::to_string(j) +
+                          " start alike ('" + first_text(a) + "'): the first text of one may not begin another's");
+          check(a, depth);
+        }
+        break;
       case json_node::kind::object:
         if (n.properties.size() > 100) throw error("json schema: an object of more than 100 properties; split it");
         for (const auto& [key, value] : n.properties) {
@@ -160,9 +196,15 @@ class json_grammar {
     }
   }
 
+  static const std::string& first_text(const json_node& seq) {
+    return seq.properties.empty() ? seq.tail : seq.properties[0].first;
+  }
+
   static bool top_can_end(const state::frame& f) {
     if (f.type == f_number) return number_final(f);
     if (f.type == f_choice) return choice_complete(f);
+    // A sequence whose tail is empty ends with its last value.
+    if (f.type == f_sequence) return f.phase / 2 == f.node->properties.size() && f.count == f.node->tail.size();
     return false;
   }
   static bool number_final(const state::frame& f) { return f.phase == n_zero || f.phase == n_int || f.phase == n_frac || f.phase == n_exp; }
@@ -186,8 +228,21 @@ class json_grammar {
       }
       case json_node::kind::array: return 2 + (n.min_items ? n.min_items * (min_value(*n.items, depth + 1) + 1) - 1 : 0);
       case json_node::kind::object: return rest_of_object(n, 0, depth);
+      case json_node::kind::sequence: return rest_of_sequence(n, 0, depth);
+      case json_node::kind::one_of: {
+        std::size_t m = std::numeric_limits<std::size_t>::max();
+        for (const auto& a : n.alternatives) m = std::min(m, min_value(a, depth));
+        return m;
+      }
     }
     return 1;
+  }
+  // The fewest characters of a sequence from part i on, its text included, then the tail.
+  std::size_t rest_of_sequence(const json_node& n, std::size_t i, std::size_t depth) const {
+    std::size_t c = n.tail.size();
+    for (std::size_t j = i; j < n.properties.size(); ++j)
+      c += n.properties[j].first.size() + min_value(n.properties[j].second, depth + 1);
+    return c;
   }
   // The fewest characters of an object from property i on, '}' included (and '{' when i == 0).
   std::size_t rest_of_object(const json_node& n, std::size_t i, std::size_t depth) const {
@@ -239,6 +294,19 @@ class json_grammar {
         if (f.phase % 2 == 1) return rest_of_object(*f.node, i + 1, 0);
         return rest_of_object(*f.node, i, 0) - f.count;
       }
+      case f_sequence: {
+        // phase 2i: writing part i's text (count characters of it written; i == size: the
+        // tail); 2i+1: part i's value pushed.
+        const std::size_t i = f.phase / 2;
+        if (f.phase % 2 == 1) return rest_of_sequence(*f.node, i + 1, 0);
+        return rest_of_sequence(*f.node, i, 0) - f.count;
+      }
+      case f_one_of: {
+        std::size_t m = std::numeric_limits<std::size_t>::max();
+        for (std::size_t i = 0; i < f.node->alternatives.size(); ++i)
+          if (f.viable >> i & 1) m = std::min(m, min_value(f.node->alternatives[i], 0) - f.count);
+        return m;
+      }
       case f_free_object:
         // 0 expect '{'; 1 after '{'; 2 key pushed (expect ':'); 3 expect value; 4 value pushed; 5 after ','.
         switch (f.phase) {
@@ -276,6 +344,9 @@ class json_grammar {
       case k::choice: return {&n, f_choice, 0, 0, n.choices.size() >= 64 ? ~0ULL : (1ULL << n.choices.size()) - 1};
       case k::array: return {&n, f_array, 0, 0, 0};
       case k::object: return {&n, f_object, 0, 0, 0};
+      case k::sequence: return {&n, f_sequence, 0, 0, 0};
+      case k::one_of:
+        return {&n, f_one_of, 0, 0, n.alternatives.size() >= 64 ? ~0ULL : (1ULL << n.alternatives.size()) - 1};
     }
     return {&n, f_value, 0, 0, 0};
   }
@@ -450,6 +521,64 @@ class json_grammar {
             } else {
               --s.depth;
             }
+          }
+          return true;
+        }
+        case f_sequence: {
+          const auto& parts = f.node->properties;
+          if (f.phase % 2 == 1) {  // part i's value is complete
+            f.phase = static_cast<std::uint8_t>(f.phase + 1);
+            f.count = 0;
+            continue;
+          }
+          const std::size_t i = f.phase / 2;
+          const std::string& text = i < parts.size() ? parts[i].first : f.node->tail;
+          if (f.count == text.size()) {  // an empty text: straight to the value, or past the end
+            if (i == parts.size()) {
+              --s.depth;
+              continue;
+            }
+            f.phase = static_cast<std::uint8_t>(f.phase + 1);
+            if (!push(s, value_frame(parts[i].second))) return false;
+            continue;
+          }
+          if (static_cast<unsigned char>(text[f.count]) != c) return false;
+          ++f.count;
+          ++s.chars;
+          if (f.count == text.size()) {
+            if (i < parts.size()) {
+              f.phase = static_cast<std::uint8_t>(f.phase + 1);
+              if (!push(s, value_frame(parts[i].second))) return false;
+            } else {
+              --s.depth;
+            }
+          }
+          return true;
+        }
+        case f_one_of: {
+          const auto& alts = f.node->alternatives;
+          std::uint64_t still = 0;
+          for (std::size_t i = 0; i < alts.size(); ++i) {
+            const std::string& t = first_text(alts[i]);
+            if ((f.viable >> i & 1) && f.count < t.size() && static_cast<unsigned char>(t[f.count]) == c) still |= 1ULL << i;
+          }
+          if (still == 0) return false;
+          f.viable = still;
+          ++f.count;
+          ++s.chars;
+          for (std::size_t i = 0; i < alts.size(); ++i) {
+            if (!(still >> i & 1) || first_text(alts[i]).size() != f.count) continue;
+            // Its first text is whole, and no other starts with it: this frame becomes
+            // that sequence's, past its first text.
+            const std::uint16_t written = f.count;
+            f = {&alts[i], f_sequence, 0, written, 0};
+            if (!alts[i].properties.empty()) {
+              f.phase = 1;
+              if (!push(s, value_frame(alts[i].properties[0].second))) return false;
+            } else {
+              --s.depth;
+            }
+            break;
           }
           return true;
         }

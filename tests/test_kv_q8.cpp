@@ -181,6 +181,44 @@ TEST_CASE("q8 cache: store, clone, truncate, and the wrong element type is a cle
   CHECK_THROWS_AS(other.copy_positions(cache.storage(), 2), tlm::capacity_error);
 }
 
+// A server's sequence whose next request needs more positions gets a larger cache and
+// keeps the shared prefix: a copy between capacities puts each (layer, kv head)'s rows
+// where the larger cache keeps them.
+TEST_CASE("copy_positions copies between caches of different capacities, of either type") {
+  std::mt19937 rng(31);
+  for (auto type : {tlm::kv_type::f32, tlm::kv_type::q8}) {
+    CAPTURE(to_string(type));
+    tlm::kv_storage<G> small(5, type), large(37, type);
+    std::vector<float> k(EG), v(EG), a(EG), b(EG);
+    for (std::size_t p = 0; p < 5; ++p)
+      for (std::size_t l = 0; l < G::layers; ++l)
+        for (std::size_t g = 0; g < G::kv_heads; ++g) {
+          k = random_floats(EG, rng);
+          v = random_floats(EG, rng);
+          small.store(l, g, p, k.data(), v.data());
+        }
+    large.copy_positions(small, 4);
+    for (std::size_t p = 0; p < 4; ++p)
+      for (std::size_t l = 0; l < G::layers; ++l)
+        for (std::size_t g = 0; g < G::kv_heads; ++g) {
+          small.load_key(l, g, p, a.data());
+          large.load_key(l, g, p, b.data());
+          CHECK(a == b);
+          small.load_value(l, g, p, a.data());
+          large.load_value(l, g, p, b.data());
+          CHECK(a == b);
+        }
+    // And back into the smaller one, as far as it holds.
+    tlm::kv_storage<G> back(4, type);
+    back.copy_positions(large, 4);
+    large.load_key(G::layers - 1, G::kv_heads - 1, 3, a.data());
+    back.load_key(G::layers - 1, G::kv_heads - 1, 3, b.data());
+    CHECK(a == b);
+    CHECK_THROWS_WITH_AS(back.copy_positions(large, 5), doctest::Contains("5 positions from a cache of 37"),
+                         tlm::capacity_error);
+  }
+}
+
 // Keys written as the block writes them (rotated for their position), shifted, must
 // equal keys rotated for their new position: exactly up to float rounding for f32,
 // within a quantization step for q8.

@@ -152,6 +152,25 @@ TEST_CASE("the prefix cache runs only what a new prompt adds, and replies as a c
   CHECK(third.outcomes[0].result.ids == second.outcomes[0].result.ids);
 }
 
+TEST_CASE("a request that outgrows its sequence's cache keeps the shared prefix in a larger one") {
+  tlm::generator<C> alone(alone_model(), tok());
+  tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 1});
+  const std::string system = "You are a helpful assistant who answers in one short sentence. Question: ";
+  collector first(1);
+  REQUIRE(s.submit(first.request(0, ids(system + "What is 2 + 2?"), {.max_tokens = 8})) == tlm::admission::accepted);
+  first.wait();
+  REQUIRE(s.status().sequences[0].kv_bytes == 256 * tlm::kv_storage<C>::bytes_per_position(tlm::kv_type::f32));
+  // 300 more tokens: the cache of 256 positions is remade with 512, and the prefix moves.
+  const std::string longer = system + "What is the capital of France?";
+  collector second(1);
+  REQUIRE(s.submit(second.request(0, ids(longer), {.max_tokens = 300})) == tlm::admission::accepted);
+  second.wait();
+  REQUIRE(!second.outcomes[0].error);
+  CHECK(second.outcomes[0].reused_tokens > 10);
+  CHECK(s.status().sequences[0].kv_bytes == 512 * tlm::kv_storage<C>::bytes_per_position(tlm::kv_type::f32));
+  CHECK(second.outcomes[0].result.ids == alone.generate(longer, {.max_tokens = 300}).ids);
+}
+
 TEST_CASE("a cancelled request ends at the next step and frees its sequence") {
   tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 1, .queue = 4});
   collector c(2);

@@ -158,26 +158,27 @@ class kv_storage {
     else dequantize_q8_row(value_codes_.data() + at, value_scales_[at / E], E, out);
   }
 
-  // Copies the first n positions of every (layer, kv head) from `from`, which has
-  // the same capacity and type: what a clone needs, and no more (the unwritten tail
-  // is never read).
+  // Copies the first n positions of every (layer, kv head) from `from`, of the same
+  // type and any capacity that holds them: what a clone needs, and what a cache grown
+  // for a longer request keeps of the smaller one (the unwritten tail is never read).
   void copy_positions(const kv_storage& from, std::size_t n) {
-    if (from.capacity_ != capacity_ || from.type_ != type_ || n > capacity_)
-      throw capacity_error("KV cache copy: capacities " + std::to_string(from.capacity_) + " and " +
-                           std::to_string(capacity_) + " or types " + std::string(to_string(from.type_)) + " and " +
-                           std::string(to_string(type_)) + " differ, or " + std::to_string(n) +
-                           " positions do not fit; copy between caches made alike");
+    if (from.type_ != type_ || n > capacity_ || n > from.capacity_)
+      throw capacity_error("KV cache copy: " + std::to_string(n) + " positions from a cache of " +
+                           std::to_string(from.capacity_) + " (" + std::string(to_string(from.type_)) + ") into one of " +
+                           std::to_string(capacity_) + " (" + std::string(to_string(type_)) +
+                           "); copy between caches of one type, each holding the positions");
     for (std::size_t l = 0; l < C::layers; ++l) {
       for (std::size_t g = 0; g < C::kv_heads; ++g) {
-        const std::size_t at = offset(l, g, 0);
+        // Each cache's rows of (l, g) start where its own capacity puts them.
+        const std::size_t src = from.offset(l, g, 0), dst = offset(l, g, 0);
         if (type_ == kv_type::f32) {
-          std::copy_n(from.keys_.data() + at, n * E, keys_.data() + at);
-          std::copy_n(from.values_.data() + at, n * E, values_.data() + at);
+          std::copy_n(from.keys_.data() + src, n * E, keys_.data() + dst);
+          std::copy_n(from.values_.data() + src, n * E, values_.data() + dst);
         } else {
-          std::copy_n(from.key_codes_.data() + at, n * E, key_codes_.data() + at);
-          std::copy_n(from.value_codes_.data() + at, n * E, value_codes_.data() + at);
-          std::copy_n(from.key_scales_.data() + at / E, n, key_scales_.data() + at / E);
-          std::copy_n(from.value_scales_.data() + at / E, n, value_scales_.data() + at / E);
+          std::copy_n(from.key_codes_.data() + src, n * E, key_codes_.data() + dst);
+          std::copy_n(from.value_codes_.data() + src, n * E, value_codes_.data() + dst);
+          std::copy_n(from.key_scales_.data() + src / E, n, key_scales_.data() + dst / E);
+          std::copy_n(from.value_scales_.data() + src / E, n, value_scales_.data() + dst / E);
         }
       }
     }

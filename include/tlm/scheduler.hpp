@@ -442,7 +442,23 @@ class scheduler {
   void loop() {
     std::unique_lock lock(mu_);
     for (;;) {
-      while (!stopping_ && admit_locked()) {
+      while (!stopping_) {
+        // A request that cannot be given a sequence (its cache cannot be made) fails
+        // alone: the scheduler's thread, and every other request with it, goes on.
+        std::exception_ptr err;
+        try {
+          if (!admit_locked()) break;
+          continue;
+        } catch (...) {
+          err = std::current_exception();
+        }
+        auto jb = std::move(queue_.front());
+        queue_.pop_front();
+        lock.unlock();
+        sequence_outcome out;
+        out.error = err;
+        call(jb->r.on_done, out);
+        lock.lock();
       }
       publish_locked();
       const bool busy = std::any_of(seqs_.begin(), seqs_.end(), [](const sequence& s) { return s.j != nullptr; });

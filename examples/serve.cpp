@@ -63,6 +63,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -439,10 +440,46 @@ tlm::sampling read_sampling(const request_reader& r) {
 struct parsed_request {
   bool chat = false, stream = false, include_usage = false;
   std::string prompt;                      // completions
-  std::vector<tlm::chat_message> messages;  // chat
+  std::vector<tlm::chat_message> messages;  // chat, as rendered (tool calls and results written as text)
   tlm::generation_options gen;
   std::optional<std::size_t> max_tokens;
+  bool tools = false;  // the reply may be a tool call (tools given, tool_choice not none)
 };
+
+// Tool calls are written as Qwen2.5's template writes them (the Hermes form), for every
+// template: the tools' signatures in the system message, a call as
+// <tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call>, a result as a user turn
+// of <tool_response>\n...\n</tool_response>. Qwen2.5's own template renders exactly this;
+// for the others it is tlm's documented fallback.
+constexpr std::string_view tool_call_open = "<tool_call>\n", tool_call_close = "\n</tool_call>";
+constexpr std::string_view tools_head =
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+    "signatures within <tools></tools> XML tags:\n<tools>";
+constexpr std::string_view tools_tail =
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>";
+constexpr std::size_t max_tools = 64;  // the grammar's one_of takes 64 alternatives
+
+// JSON as Python's json.dumps writes it by default (", " and ": "), which is what the
+// templates' `tojson` gives and so what the models saw in training.
+std::string dump_spaced(const json& v) {
+  if (v.is_object()) {
+    std::string out = "{";
+    bool first = true;
+    for (const auto& [k, x] : v.items()) {
+      out += (first ? "" : ", ") + json(k).dump(-1, ' ', false, json::error_handler_t::replace) + ": " + dump_spaced(x);
+      first = false;
+    }
+    return out + "}";
+  }
+  if (v.is_array()) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + dump_spaced(v[i]);
+    return out + "]";
+  }
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 template <tlm::LlamaConfig C>
 class server {
@@ -688,6 +725,157 @@ class server {
     throw api_error(400, fmt::format("'{}' must be a string or an array of text parts", key), key, "invalid_type");
   }
 
+  // The messages as the template renders them: tool results become user turns of
+  // <tool_response> blocks (consecutive ones in one turn), an assistant's tool calls are
+  // written after its text.
+  void read_messages(const json& msgs, parsed_request& p) const {
+    for (std::size_t i = 0; i < msgs.size(); ++i) {
+      const json& m = msgs[i];
+      const std::string key = fmt::format("messages[{}]", i);
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        throw api_error(400, fmt::format("'{}' must be an object with a string 'role'", key), key, "invalid_type");
+      std::string role = m["role"].get<std::string>();
+      if (role == "developer") role = "system";  // OpenAI's newer name for the system role
+      if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+        throw api_error(400, fmt::format("'{}.role' is '{}'; tlm takes system, developer, user, assistant or tool", key, role),
+                        key + ".role", "invalid_value");
+      const bool calls = role == "assistant" && m.contains("tool_calls") && !m["tool_calls"].is_null();
+      if ((!m.contains("content") || m["content"].is_null()) && !calls)
+        throw api_error(400, fmt::format("'{}.content' is required", key), key + ".content", "missing");
+      std::string content = m.contains("content") && !m["content"].is_null() ? text_of(m["content"], i) : std::string();
+      if (role == "tool") {
+        const std::string block = "<tool_response>\n" + content + "\n</tool_response>";
+        if (!p.messages.empty() && p.messages.back().role == "user" && i > 0 && msgs[i - 1].value("role", "") == "tool")
+          p.messages.back().content += "\n" + block;
+        else
+          p.messages.push_back({"user", block});
+        continue;
+      }
+      if (calls) {
+        const json& tc = m["tool_calls"];
+        if (!tc.is_array()) throw api_error(400, fmt::format("'{}.tool_calls' must be an array", key), key + ".tool_calls", "invalid_type");
+        for (std::size_t j = 0; j < tc.size(); ++j) {
+          const std::string ck = fmt::format("{}.tool_calls[{}]", key, j);
+          const json* f = tc[j].is_object() && tc[j].contains("function") ? &tc[j]["function"] : nullptr;
+          if (!f || !f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
+            throw api_error(400, fmt::format("'{}' must be {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", ck),
+                            ck, "invalid_type");
+          json args = json::object();
+          if (f->contains("arguments") && !(*f)["arguments"].is_null()) {
+            const json& a = (*f)["arguments"];
+            if (a.is_string()) {
+              try {
+                args = json::parse(a.get<std::string>());
+              } catch (const json::exception&) {
+                throw api_error(400, fmt::format("'{}.function.arguments' is not valid JSON; give the arguments as a JSON "
+                                                 "object in a string, as the call returned them", ck),
+                                ck, "invalid_value");
+              }
+            } else {
+              args = a;
+            }
+          }
+          if (!content.empty()) content += "\n";
+          content += std::string(tool_call_open) + "{\"name\": " + dump_spaced((*f)["name"]) + ", \"arguments\": " +
+                     dump_spaced(args) + "}" + std::string(tool_call_close);
+        }
+      }
+      p.messages.push_back({role, std::move(content)});
+    }
+  }
+
+  // `tools` and `tool_choice`: the tools' signatures go into the system message, and the
+  // reply is held by a grammar to a call of one of them with arguments valid against its
+  // schema (required, or a named function), or to either words or such a call (auto).
+  void read_tools(const request_reader& r, parsed_request& p) const {
+    const json* t = r.find("tools");
+    std::string choice = "auto", named;
+    if (const json* c = r.find("tool_choice")) {
+      if (c->is_string()) {
+        choice = c->get<std::string>();
+        if (choice != "none" && choice != "auto" && choice != "required")
+          throw api_error(400, fmt::format("'tool_choice' is '{}'; give none, auto, required or "
+                                           "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", choice),
+                          "tool_choice", "invalid_value");
+      } else if (c->is_object() && c->contains("function") && (*c)["function"].is_object() &&
+                 (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
+        choice = "named";
+        named = (*c)["function"]["name"].get<std::string>();
+      } else {
+        r.wrong("tool_choice", "must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+      }
+    }
+    if (const json* pc = r.find("parallel_tool_calls"); pc && !pc->is_boolean()) r.wrong("parallel_tool_calls", "must be true or false");
+    if (!t || (t->is_array() && t->empty())) {
+      if (choice == "required" || choice == "named")
+        throw api_error(400, "'tool_choice' asks for a tool call, but 'tools' gives no tools", "tool_choice", "invalid_value");
+      return;
+    }
+    if (!t->is_array()) r.wrong("tools", "must be an array of {\"type\": \"function\", \"function\": {...}}");
+    if (t->size() > max_tools)
+      throw api_error(400, fmt::format("'tools' holds {} tools; tlm takes at most {}", t->size(), max_tools), "tools",
+                      "invalid_value");
+    std::vector<tlm::json_node> calls;
+    std::vector<std::string> names;
+    std::string listed;
+    for (std::size_t i = 0; i < t->size(); ++i) {
+      const std::string key = fmt::format("tools[{}]", i);
+      const json& tool = (*t)[i];
+      if (!tool.is_object() || tool.value("type", json()) != "function" || !tool.contains("function") ||
+          !tool["function"].is_object())
+        throw api_error(400, fmt::format("'{}' must be {{\"type\": \"function\", \"function\": {{\"name\", \"description\", "
+                                         "\"parameters\"}}}}; tlm calls functions only", key),
+                        key, "invalid_type");
+      const json& f = tool["function"];
+      const std::string name = f.contains("name") && f["name"].is_string() ? f["name"].get<std::string>() : std::string();
+      const bool good_name = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+      });
+      if (!good_name)
+        throw api_error(400, fmt::format("'{}.function.name' must be 1 to 64 letters, digits, underscores or dashes", key),
+                        key + ".function.name", "invalid_value");
+      if (std::find(names.begin(), names.end(), name) != names.end())
+        throw api_error(400, fmt::format("'{}.function.name': two tools are named '{}'", key, name), key + ".function.name",
+                        "invalid_value");
+      names.push_back(name);
+      tlm::json_node args = tlm::json_schema::object({});
+      if (f.contains("parameters") && !f["parameters"].is_null()) {
+        try {
+          args = tlm::json_schema::from_json(f["parameters"]);
+        } catch (const tlm::error& e) {
+          throw api_error(400, fmt::format("'{}.function.parameters': {}", key, e.what()), key + ".function.parameters",
+                          "invalid_value");
+        }
+        if (args.k != tlm::json_node::kind::object)
+          throw api_error(400, fmt::format("'{}.function.parameters' must be an object schema (\"type\": \"object\")", key),
+                          key + ".function.parameters", "invalid_value");
+      }
+      listed += "\n" + dump_spaced(tool);
+      if (choice == "named" && name != named) continue;
+      calls.push_back(tlm::json_schema::sequence(
+          {{std::string(tool_call_open) + "{\"name\": " + dump_spaced(json(name)) + ", \"arguments\": ", std::move(args)}},
+          "}" + std::string(tool_call_close)));
+    }
+    if (choice == "named" && calls.empty())
+      throw api_error(400, fmt::format("'tool_choice' names the function '{}', which 'tools' does not hold", named),
+                      "tool_choice", "invalid_value");
+    if (choice == "none") return;  // the signatures are not shown either: nothing may be called
+    // The signatures join the system message (or one is made, after the template's default text).
+    const std::string section = std::string(tools_head) + listed + std::string(tools_tail);
+    if (!p.messages.empty() && p.messages[0].role == "system") {
+      p.messages[0].content += "\n\n" + section;
+    } else {
+      const std::string_view def = counter_->format().default_system();
+      p.messages.insert(p.messages.begin(), {"system", def.empty() ? section : std::string(def) + "\n\n" + section});
+    }
+    if (p.gen.grammar)
+      throw api_error(400, "'response_format' and 'tools' cannot hold one reply together; give one of them",
+                      "response_format", "unsupported");
+    p.gen.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::one_of(std::move(calls)));
+    if (choice == "auto") p.gen.grammar_trigger = "<tool_call>";
+    p.tools = true;
+  }
+
   parsed_request read(const json& body, bool chat) const {
     if (!body.is_object()) throw api_error(400, "the request body must be a JSON object", {}, "invalid_type");
     const request_reader r{body};
@@ -699,22 +887,7 @@ class server {
       if (!msgs) throw api_error(400, "'messages' is required: an array of {\"role\", \"content\"} objects", "messages", "missing");
       if (!msgs->is_array() || msgs->empty())
         throw api_error(400, "'messages' must be a non-empty array of {\"role\", \"content\"} objects", "messages", "invalid_type");
-      for (std::size_t i = 0; i < msgs->size(); ++i) {
-        const json& m = (*msgs)[i];
-        const std::string key = fmt::format("messages[{}]", i);
-        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-          throw api_error(400, fmt::format("'{}' must be an object with a string 'role'", key), key, "invalid_type");
-        std::string role = m["role"].get<std::string>();
-        if (role == "developer") role = "system";  // OpenAI's newer name for the system role
-        if (role != "system" && role != "user" && role != "assistant")
-          throw api_error(400, fmt::format("'{}.role' is '{}'; tlm takes system, developer, user or assistant", key, role),
-                          key + ".role", "invalid_value");
-        if (!m.contains("content") || m["content"].is_null())
-          throw api_error(400, fmt::format("'{}.content' is required", key), key + ".content", "missing");
-        p.messages.push_back({role, text_of(m["content"], i)});
-      }
-      if (const json* t = r.find("tools"); t && !(t->is_array() && t->empty()))
-        throw api_error(400, "'tools' is not supported by tlm's server; leave it out", "tools", "unsupported");
+      read_messages(*msgs, p);
     } else {
       const json* pr = r.find("prompt");
       if (!pr) throw api_error(400, "'prompt' is required: a string", "prompt", "missing");
@@ -782,6 +955,7 @@ class server {
                         "response_format", "invalid_value");
       }
     }
+    if (chat) read_tools(r, p);  // after response_format, which it may not join
     if (const std::string problem = tlm::sampling_problem(p.gen.sample); !problem.empty())
       throw api_error(400, "sampling: " + problem, {}, "invalid_value");
     return p;
@@ -817,6 +991,17 @@ class server {
                                        n, *p.max_tokens, n + *p.max_tokens, o_.ctx),
                       "max_tokens", "context_length_exceeded");
     p.gen.max_tokens = *p.max_tokens;
+    // A grammar that binds the whole reply needs room for its shortest document (a token
+    // writes at least one character, and the last is the end): refused before the prefill.
+    if (p.gen.grammar && p.gen.grammar_trigger.empty()) {
+      const std::size_t need = p.gen.grammar->min_to_finish(p.gen.grammar->start());
+      if (need + 1 > p.gen.max_tokens)
+        throw api_error(400, fmt::format("the shortest reply {} allows has {} characters, and max_tokens {} leaves room for "
+                                         "{}; raise max_tokens to at least {}",
+                                         p.tools ? "a call of these tools" : "'response_format'", need, p.gen.max_tokens,
+                                         p.gen.max_tokens - 1, need + 1),
+                        "max_tokens", "invalid_value");
+    }
     return ids;
   }
 
@@ -1152,6 +1337,19 @@ class server {
     return r == tlm::stop_reason::max_tokens || r == tlm::stop_reason::context_full ? "length" : "stop";
   }
 
+  // A reply that is a whole tool call, as an entry of OpenAI's tool_calls (arguments as a
+  // JSON string); nothing for words, or for a call that max_tokens cut short (whose text
+  // is returned as it is, with finish_reason length).
+  static std::optional<json> tool_call_of(const std::string& text) {
+    if (!text.starts_with(tool_call_open) || !text.ends_with(tool_call_close)) return std::nullopt;
+    const std::string body = text.substr(tool_call_open.size(), text.size() - tool_call_open.size() - tool_call_close.size());
+    const json j = json::parse(body, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j.contains("arguments")) return std::nullopt;
+    return json{{"id", random_id("call")},
+                {"type", "function"},
+                {"function", {{"name", j["name"]}, {"arguments", dump(j["arguments"])}}}};
+  }
+
   static std::size_t completion_tokens(const tlm::generation_result& r) {
     return r.reason == tlm::stop_reason::eos && !r.ids.empty() ? r.ids.size() - 1 : r.ids.size();
   }
@@ -1200,6 +1398,11 @@ class server {
         const auto& r = out.result;
         json choice = {{"index", 0}, {"finish_reason", finish_reason(r.reason)}, {"logprobs", nullptr}};
         if (chat) choice["message"] = {{"role", "assistant"}, {"content", r.text}, {"refusal", nullptr}};
+        if (const auto call = p->tools ? tool_call_of(r.text) : std::nullopt) {
+          choice["message"]["content"] = nullptr;
+          choice["message"]["tool_calls"] = json::array({*call});
+          choice["finish_reason"] = "tool_calls";
+        }
         else choice["text"] = r.text;
         res.set_content(dump({{"id", id},
                               {"object", chat ? "chat.completion" : "text_completion"},
@@ -1230,6 +1433,10 @@ class server {
             };
             if (!send(chunk(id, p->chat, "", nullptr, true))) return left();
             std::optional<tlm::sequence_outcome> out;
+            // With tools, a reply is held while it may still become a call: it is sent as
+            // words once it leaves "<tool_call>" behind, and as one tool_calls delta at its end.
+            enum class shape { undecided, words, call } form = p->tools ? shape::undecided : shape::words;
+            std::string held;
             while (!out) {
               std::deque<std::string> pieces;
               {
@@ -1238,8 +1445,31 @@ class server {
                 pieces.swap(ch->pieces);
                 if (ch->outcome) out = std::move(ch->outcome);
               }
-              for (const auto& text : pieces)
+              for (const auto& text : pieces) {
+                if (form != shape::words) {
+                  held += text;
+                  if (form == shape::call || held.starts_with("<tool_call>")) {
+                    form = shape::call;
+                    continue;
+                  }
+                  if (std::string_view("<tool_call>").starts_with(held)) continue;
+                  form = shape::words;
+                  if (!send(chunk(id, p->chat, std::exchange(held, {}), nullptr, false))) return left();
+                  continue;
+                }
                 if (!send(chunk(id, p->chat, text, nullptr, false))) return left();
+              }
+            }
+            std::optional<json> call;
+            if (form == shape::call && !out->error && !out->cut) call = tool_call_of(held);
+            if (call) {
+              json c = chunk(id, true, "", nullptr, false);
+              json entry = *call;
+              entry["index"] = 0;
+              c["choices"][0]["delta"] = {{"tool_calls", json::array({entry})}};
+              if (!send(c)) return left();
+            } else if (!held.empty() && !out->error && !out->cut) {
+              if (!send(chunk(id, p->chat, held, nullptr, false))) return left();  // a call cut short: its text
             }
             bool connected = true;
             if (out->error) {
@@ -1260,7 +1490,7 @@ class server {
               sink.done();
               return true;
             } else {
-              connected = send(chunk(id, p->chat, "", finish_reason(out->result.reason), false));
+              connected = send(chunk(id, p->chat, "", call ? json("tool_calls") : json(finish_reason(out->result.reason)), false));
               if (connected && p->include_usage) {
                 json u = chunk(id, p->chat, "", nullptr, false);
                 u["choices"] = json::array();

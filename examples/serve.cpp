@@ -668,6 +668,9 @@ class server {
     one("tlm_prefix_cache_hits_total", "counter", "Requests that found part of their prompt in a cache.", st.prefix_hits);
     one("tlm_prefix_cache_tokens_total", "counter", "Prompt tokens taken from the prefix cache instead of run again.",
         st.reused_tokens);
+    one("tlm_prefix_cache_running_copies_total", "counter",
+        "Prefix cache hits copied from a sequence that was still running (requests sharing a prompt at once).",
+        st.running_donations);
     one("tlm_decode_steps_total", "counter", "Batched decode steps.", st.steps);
     one("tlm_decode_rows_total", "counter", "Sequences advanced by those steps (rows / steps: the mean batch).",
         st.batched_rows);

@@ -10,6 +10,7 @@
 #include <future>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fixture.hpp"
@@ -150,6 +151,32 @@ TEST_CASE("the prefix cache runs only what a new prompt adds, and replies as a c
   third.wait();
   CHECK(third.outcomes[0].reused_tokens == prompt.size() - 1);
   CHECK(third.outcomes[0].result.ids == second.outcomes[0].result.ids);
+}
+
+TEST_CASE("a request copies a shared prefix from a sequence that is still running") {
+  tlm::generator<C> alone(alone_model(), tok());
+  tlm::scheduler<C> s(scheduled_model(), tok(), {.parallel = 2, .prefill_chunk = 16});
+  const std::string system =
+      "You are a helpful assistant who answers in one short sentence, politely and without lists. Question: ";
+  collector c(2);
+  REQUIRE(s.submit(c.request(0, ids(system + "What is the capital of France?"), {.max_tokens = 60, .stop_at_eos = false})) ==
+          tlm::admission::accepted);
+  // The first is decoding (its prompt is in its cache) when the second arrives; the other
+  // sequence is idle and has no cache.
+  const auto generating = [&] {
+    const auto st = s.status();
+    return std::any_of(st.sequences.begin(), st.sequences.end(), [](const auto& q) { return q.state == "generating"; });
+  };
+  for (int i = 0; i < 2000 && !generating(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(generating());
+  REQUIRE(s.status().active == 1);
+  REQUIRE(s.submit(c.request(1, ids(system + "What is the largest ocean?"), {.max_tokens = 8})) == tlm::admission::accepted);
+  c.wait();
+  CHECK(c.outcomes[1].reused_tokens >= 16);
+  CHECK(s.status().running_donations == 1);
+  CHECK(c.outcomes[1].result.ids == alone.generate(system + "What is the largest ocean?", {.max_tokens = 8}).ids);
+  CHECK(c.outcomes[0].result.ids ==
+        alone.generate(system + "What is the capital of France?", {.max_tokens = 60, .stop_at_eos = false}).ids);
 }
 
 TEST_CASE("a request that outgrows its sequence's cache keeps the shared prefix in a larger one") {

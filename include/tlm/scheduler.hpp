@@ -12,7 +12,10 @@
 // sequence whose cached tokens share the longest prefix with its prompt (a system
 // prompt, the earlier turns of a chat) and runs only the rest; the least recently used
 // sequence otherwise. The reply is what a cold run gives, token for token, up to the
-// summation order of the batched products.
+// summation order of the batched products. Requests that share a prompt and arrive
+// together (a system prompt sent by many clients at once) find no idle sequence holding
+// it yet: a new request then copies the prefix from a running sequence's cache, whose
+// first positions are written and stay so while it runs.
 //
 // Example, given tlm::model<tlm::smollm2_135m>* model; const tlm::tokenizer* tokens; std::vector<std::int32_t> ids:
 //   auto& m = *model;
@@ -102,6 +105,7 @@ struct sequence_status {
 struct scheduler_status {
   std::size_t queued = 0, active = 0, kv_bytes = 0;
   std::uint64_t prefix_hits = 0, reused_tokens = 0, steps = 0, batched_rows = 0;
+  std::uint64_t running_donations = 0;  // prefix hits copied from a sequence that was still running
   std::vector<sequence_status> sequences;
 };
 
@@ -188,6 +192,9 @@ class scheduler {
     std::chrono::steady_clock::time_point used{}, prefill_start{};
   };
 
+  // Fewer shared tokens than this are run again rather than copied from a running sequence.
+  static constexpr std::size_t min_donated = 16;
+
   static std::size_t positions_needed(const sequence_request& r) {
     if (r.embed) return r.prompt.size();
     // The last token chosen is never run.
@@ -226,6 +233,24 @@ class scheduler {
       }
     }
     if (!best) return false;
+    // A running sequence may hold a longer prefix (requests that share a system prompt
+    // arrive together): its first positions are written and stay as they are while it
+    // runs, so they are copied into the new request's cache instead of run again.
+    sequence* donor = nullptr;
+    std::size_t donor_common = 0;
+    if (o_.prefix_cache && !jb.r.embed) {
+      for (auto& s : seqs_) {
+        if (!s.j || !s.cache) continue;
+        const std::size_t c = common_prefix(s.cached, prompt);
+        if (c > donor_common) {
+          donor = &s;
+          donor_common = c;
+        }
+      }
+      // Worth a copy only for a good stretch more than the idle sequence holds.
+      if (donor_common < best_common + min_donated) donor = nullptr;
+    }
+    if (donor) best_common = donor_common;
     // At least the prompt's last token runs, for its logits.
     const std::size_t common = std::min(best_common, prompt.size() - 1);
     const std::size_t need = positions_needed(jb.r);
@@ -244,7 +269,17 @@ class scheduler {
       }
     }
     sequence& s = *best;
-    if (regrow) {
+    if (donor) {
+      if (regrow) {
+        s.cache.reset();
+        s.cache.emplace(rounded(need), o_.kv);
+      }
+      s.cache->truncate(0);
+      s.cache->storage().copy_positions(donor->cache->storage(), common);
+      for (std::size_t i = 0; i < common; ++i) s.cache->push();
+      s.cached.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(common));
+      ++stats_.running_donations;
+    } else if (regrow) {
       kv_cache<C> bigger(rounded(need), o_.kv);
       if (s.cache && common > 0) {
         bigger.storage().copy_positions(s.cache->storage(), common);

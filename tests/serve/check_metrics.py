@@ -162,6 +162,7 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
                      "tlm_time_per_output_token_seconds": "histogram", "tlm_queue_length": "gauge",
                      "tlm_active_sequences": "gauge", "tlm_slots": "gauge", "tlm_kv_cache_bytes": "gauge",
                      "tlm_prefix_cache_hits_total": "counter", "tlm_prefix_cache_tokens_total": "counter",
+                     "tlm_prefix_cache_running_copies_total": "counter",
                      "tlm_decode_steps_total": "counter", "tlm_decode_rows_total": "counter"}, types
     assert value(samples, "tlm_slots") == SLOTS
     assert value(samples, "tlm_active_sequences") == 0 and value(samples, "tlm_queue_length") == 0
@@ -244,6 +245,8 @@ with server(args.build, args.model, "--slots", str(SLOTS), "--threads", "1", "--
     assert cached[3] > 0, cached
     assert value(samples, "tlm_prefix_cache_hits_total") == sum(c > 0 for c in cached), cached
     assert value(samples, "tlm_prefix_cache_tokens_total") == sum(cached), cached
+    # One request at a time: no prefix came from a running sequence.
+    assert value(samples, "tlm_prefix_cache_running_copies_total") == 0
     steps, rows = value(samples, "tlm_decode_steps_total"), value(samples, "tlm_decode_rows_total")
     # One request at a time: one row a step, a step for every generated token but the last.
     assert rows == steps == sum(u["completion_tokens"] - 1 for u in usages), (steps, rows, usages)

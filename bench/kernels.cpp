@@ -22,9 +22,9 @@
 // multiple of the floor at the same thread count. Kernels run in both precisions
 // (exact: float32 activations; fast: int8 activations) at every level the CPU has.
 #include "machine.hpp"
+#include <tlm/format/quant.hpp>
+#include <tlm/generation/sampler.hpp>
 #include <tlm/kernels.hpp>
-#include <tlm/quant.hpp>
-#include <tlm/sampler.hpp>
 #include <tlm/thread_pool.hpp>
 
 #include <algorithm>
@@ -67,7 +67,7 @@ std::vector<std::byte> random_matrix(encoding enc, std::size_t rows, std::size_t
   std::vector<std::byte> some(16 * rb);
   if (!tlm::writable(enc)) {
     // An encoding without a quantizer (none of the weight encodings today; the K-quants
-    // had none before quant.hpp wrote them): random codes, finite halves of a realistic
+    // had none before format/quant.hpp wrote them): random codes, finite halves of a realistic
     // size for the super-block scales (d and dmin first; Q6_K's d last).
     std::uniform_int_distribution<int> byte(0, 255);
     for (auto& b : some) b = static_cast<std::byte>(byte(rng));

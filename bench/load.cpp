@@ -11,7 +11,7 @@
 //            weight pages are resident: the cost a first forward pass would otherwise pay
 // Peak RSS (getrusage) is reported after all phases: it includes the resident pages.
 #include <tlm/config.hpp>
-#include <tlm/gguf.hpp>
+#include <tlm/format/gguf.hpp>
 #include <tlm/load.hpp>
 #include <tlm/weights.hpp>
 

@@ -1,7 +1,7 @@
 #pragma once
 // The command-line parts the example programs share: the usage-error type, the number
 // parsers, and the sampling flags read and described from tlm's option table.
-#include <tlm/sampling_options.hpp>
+#include <tlm/generation/sampling_options.hpp>
 
 #include <fmt/core.h>
 

@@ -7,7 +7,7 @@
 //   describe [--name NAME] FILE.gguf     or --model FILE: the struct NAME (default my_model)
 #include <tlm/config_match.hpp>
 #include <tlm/configs.hpp>
-#include <tlm/gguf.hpp>
+#include <tlm/format/gguf.hpp>
 #include <tlm/weights.hpp>
 
 #include <fmt/core.h>

@@ -10,14 +10,14 @@
 //
 // It is a thin layer over tlm/generate.hpp: the decoding loop is the library's.
 // `--chat` without a prompt starts an interactive chat on the terminal.
-#include <tlm/chat.hpp>
 #include <tlm/config_match.hpp>
 #include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
-#include <tlm/json_schema.hpp>
+#include <tlm/generation/json_schema.hpp>
+#include <tlm/generation/sampler.hpp>
 #include <tlm/model.hpp>
-#include <tlm/sampler.hpp>
-#include <tlm/tokenizer.hpp>
+#include <tlm/text/chat.hpp>
+#include <tlm/text/tokenizer.hpp>
 
 #include "cli.hpp"
 

@@ -8,15 +8,15 @@
 //                                      write TENSOR dequantized to float32 (raw little-endian, row-major)
 //   inspect FILE.gguf --requantize ENC OUT.gguf
 //                                      copy the file with gguf::writer, re-encoding every F32 tensor
-//                                      with two or more dims to ENC (any writable encoding of encoding.hpp; a
+//                                      with two or more dims to ENC (any writable encoding of tlm/format/encoding.hpp; a
 //                                      tensor whose rows do not fit ENC is copied as it is)
 //
 // Errors (missing file, not a GGUF file, unknown tensor) print the tlm::error message
 // and exit with code 1.
-#include <tlm/gguf.hpp>
-#include <tlm/gguf_writer.hpp>
-#include <tlm/quant.hpp>
-#include <tlm/verify.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/gguf_writer.hpp>
+#include <tlm/format/quant.hpp>
+#include <tlm/format/verify.hpp>
 
 #include <fmt/core.h>
 
@@ -103,7 +103,7 @@ int dump(const tlm::gguf::file& f, std::string_view tensor, const std::string& o
   return 0;
 }
 
-// tlm::non_finite_values (verify.hpp): names every tensor holding NaN or infinity.
+// tlm::non_finite_values (tlm/format/verify.hpp): names every tensor holding NaN or infinity.
 // Exit status 1 when there is one.
 int verify(const tlm::gguf::file& f) {
   const auto bad = tlm::non_finite_values(f);

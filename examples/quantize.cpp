@@ -1,5 +1,5 @@
 // quantize: re-encode a GGUF model's matrices as one of the types llama.cpp's quantizer
-// writes, choosing each tensor's encoding as llama.cpp does (tlm/quantize_mix.hpp).
+// writes, choosing each tensor's encoding as llama.cpp does (tlm/format/quantize_mix.hpp).
 //
 //   quantize IN.gguf OUT.gguf TYPE [--threads N]
 //
@@ -9,10 +9,10 @@
 // already in its target encoding is copied unchanged. Metadata is kept; general.file_type
 // and general.quantization_version are set. OUT is written atomically (a temporary file
 // renamed into place), so an interrupted run leaves no partial model behind.
-#include <tlm/gguf.hpp>
-#include <tlm/gguf_writer.hpp>
-#include <tlm/quant.hpp>
-#include <tlm/quantize_mix.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/gguf_writer.hpp>
+#include <tlm/format/quant.hpp>
+#include <tlm/format/quantize_mix.hpp>
 #include <tlm/thread_pool.hpp>
 
 #include <fmt/core.h>
@@ -51,7 +51,7 @@ void check_writable(const std::filesystem::path& out) {
 
 int run(int argc, char** argv) {
   std::vector<std::string_view> pos;
-  std::size_t threads = std::max(1u, std::thread::hardware_concurrency());
+  std::size_t threads = tlm::threads_or_every_core(0);
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--help" || a == "-h") {

@@ -8,19 +8,19 @@
 // Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true as
 // server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus' text format),
 // GET /slots (what each sequence is doing). One model serves every request: a scheduler
-// (tlm/scheduler.hpp) advances all running requests by one token per step in one batched
+// (tlm/serving/scheduler.hpp) advances all running requests by one token per step in one batched
 // forward pass, runs new prompts in chunks between steps, and reuses the cached prefix of
 // an earlier request (a system prompt, a chat's earlier turns). Requests beyond --parallel
 // wait in a bounded queue; beyond that they get 503.
-#include <tlm/chat.hpp>
 #include <tlm/config_match.hpp>
 #include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
-#include <tlm/json_schema.hpp>
+#include <tlm/generation/json_schema.hpp>
+#include <tlm/generation/sampler.hpp>
 #include <tlm/model.hpp>
-#include <tlm/sampler.hpp>
-#include <tlm/scheduler.hpp>
-#include <tlm/tokenizer.hpp>
+#include <tlm/serving/scheduler.hpp>
+#include <tlm/text/chat.hpp>
+#include <tlm/text/tokenizer.hpp>
 
 #include "cli.hpp"
 
@@ -110,7 +110,7 @@ constexpr std::string_view usage_format = R"(usage: serve [options]
   --chat-template NAME  render chat requests with this template instead of the file's
                      ({templates})
   -h, --help         this text
-A request's sampling fields are generate's sampling options (tlm/sampling_options.hpp), by the
+A request's sampling fields are generate's sampling options (tlm/generation/sampling_options.hpp), by the
 same names and with the same ranges: temperature, top_p, frequency_penalty, presence_penalty,
 logit_bias and seed as OpenAI's; top_k, min_p, repeat_penalty and penalty_window besides.
 Their defaults are generate's, except OpenAI's temperature 1 and a random seed.
@@ -204,7 +204,7 @@ options parse(int argc, char** argv) {
   }
   if (!o.config.empty() && !tlm::program_configs::contains(o.config))
     fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
-  if (o.threads == 0) o.threads = std::max<std::size_t>(1, std::thread::hardware_concurrency());
+  o.threads = tlm::threads_or_every_core(o.threads);
   if (o.name.empty()) o.name = std::filesystem::path(o.model).stem().string();
   return o;
 }

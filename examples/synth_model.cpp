@@ -20,12 +20,12 @@
 // The tiny test configs (tiny_gqa, tiny_untied) are accepted too: their files are the
 // fuzzers' seeds and the random models that tests compare with the float64 reference.
 #include <tlm/configs.hpp>
-#include <tlm/gguf.hpp>
-#include <tlm/gguf_writer.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/gguf_writer.hpp>
+#include <tlm/format/quant.hpp>
 #include <tlm/hyperparameters.hpp>
-#include <tlm/quant.hpp>
-#include <tlm/tokenizer.hpp>
 #include <tlm/ops/rope.hpp>
+#include <tlm/text/tokenizer.hpp>
 #include <tlm/weights.hpp>
 
 #include <fmt/core.h>

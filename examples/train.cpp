@@ -7,7 +7,7 @@
 #include <tlm/config_match.hpp>
 #include <tlm/configs.hpp>
 #include <tlm/load.hpp>
-#include <tlm/tokenizer.hpp>
+#include <tlm/text/tokenizer.hpp>
 #include <tlm/train/lora.hpp>
 #include <tlm/train/progress.hpp>
 #include <tlm/train/trainer.hpp>

@@ -1,8 +1,8 @@
 // libFuzzer target for the GGUF reader: any byte string either opens or throws
 // tlm::format_error, and for a file that opens every metadata value and every byte
 // of every tensor span can be read without leaving the input.
-#include <tlm/gguf.hpp>
-#include <tlm/quant.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/quant.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -9,10 +9,10 @@
 //   - a tokenizer that loads round-trips the ids of its own encode of a short text.
 // The seeds (fuzz/seeds/fuzz_model) are tiny_gqa and tiny_untied files written by
 // examples/synth_model, so mutations start from files that bind.
-#include <tlm/gguf.hpp>
+#include <tlm/format/gguf.hpp>
 #include <tlm/load.hpp>
 #include <tlm/model.hpp>
-#include <tlm/tokenizer.hpp>
+#include <tlm/text/tokenizer.hpp>
 
 #include <cstddef>
 #include <cstdint>

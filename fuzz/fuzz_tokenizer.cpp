@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "tlm/gguf.hpp"
-#include "tlm/tokenizer.hpp"
+#include <tlm/format/gguf.hpp>
+#include <tlm/text/tokenizer.hpp>
 
 namespace {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "tlm/chat.hpp"
+#include <tlm/text/chat.hpp>
 
 int main(int argc, char** argv) {
   if (argc != 2) {

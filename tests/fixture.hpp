@@ -2,7 +2,7 @@
 // Reader for the TLMFIX01 fixture container written by tests/reference
 // (format in tests/fixtures/forward/README.md), and the real model and its tokenizer
 // shared by the tests of one program.
-#include <tlm/tokenizer.hpp>
+#include <tlm/text/tokenizer.hpp>
 
 #include <cstdint>
 #include <filesystem>

@@ -4,8 +4,8 @@
 // recomputed; decoding with adapters loaded from files.
 #include <doctest/doctest.h>
 
+#include <tlm/generation/sampler.hpp>
 #include <tlm/model.hpp>
-#include <tlm/sampler.hpp>
 #include <tlm/train/lora.hpp>
 
 #include <filesystem>

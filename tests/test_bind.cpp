@@ -3,7 +3,7 @@
 // key, instead of being run as plain Llama.
 #include <doctest/doctest.h>
 
-#include <tlm/gguf_writer.hpp>
+#include <tlm/format/gguf_writer.hpp>
 #include <tlm/load.hpp>
 
 #include <algorithm>

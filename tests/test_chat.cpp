@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "tlm/chat.hpp"
-#include "tlm/gguf.hpp"
+#include <tlm/format/gguf.hpp>
+#include <tlm/text/chat.hpp>
 
 // The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
 namespace test_chat {

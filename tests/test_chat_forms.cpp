@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "tlm/chat.hpp"
+#include <tlm/text/chat.hpp>
 
 // The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
 namespace test_chat_forms {

@@ -4,10 +4,10 @@
 // them, and non_finite_values must name the tensor, row, column and block.
 #include <doctest/doctest.h>
 
+#include <tlm/format/gguf_writer.hpp>
+#include <tlm/format/quant.hpp>
+#include <tlm/format/verify.hpp>
 #include <tlm/generate.hpp>
-#include <tlm/gguf_writer.hpp>
-#include <tlm/quant.hpp>
-#include <tlm/verify.hpp>
 
 #include <cstring>
 #include <filesystem>

@@ -1,9 +1,9 @@
 // The GGUF reader on well-formed input: every metadata value type and its getters,
 // tensor infos and spans, version 2 files, files on disk, moves, and the real
 // SmolLM2-135M file (whose contents are checked against what the notes predict).
-#include <tlm/gguf.hpp>
-#include <tlm/gguf_writer.hpp>
-#include <tlm/quant.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/gguf_writer.hpp>
+#include <tlm/format/quant.hpp>
 
 #include <doctest/doctest.h>
 

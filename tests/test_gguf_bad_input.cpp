@@ -4,7 +4,7 @@
 //
 // The files are built byte by byte here rather than with gguf::writer, because the
 // writer refuses to produce most of these defects.
-#include <tlm/gguf.hpp>
+#include <tlm/format/gguf.hpp>
 
 #include <doctest/doctest.h>
 

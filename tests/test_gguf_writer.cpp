@@ -1,9 +1,9 @@
 // gguf::writer: round trips through the reader, alignment, generated tensors, the
 // errors it raises for tensors that cannot be written, and atomic replacement of the
 // target file (no temporary file left behind, old file intact on failure).
-#include <tlm/gguf.hpp>
-#include <tlm/gguf_writer.hpp>
-#include <tlm/quant.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/gguf_writer.hpp>
+#include <tlm/format/quant.hpp>
 
 #include <doctest/doctest.h>
 

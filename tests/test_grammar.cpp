@@ -4,7 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <tlm/generate.hpp>
-#include <tlm/json_schema.hpp>
+#include <tlm/generation/json_schema.hpp>
 
 #include <nlohmann/json.hpp>
 

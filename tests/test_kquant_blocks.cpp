@@ -10,8 +10,8 @@
 // supported_kernel_levels are used, so SIMD decoders added later are held to the same.
 #include <doctest/doctest.h>
 
+#include <tlm/format/quant.hpp>
 #include <tlm/kernels.hpp>
-#include <tlm/quant.hpp>
 
 #include <cmath>
 #include <cstddef>

@@ -1,8 +1,8 @@
 // model<C>: binding, the cache forms, prefill against token-by-token, and errors.
 #include <doctest/doctest.h>
 
+#include <tlm/generation/sampler.hpp>
 #include <tlm/model.hpp>
-#include <tlm/sampler.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -2,8 +2,8 @@
 // (tests/reference/ref_forward.py, fixtures in tests/fixtures/forward).
 #include <doctest/doctest.h>
 
+#include <tlm/generation/sampler.hpp>
 #include <tlm/model.hpp>
-#include <tlm/sampler.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -7,8 +7,8 @@
 #include <doctest/doctest.h>
 
 #include <tlm/cpu.hpp>
+#include <tlm/generation/sampler.hpp>
 #include <tlm/model.hpp>
-#include <tlm/sampler.hpp>
 
 #include <algorithm>
 #include <cmath>

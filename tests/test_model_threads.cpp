@@ -4,8 +4,8 @@
 // thread pool's own tests), where a data race is reported even when it changes nothing.
 #include <doctest/doctest.h>
 
+#include <tlm/generation/sampler.hpp>
 #include <tlm/model.hpp>
-#include <tlm/sampler.hpp>
 
 #include <filesystem>
 #include <vector>

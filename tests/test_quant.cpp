@@ -2,8 +2,8 @@
 // quantize/dequantize round trips within their error bounds, and the errors for
 // rows that do not fit an encoding. Bit-exact agreement with gguf-py is checked
 // live by tests/reference/check_gguf.py.
-#include <tlm/quant.hpp>
-#include <tlm/quantize_mix.hpp>
+#include <tlm/format/quant.hpp>
+#include <tlm/format/quantize_mix.hpp>
 
 #include <doctest/doctest.h>
 

@@ -2,7 +2,7 @@
 // same ids, over temperatures, top-k, top-p, vocabulary sizes and tied logits.
 #include <doctest/doctest.h>
 
-#include <tlm/sampler.hpp>
+#include <tlm/generation/sampler.hpp>
 
 #include <algorithm>
 #include <cmath>

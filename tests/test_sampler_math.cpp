@@ -3,7 +3,7 @@
 // reproducibility; what must never be drawn is never drawn.
 #include <doctest/doctest.h>
 
-#include <tlm/sampler.hpp>
+#include <tlm/generation/sampler.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -1,11 +1,11 @@
-// The table of sampling options (tlm/sampling_options.hpp) that generate, serve and the
+// The table of sampling options (tlm/generation/sampling_options.hpp) that generate, serve and the
 // Python module read: every entry's range refuses a value below and above it, with a
 // message naming the option, the value and the range, and accepts the library default
 // and its own bounds, which the sampler takes too.
 #include <doctest/doctest.h>
 
-#include <tlm/sampler.hpp>
-#include <tlm/sampling_options.hpp>
+#include <tlm/generation/sampler.hpp>
+#include <tlm/generation/sampling_options.hpp>
 
 #include <cmath>
 #include <cstdint>

@@ -2,7 +2,8 @@
 // alone by the generator; the prefix cache, cancellation, stop, the queue and the KV budget.
 #include <doctest/doctest.h>
 
-#include <tlm/scheduler.hpp>
+#include <tlm/generate.hpp>
+#include <tlm/serving/scheduler.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "tlm/gguf.hpp"
-#include "tlm/gguf_writer.hpp"
-#include "tlm/tokenizer.hpp"
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/gguf_writer.hpp>
+#include <tlm/text/tokenizer.hpp>
 
 // The file's own names, apart from the other files compiled with it (tests/CMakeLists.txt).
 namespace test_tokenizer_families {

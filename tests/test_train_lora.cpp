@@ -4,7 +4,7 @@
 // copy, the transposed product over quantized rows, and AdamW on the adapter alone.
 #include <doctest/doctest.h>
 
-#include <tlm/quant.hpp>
+#include <tlm/format/quant.hpp>
 #include <tlm/train/adamw.hpp>
 #include <tlm/train/lora.hpp>
 #include <tlm/train/lora_file.hpp>

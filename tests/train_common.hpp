@@ -1,7 +1,7 @@
 #pragma once
 // Shared by the training tests: random parameters scaled for gradient checks, random
 // batches, and central finite differences against a backward's gradients.
-#include <tlm/quant.hpp>
+#include <tlm/format/quant.hpp>
 #include <tlm/train/adamw.hpp>
 #include <tlm/train/checkpoint.hpp>
 #include <tlm/train/lora.hpp>

@@ -2,8 +2,8 @@
 // Reads the PyTorch training fixtures (tests/fixtures/train/README.md) and runs what
 // they describe with tlm: the loss and gradients of one batch, then 10 AdamW steps.
 // Shared by the unit test (committed fixtures) and train_probe (the live check).
-#include <tlm/gguf.hpp>
-#include <tlm/gguf_writer.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/gguf_writer.hpp>
 #include <tlm/train/adamw.hpp>
 #include <tlm/train/step.hpp>
 #include <tlm/train/weights.hpp>

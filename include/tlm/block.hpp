@@ -17,14 +17,14 @@
 #include <string>
 #include <type_traits>
 
-#include "config.hpp"
-#include "heads.hpp"
-#include "kv.hpp"
-#include "linalg.hpp"
-#include "ops.hpp"
-#include "shape.hpp"
-#include "thread_pool.hpp"
-#include "weights.hpp"
+#include <tlm/config.hpp>
+#include <tlm/heads.hpp>
+#include <tlm/kv.hpp>
+#include <tlm/linalg.hpp>
+#include <tlm/ops.hpp>
+#include <tlm/shape.hpp>
+#include <tlm/thread_pool.hpp>
+#include <tlm/weights.hpp>
 
 namespace tlm {
 

@@ -23,12 +23,12 @@
 
 #include <fmt/format.h>
 
-#include "config.hpp"
-#include "configs.hpp"
-#include "error.hpp"
-#include "gguf.hpp"
-#include "hyperparameters.hpp"
-#include "ops/rope.hpp"
+#include <tlm/config.hpp>
+#include <tlm/configs.hpp>
+#include <tlm/error.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/hyperparameters.hpp>
+#include <tlm/ops/rope.hpp>
 
 namespace tlm {
 

@@ -14,8 +14,8 @@
 #include <string_view>
 #include <type_traits>
 
-#include "config.hpp"
-#include "error.hpp"
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
 
 namespace tlm {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <utility>
 
-#include "config.hpp"
-#include "error.hpp"
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
 
 namespace tlm {
 

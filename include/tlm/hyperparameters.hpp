@@ -10,10 +10,10 @@
 #include <string>
 #include <string_view>
 
-#include "config.hpp"
-#include "error.hpp"
-#include "gguf.hpp"
-#include "gguf_writer.hpp"
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/gguf_writer.hpp>
 
 namespace tlm {
 

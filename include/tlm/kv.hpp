@@ -30,11 +30,11 @@
 #include <utility>
 #include <vector>
 
-#include "config.hpp"
-#include "error.hpp"
-#include "heads.hpp"
-#include "ops/rope.hpp"
-#include "shape.hpp"
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
+#include <tlm/heads.hpp>
+#include <tlm/ops/rope.hpp>
+#include <tlm/shape.hpp>
 
 namespace tlm {
 

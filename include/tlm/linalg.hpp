@@ -11,11 +11,11 @@
 #include <type_traits>
 #include <vector>
 
-#include "kernels.hpp"
-#include "kernels/gemm.hpp"
-#include "quant.hpp"
-#include "shape.hpp"
-#include "thread_pool.hpp"
+#include <tlm/format/quant.hpp>
+#include <tlm/kernels.hpp>
+#include <tlm/kernels/gemm.hpp>
+#include <tlm/shape.hpp>
+#include <tlm/thread_pool.hpp>
 
 namespace tlm {
 

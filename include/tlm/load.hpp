@@ -10,13 +10,13 @@
 #include <string_view>
 #include <vector>
 
-#include "config.hpp"
-#include "error.hpp"
-#include "gguf.hpp"
-#include "hyperparameters.hpp"
-#include "kernels.hpp"
-#include "ops/rope.hpp"
-#include "weights.hpp"
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/hyperparameters.hpp>
+#include <tlm/kernels.hpp>
+#include <tlm/ops/rope.hpp>
+#include <tlm/weights.hpp>
 
 namespace tlm {
 

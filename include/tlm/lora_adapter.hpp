@@ -33,15 +33,15 @@
 #include <string_view>
 #include <vector>
 
-#include "config.hpp"
-#include "error.hpp"
-#include "gguf.hpp"
-#include "kernels/gemm.hpp"
-#include "quant.hpp"
-#include "shape.hpp"
-#include "thread_pool.hpp"
-#include "train/checkpoint.hpp"
-#include "weights.hpp"
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/quant.hpp>
+#include <tlm/kernels/gemm.hpp>
+#include <tlm/shape.hpp>
+#include <tlm/thread_pool.hpp>
+#include <tlm/train/checkpoint.hpp>
+#include <tlm/weights.hpp>
 
 namespace tlm {
 

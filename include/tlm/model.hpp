@@ -23,19 +23,19 @@
 #include <utility>
 #include <vector>
 
-#include "config.hpp"
-#include "error.hpp"
-#include "gguf.hpp"
-#include "heads.hpp"
-#include "kv.hpp"
-#include "linalg.hpp"
-#include "load.hpp"
-#include "lora_adapter.hpp"
-#include "block.hpp"
-#include "ops.hpp"
-#include "quant.hpp"
-#include "thread_pool.hpp"
-#include "weights.hpp"
+#include <tlm/block.hpp>
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/quant.hpp>
+#include <tlm/heads.hpp>
+#include <tlm/kv.hpp>
+#include <tlm/linalg.hpp>
+#include <tlm/load.hpp>
+#include <tlm/lora_adapter.hpp>
+#include <tlm/ops.hpp>
+#include <tlm/thread_pool.hpp>
+#include <tlm/weights.hpp>
 
 namespace tlm {
 
@@ -132,7 +132,7 @@ class model {
   }
 
   model(gguf::file f, model_options opt = {})
-      : file_(std::move(f)), weights_(bind<C>(file_)), opt_(with_pairing_of_architecture(opt)), pool_(std::make_unique<thread_pool>(thread_count(opt))) {
+      : file_(std::move(f)), weights_(bind<C>(file_)), opt_(with_pairing_of_architecture(opt)), pool_(std::make_unique<thread_pool>(threads_or_every_core(opt.threads))) {
     reserve(1);
   }
 
@@ -279,11 +279,6 @@ class model {
   std::span<const lora_adapter<C>> loras() const { return adapters_; }
 
  private:
-  static std::size_t thread_count(const model_options& o) {
-    if (o.threads != 0) return o.threads;
-    return std::max<unsigned>(1, std::thread::hardware_concurrency());
-  }
-
   void check_token(std::int32_t token) const {
     if (token < 0 || static_cast<std::size_t>(token) >= V) {
       throw error("token id " + std::to_string(token) + " is outside the vocabulary of " + std::to_string(V) +
@@ -305,11 +300,6 @@ class model {
     const std::size_t pos0 = cache.length();
     for (std::size_t i = 0; i < n; ++i) cache.push();
     return pos0;
-  }
-
-  const auto& output_matrix() const {
-    if constexpr (C::tied_embeddings) return weights_.token_embd;
-    else return weights_.output;
   }
 
   static float rms(std::span<const float, D> x) {
@@ -372,7 +362,7 @@ class model {
   // logits of the last row; with `all_logits`, fills it with all of them: [n - first, V].
   std::span<const float, V> head(std::size_t first, std::vector<float>* all_logits, forward_trace<C>* trace) {
     final_norm(first);
-    matmul(output_matrix(), final_, logits_, pool_.get(), opt_.precision);
+    matmul(logits_matrix(weights_), final_, logits_, pool_.get(), opt_.precision);
     if (all_logits) all_logits->assign(logits_.data(), logits_.data() + logits_.count() * V);
     const std::span<const float, V> last = logits_.row(logits_.count() - 1);
     if (trace) {

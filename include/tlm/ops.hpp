@@ -18,12 +18,12 @@
 #include <type_traits>
 #include <utility>
 
-#include "ops/attention.hpp"
-#include "ops/cross_entropy.hpp"
-#include "ops/embedding.hpp"
-#include "ops/rmsnorm.hpp"
-#include "ops/rope.hpp"
-#include "ops/swiglu.hpp"
+#include <tlm/ops/attention.hpp>
+#include <tlm/ops/cross_entropy.hpp>
+#include <tlm/ops/embedding.hpp>
+#include <tlm/ops/rmsnorm.hpp>
+#include <tlm/ops/rope.hpp>
+#include <tlm/ops/swiglu.hpp>
 
 namespace tlm {
 

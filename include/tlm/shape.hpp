@@ -22,8 +22,8 @@
 #include <string>
 #include <type_traits>
 
-#include "encoding.hpp"
-#include "error.hpp"
+#include <tlm/error.hpp>
+#include <tlm/format/encoding.hpp>
 
 namespace tlm {
 

@@ -82,6 +82,12 @@ inline void spin_then_wait(const std::atomic<T>& a, T old, std::chrono::microsec
 }
 }  // namespace detail
 
+// The threads an option of 0 means: every core the system reports (at least 1). The
+// model's and training's `threads` options both read 0 so.
+inline std::size_t threads_or_every_core(std::size_t threads) {
+  return threads != 0 ? threads : std::max<std::size_t>(1, std::thread::hardware_concurrency());
+}
+
 class thread_pool {
  public:
   // With flush_denormals, every worker runs with FTZ and DAZ set (see

@@ -10,8 +10,8 @@
 #include <string_view>
 #include <type_traits>
 
-#include "config.hpp"
-#include "shape.hpp"
+#include <tlm/config.hpp>
+#include <tlm/shape.hpp>
 
 namespace tlm {
 
@@ -143,6 +143,15 @@ struct model_weights {
 
   model_weights() = default;
 };
+
+// The matrix the logits are computed with, [V, D]: the output matrix, or the token
+// embedding when the config ties them. The model's head and training's both ask here.
+template <class W>
+  requires LlamaConfig<typename std::remove_cvref_t<W>::config>
+auto& logits_matrix(W& w) {
+  if constexpr (std::remove_cvref_t<W>::config::tied_embeddings) return w.token_embd;
+  else return w.output;
+}
 
 template <class W>
 inline constexpr bool is_weight_struct_v = false;

@@ -6,15 +6,15 @@
 // its workspace), so each model has a mutex, taken only after the GIL is released;
 // whoever waits for it polls a give-up test, so a dropped stream or Ctrl-C does not
 // wait for another call to finish.
-#include <tlm/chat.hpp>
 #include <tlm/config_match.hpp>
 #include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
-#include <tlm/json_schema.hpp>
+#include <tlm/generation/json_schema.hpp>
+#include <tlm/generation/sampler.hpp>
+#include <tlm/generation/sampling_options.hpp>
 #include <tlm/model.hpp>
-#include <tlm/sampler.hpp>
-#include <tlm/sampling_options.hpp>
-#include <tlm/tokenizer.hpp>
+#include <tlm/text/chat.hpp>
+#include <tlm/text/tokenizer.hpp>
 #include <tlm/train/trainer.hpp>
 #include <tlm/train/training_options.hpp>
 
@@ -561,7 +561,7 @@ nb::list sampling_option_list() {
 // The docstring of generate() or chat(): `head`, then a line per sampling keyword.
 std::string sampling_doc(std::string_view head) {
   std::string doc(head);
-  doc += "\n\nSampling keywords (the options of generate's flags and the server's fields, tlm/sampling_options.hpp):";
+  doc += "\n\nSampling keywords (the options of generate's flags and the server's fields, tlm/generation/sampling_options.hpp):";
   for (const auto& o : tlm::sampling_options) {
     doc += "\n  " + std::string(o.name) + ": " + std::string(o.help) + "; range " + o.range_text() + ", default " +
            (o.kind == tlm::option_kind::seed ? std::string("None (a fresh random seed)")

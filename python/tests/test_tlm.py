@@ -327,7 +327,7 @@ def test_errors_carry_the_cpp_message(model):
 
 
 def test_sampling_keywords_are_the_table(model):
-    # Every option of tlm's sampling table (tlm/sampling_options.hpp, which also makes
+    # Every option of tlm's sampling table (tlm/generation/sampling_options.hpp, which also makes
     # generate's flags and the server's fields) is a keyword of generate() and chat().
     table = tlm._sampling_options()
     names = [o["name"] for o in table]

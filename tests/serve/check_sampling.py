@@ -1,4 +1,4 @@
-"""A request's sampling fields are generate's sampling options (tlm/sampling_options.hpp):
+"""A request's sampling fields are generate's sampling options (tlm/generation/sampling_options.hpp):
 every option generate --help lists is a field by the same name (snake_case) with the same
 range. A value just below or above the range gets a 400 naming the field and the range;
 the bounds and the defaults are accepted; penalty_window is a field like the others."""

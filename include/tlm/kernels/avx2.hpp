@@ -13,11 +13,11 @@
 #if defined(__x86_64__) || defined(__i386__)
 #define TLM_HAVE_AVX2_KERNELS 1
 
-#include <tlm/blocks.hpp>
-#include <tlm/encoding.hpp>
+#include <tlm/format/blocks.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/format/quant.hpp>
 #include <tlm/kernels/scalar.hpp>
 #include <tlm/kernels/target.hpp>
-#include <tlm/quant.hpp>
 
 #include <immintrin.h>
 
@@ -137,7 +137,7 @@ TLM_AVX2_INLINE inline __m256i q5_codes(const std::byte* qs, const std::byte* qh
 }
 
 // Decodes one 32-value block at p into w (values 0..31 in order), bit for bit equal
-// to dequantize_row (see quant.hpp for why each step is exact or rounds once).
+// to dequantize_row (see format/quant.hpp for why each step is exact or rounds once).
 template <encoding E>
 TLM_AVX2_INLINE inline void decode32(const std::byte* p, __m256 (&w)[4]) {
   if constexpr (E == encoding::q8_0) {

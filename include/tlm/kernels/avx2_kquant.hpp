@@ -1,8 +1,8 @@
 #pragma once
 // AVX2 kernels for the K-quants (Q4_K, Q5_K, Q6_K): 256 values per super-block, in
 // sub-blocks of 32 (Q4_K, Q5_K: a 6-bit scale and min each) or 16 (Q6_K: an 8-bit
-// signed scale each). Layouts: blocks.hpp; the scalar decoder they are tested
-// against: quant.hpp's dequantize_row; the integer reference: kernels/scalar.hpp.
+// signed scale each). Layouts: format/blocks.hpp; the scalar decoder they are tested
+// against: format/quant.hpp's dequantize_row; the integer reference: kernels/scalar.hpp.
 //
 // Exact mode decodes each sub-block to float32 bit for bit as dequantize_row does
 // (d*sc and dmin*m are exact products of a half and a 6-bit integer, so one FMA with
@@ -13,11 +13,11 @@
 
 #ifdef TLM_HAVE_AVX2_KERNELS
 
-#include <tlm/blocks.hpp>
-#include <tlm/encoding.hpp>
+#include <tlm/format/blocks.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/format/quant.hpp>
 #include <tlm/kernels/scalar.hpp>
 #include <tlm/kernels/target.hpp>
-#include <tlm/quant.hpp>
 
 #include <immintrin.h>
 

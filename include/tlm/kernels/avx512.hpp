@@ -25,13 +25,13 @@
 #if defined(__x86_64__) || defined(__i386__)
 #define TLM_HAVE_AVX512_KERNELS 1
 
-#include <tlm/blocks.hpp>
-#include <tlm/encoding.hpp>
+#include <tlm/format/blocks.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/format/quant.hpp>
 #include <tlm/kernels/avx2.hpp>
 #include <tlm/kernels/avx2_kquant.hpp>
 #include <tlm/kernels/scalar.hpp>
 #include <tlm/kernels/target.hpp>
-#include <tlm/quant.hpp>
 
 #include <immintrin.h>
 

@@ -18,11 +18,11 @@
 // Dispatch: the function table of the active kernel level (kernels/levels.hpp), chosen
 // at first use from the CPU and TLM_KERNELS; force_kernel_level() switches it for tests
 // and benchmarks.
-#include <tlm/encoding.hpp>
 #include <tlm/error.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/format/quant.hpp>
 #include <tlm/kernels/levels.hpp>
 #include <tlm/kernels/scalar.hpp>
-#include <tlm/quant.hpp>
 #include <tlm/thread_pool.hpp>
 
 #include <algorithm>

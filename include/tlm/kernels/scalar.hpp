@@ -1,10 +1,10 @@
 #pragma once
 // Portable kernels: the reference definitions, and the fallback used on CPUs without
-// AVX2. Both dequantize with quant.hpp's dequantize_row, the one scalar decoder of
+// AVX2. Both dequantize with format/quant.hpp's dequantize_row, the one scalar decoder of
 // every block layout, so the SIMD decoders in avx2.hpp are checked against code
 // they share nothing with.
-#include <tlm/encoding.hpp>
-#include <tlm/quant.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/format/quant.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,7 @@
 // tables are built once, at first use (some choices follow the CPU: cpu().amd, VNNI);
 // a level's row in kernels/levels.hpp names its table.
 #include <tlm/cpu.hpp>
-#include <tlm/encoding.hpp>
+#include <tlm/format/encoding.hpp>
 #include <tlm/kernels/attention_avx512.hpp>
 #include <tlm/kernels/avx2.hpp>
 #include <tlm/kernels/avx2_kquant.hpp>

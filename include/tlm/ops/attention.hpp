@@ -25,9 +25,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "../config.hpp"
-#include "../kernels.hpp"
-#include "../kernels/attention.hpp"
+#include <tlm/config.hpp>
+#include <tlm/kernels.hpp>
+#include <tlm/kernels/attention.hpp>
 
 namespace tlm {
 

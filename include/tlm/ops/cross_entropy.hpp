@@ -15,11 +15,11 @@
 #include <span>
 #include <string>
 
-#include "../error.hpp"
-#include "../kernels.hpp"
-#include "../kernels/attention.hpp"
-#include "../shape.hpp"
-#include "../thread_pool.hpp"
+#include <tlm/error.hpp>
+#include <tlm/kernels.hpp>
+#include <tlm/kernels/attention.hpp>
+#include <tlm/shape.hpp>
+#include <tlm/thread_pool.hpp>
 
 namespace tlm {
 

@@ -6,9 +6,9 @@
 #include <string>
 #include <type_traits>
 
-#include "../error.hpp"
-#include "../quant.hpp"
-#include "../shape.hpp"
+#include <tlm/error.hpp>
+#include <tlm/format/quant.hpp>
+#include <tlm/shape.hpp>
 
 namespace tlm {
 

@@ -7,8 +7,8 @@
 #include <span>
 #include <type_traits>
 
-#include "../config.hpp"
-#include "../heads.hpp"
+#include <tlm/config.hpp>
+#include <tlm/heads.hpp>
 
 namespace tlm {
 

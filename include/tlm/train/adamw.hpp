@@ -23,11 +23,11 @@
 #include <string>
 #include <vector>
 
-#include "../error.hpp"
-#include "../kernels/adamw.hpp"
-#include "../thread_pool.hpp"
-#include "../weights.hpp"
-#include "weights.hpp"
+#include <tlm/error.hpp>
+#include <tlm/kernels/adamw.hpp>
+#include <tlm/thread_pool.hpp>
+#include <tlm/train/weights.hpp>
+#include <tlm/weights.hpp>
 
 namespace tlm {
 

@@ -40,19 +40,19 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "../config.hpp"
-#include "../encoding.hpp"
-#include "../error.hpp"
-#include "../gguf.hpp"
-#include "../gguf_writer.hpp"
-#include "../hyperparameters.hpp"
-#include "../load.hpp"
-#include "../quant.hpp"
-#include "../quantize_mix.hpp"
-#include "../tokenizer.hpp"
-#include "../weights.hpp"
-#include "adamw.hpp"
-#include "weights.hpp"
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/gguf_writer.hpp>
+#include <tlm/format/quant.hpp>
+#include <tlm/format/quantize_mix.hpp>
+#include <tlm/hyperparameters.hpp>
+#include <tlm/load.hpp>
+#include <tlm/text/tokenizer.hpp>
+#include <tlm/train/adamw.hpp>
+#include <tlm/train/weights.hpp>
+#include <tlm/weights.hpp>
 
 namespace tlm {
 
@@ -195,7 +195,7 @@ void add_weights_as(gguf::writer& out, const W& w, std::span<const encoding> enc
 
 // The encodings add_weights gives the tensors of `w`, in walk order: matrices `enc`
 // (norms always f32, as llama.cpp's quantizer keeps them). For a K-quant, each matrix
-// takes the encoding llama.cpp's quantizer would give it (quantize_mix.hpp: the output
+// takes the encoding llama.cpp's quantizer would give it (format/quantize_mix.hpp: the output
 // or tied embedding in Q6_K, Q5_0 / Q5_1 / Q8_0 for rows that are not whole
 // super-blocks), since most models have such rows.
 template <class W>

@@ -6,7 +6,7 @@
 // trained from scratch) and cut at stride T into windows of T+1 tokens: inputs are the
 // first T, targets the last T, so every next-token pair is trained on exactly once per
 // epoch. Chat JSONL ({"messages": [{"role", "content"}, ...]} per line) is rendered
-// with the model's chat template (tlm/chat.hpp), tokenized as chat_session tokenizes it;
+// with the model's chat template (tlm/text/chat.hpp), tokenized as chat_session tokenizes it;
 // only the assistant's content and the marker that ends its turn (<|im_end|>,
 // <|eot_id|>, </s>, ...) carry loss (targets elsewhere are ignore_target). Each
 // conversation gets windows of its own, padded, so no window mixes two conversations.
@@ -34,11 +34,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../chat.hpp"
-#include "../error.hpp"
-#include "../unicode.hpp"
-#include "step.hpp"
-#include "weights.hpp"
+#include <tlm/error.hpp>
+#include <tlm/text/chat.hpp>
+#include <tlm/text/unicode.hpp>
+#include <tlm/train/step.hpp>
+#include <tlm/train/weights.hpp>
 
 namespace tlm {
 

@@ -44,15 +44,15 @@
 #include <utility>
 #include <vector>
 
-#include "../block.hpp"
-#include "../config.hpp"
-#include "../error.hpp"
-#include "../kernels/gemm.hpp"
-#include "../linalg.hpp"
-#include "../shape.hpp"
-#include "../thread_pool.hpp"
-#include "../weights.hpp"
-#include "weights.hpp"
+#include <tlm/block.hpp>
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
+#include <tlm/kernels/gemm.hpp>
+#include <tlm/linalg.hpp>
+#include <tlm/shape.hpp>
+#include <tlm/thread_pool.hpp>
+#include <tlm/train/weights.hpp>
+#include <tlm/weights.hpp>
 
 namespace tlm {
 

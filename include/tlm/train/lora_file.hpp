@@ -18,15 +18,15 @@
 #include <unordered_set>
 #include <vector>
 
-#include "../config.hpp"
-#include "../error.hpp"
-#include "../gguf.hpp"
-#include "../gguf_writer.hpp"
-#include "../quant.hpp"
-#include "../weights.hpp"
-#include "adamw.hpp"
-#include "checkpoint.hpp"
-#include "lora.hpp"
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/gguf_writer.hpp>
+#include <tlm/format/quant.hpp>
+#include <tlm/train/adamw.hpp>
+#include <tlm/train/checkpoint.hpp>
+#include <tlm/train/lora.hpp>
+#include <tlm/weights.hpp>
 
 namespace tlm {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.hpp"
-#include "progress.hpp"
+#include <tlm/train/checkpoint.hpp>
+#include <tlm/train/progress.hpp>
 
 namespace tlm {
 

@@ -48,16 +48,16 @@
 #include <type_traits>
 #include <vector>
 
-#include "../block.hpp"
-#include "../config.hpp"
-#include "../error.hpp"
-#include "../kernels/gemm.hpp"
-#include "../ops.hpp"
-#include "../shape.hpp"
-#include "../thread_pool.hpp"
-#include "../weights.hpp"
-#include "lora.hpp"
-#include "weights.hpp"
+#include <tlm/block.hpp>
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
+#include <tlm/kernels/gemm.hpp>
+#include <tlm/ops.hpp>
+#include <tlm/shape.hpp>
+#include <tlm/thread_pool.hpp>
+#include <tlm/train/lora.hpp>
+#include <tlm/train/weights.hpp>
+#include <tlm/weights.hpp>
 
 namespace tlm {
 
@@ -93,7 +93,7 @@ class training {
   using value_type = T;
 
   explicit training(training_options opt) : opt_(checked(opt)), n_(opt.batch * opt.seq) {
-    pool_ = std::make_unique<thread_pool>(opt.threads ? opt.threads : std::max<unsigned>(1, std::thread::hardware_concurrency()),
+    pool_ = std::make_unique<thread_pool>(threads_or_every_core(opt.threads),
                                           /*flush_denormals=*/true);
     // With recompute, every layer keeps its input rows; the one full set (work_) takes
     // each layer's input in turn by a swap, so its own x needs no storage.
@@ -188,7 +188,7 @@ class training {
     flush_denormals_guard ftz;
     thread_pool* pool = pool_.get();
     logits_backward(dloss);
-    matmul_backward(output_of(p), xf_, dlogits_, output_of(grads), dxf_, pool);
+    matmul_backward(logits_matrix(p), xf_, dlogits_, logits_matrix(grads), dxf_, pool);
     dx_.resize(n_);
     dx_.zero();
     for (std::size_t i = 0; i < n_; ++i)
@@ -214,7 +214,7 @@ class training {
     thread_pool* pool = pool_.get();
     if (lora_u_.size() < n_ * A::rank) throw error("training::backward: call forward(base, adapter, ...) first");
     logits_backward(dloss);
-    matmul_backward_input(output_of(base), dlogits_, dxf_, pool);
+    matmul_backward_input(logits_matrix(base), dlogits_, dxf_, pool);
     dx_.resize(n_);
     dx_.zero();
     const auto gf = detail::gain_values(base.output_norm);
@@ -292,7 +292,7 @@ class training {
     detail::for_rows(pool, n_, [&](std::size_t i) {
       rmsnorm<D, T, typename decltype(gf)::value_type>(x_out_.row(i), gf, C::rms_eps, xf_.row(i));
     });
-    matmul(output_of(p), xf_, logits_, pool);
+    matmul(logits_matrix(p), xf_, logits_, pool);
     const double loss = cross_entropy(logits_, std::span<const std::int32_t>(targets_), std::span<T>(lse_), pool);
     if (!std::isfinite(loss)) {
       throw numeric_error("training: the loss is " + std::to_string(loss) +
@@ -366,12 +366,6 @@ class training {
     block_context<C, T> ctx{{opt_.batch, opt_.seq, 0}, angles_.data(), opt_.pairing, nullptr};
     if (packed_) ctx.segment_start = starts_.data();
     return ctx;
-  }
-
-  template <class W>
-  static auto& output_of(W& w) {
-    if constexpr (C::tied_embeddings) return w.token_embd;
-    else return w.output;
   }
 
   training_options opt_;

@@ -58,20 +58,20 @@
 #include <utility>
 #include <vector>
 
-#include "../config.hpp"
-#include "../encoding.hpp"
-#include "../error.hpp"
-#include "../gguf.hpp"
-#include "../kernels.hpp"
-#include "../load.hpp"
-#include "adamw.hpp"
-#include "checkpoint.hpp"
-#include "data.hpp"
-#include "lora.hpp"
-#include "lora_file.hpp"
-#include "loss_log.hpp"
-#include "step.hpp"
-#include "weights.hpp"
+#include <tlm/config.hpp>
+#include <tlm/error.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/kernels.hpp>
+#include <tlm/load.hpp>
+#include <tlm/train/adamw.hpp>
+#include <tlm/train/checkpoint.hpp>
+#include <tlm/train/data.hpp>
+#include <tlm/train/lora.hpp>
+#include <tlm/train/lora_file.hpp>
+#include <tlm/train/loss_log.hpp>
+#include <tlm/train/step.hpp>
+#include <tlm/train/weights.hpp>
 
 namespace tlm {
 

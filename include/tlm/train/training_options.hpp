@@ -24,13 +24,13 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
-#include "../configs.hpp"
-#include "../encoding.hpp"
-#include "../error.hpp"
-#include "../gguf.hpp"
-#include "../tokenizer.hpp"
-#include "lora.hpp"
-#include "trainer.hpp"
+#include <tlm/configs.hpp>
+#include <tlm/error.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/text/tokenizer.hpp>
+#include <tlm/train/lora.hpp>
+#include <tlm/train/trainer.hpp>
 
 namespace tlm {
 

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "../config.hpp"
-#include "../ops/rope.hpp"
-#include "../quant.hpp"
-#include "../shape.hpp"
-#include "../weights.hpp"
+#include <tlm/config.hpp>
+#include <tlm/format/quant.hpp>
+#include <tlm/ops/rope.hpp>
+#include <tlm/shape.hpp>
+#include <tlm/weights.hpp>
 
 namespace tlm {
 
@@ -22,7 +22,7 @@ template <LlamaConfig C, Element T = float>
 using trainable = model_weights<C, owned<T>>;
 
 // A decoded, owned copy of a model's weights: each tensor dequantized from its file
-// encoding (exactly; see quant.hpp) into T. On the heap: 135M parameters are 540 MB.
+// encoding (exactly; see format/quant.hpp) into T. On the heap: 135M parameters are 540 MB.
 template <Element T = float, LlamaConfig C>
 std::unique_ptr<trainable<C, T>> to_trainable(const model_weights<C, mapped>& w) {
   auto out = std::make_unique<trainable<C, T>>();

@@ -67,8 +67,8 @@
 #include <utility>
 #include <vector>
 
-#include "tlm/strings.hpp"
-#include "tlm/error.hpp"
+#include <tlm/error.hpp>
+#include <tlm/text/strings.hpp>
 
 namespace tlm {
 
@@ -644,7 +644,7 @@ class chat_template {
     while (cut > 0 && cut < template_text.size() && (static_cast<unsigned char>(template_text[cut]) >> 6) == 2) --cut;
     const std::string shown(template_text.substr(0, cut));
     throw error("chat template not supported: tlm renders the forms " + chat_template_names() +
-                " (tlm/chat.hpp), and this template is none of them. It begins: \"" + shown +
+                " (tlm/text/chat.hpp), and this template is none of them. It begins: \"" + shown +
                 (cut < template_text.size() ? "...\"" : "\"") +
                 ". If the model uses one of those formats, pass its name (generate/serve --chat-template NAME, "
                 "chat_options::chat_template, chat_template= in Python); otherwise render the prompt yourself "

@@ -6,10 +6,10 @@
 // Writing is atomic: the file is written to `<path>.tmp-<pid>`, flushed with fsync,
 // then renamed over `path`; on any error the temporary file is removed and `path`
 // is left as it was.
-#include <tlm/encoding.hpp>
 #include <tlm/error.hpp>
-#include <tlm/gguf.hpp>
-#include <tlm/quant.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/quant.hpp>
 
 #include <cerrno>
 #include <cstddef>

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "grammar.hpp"
+#include <tlm/generation/grammar.hpp>
 
 namespace tlm {
 

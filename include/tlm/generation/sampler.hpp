@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "error.hpp"
+#include <tlm/error.hpp>
 
 namespace tlm {
 

@@ -17,9 +17,9 @@
 //    Q4_K_S) gives the first four attn_v and the first eighth of ffn_down Q5_K;
 //  - a matrix whose rows are not a multiple of the chosen type's block falls back:
 //    Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16 if even that does not fit.
-#include <tlm/strings.hpp>
-#include <tlm/encoding.hpp>
 #include <tlm/error.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/text/strings.hpp>
 
 #include <algorithm>
 #include <array>

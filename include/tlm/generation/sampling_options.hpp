@@ -25,8 +25,8 @@
 
 #include <fmt/core.h>
 
-#include "error.hpp"
-#include "sampler.hpp"
+#include <tlm/error.hpp>
+#include <tlm/generation/sampler.hpp>
 
 namespace tlm {
 

@@ -26,8 +26,8 @@
 #include <utility>
 #include <vector>
 
-#include "error.hpp"
-#include "tokenizer.hpp"
+#include <tlm/error.hpp>
+#include <tlm/text/tokenizer.hpp>
 
 namespace tlm {
 

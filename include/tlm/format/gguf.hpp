@@ -7,8 +7,8 @@
 // while the header is parsed, so a file that opens is safe to walk: every value,
 // every string and every tensor span lies inside the file, tensors are aligned and
 // do not overlap, and each row is a whole number of blocks.
-#include <tlm/encoding.hpp>
 #include <tlm/error.hpp>
+#include <tlm/format/encoding.hpp>
 
 #include <algorithm>
 #include <array>

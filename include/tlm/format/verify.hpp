@@ -3,11 +3,11 @@
 // shapes and encodings, not its numbers: reading every block at load would touch the
 // whole mapping, which a model never needs to do before its first token. A NaN or
 // infinite block scale or weight instead makes the logits non-finite, which the
-// generator refuses (generate.hpp, require_finite_logits) pointing here, and
+// generator refuses (generation/decode.hpp, require_finite_logits) pointing here, and
 // `examples/inspect FILE --verify` runs this to name the tensor.
-#include <tlm/encoding.hpp>
-#include <tlm/gguf.hpp>
-#include <tlm/quant.hpp>
+#include <tlm/format/encoding.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/format/quant.hpp>
 
 #include <cmath>
 #include <cstddef>

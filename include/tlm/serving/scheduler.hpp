@@ -51,11 +51,11 @@
 #include <utility>
 #include <vector>
 
-#include "error.hpp"
-#include "generate.hpp"
-#include "kv.hpp"
-#include "model.hpp"
-#include "tokenizer.hpp"
+#include <tlm/error.hpp>
+#include <tlm/generation/decode.hpp>
+#include <tlm/kv.hpp>
+#include <tlm/model.hpp>
+#include <tlm/text/tokenizer.hpp>
 
 namespace tlm {
 

@@ -14,9 +14,9 @@
 // 6 bits, so each product below is exact in float32. Only the final add or subtract
 // of a min rounds, once, which makes the result independent of FMA contraction and
 // of the order of the multiplications.
-#include <tlm/blocks.hpp>
-#include <tlm/encoding.hpp>
 #include <tlm/error.hpp>
+#include <tlm/format/blocks.hpp>
+#include <tlm/format/encoding.hpp>
 
 #include <algorithm>
 #include <bit>

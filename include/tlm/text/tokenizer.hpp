@@ -66,9 +66,9 @@
 #include <utility>
 #include <vector>
 
-#include "tlm/error.hpp"
-#include "tlm/gguf.hpp"
-#include "tlm/unicode.hpp"
+#include <tlm/error.hpp>
+#include <tlm/format/gguf.hpp>
+#include <tlm/text/unicode.hpp>
 
 namespace tlm {
 

@@ -77,6 +77,9 @@ class model_base {
   virtual void prepare(request& r) const = 0;
   virtual tlm::generation_result generate(const request& r, tlm::token_callback on_text, const give_up_test& give_up) = 0;
   virtual std::vector<float> logits(std::span<const std::int32_t> ids) = 0;
+  // The tokens a chat request runs before the reply, as the chat session tokenizes them
+  // (each message on its own, the template's markers as special tokens).
+  virtual std::vector<std::int32_t> chat_tokens(const request& r) = 0;
   virtual std::vector<float> embed(std::span<const std::int32_t> ids, tlm::pooling p) = 0;
   virtual std::size_t dim() const = 0;
   virtual std::size_t vocab() const = 0;
@@ -157,6 +160,12 @@ class model_impl final : public model_base {
     return gen.generate(std::span<const std::int32_t>(r.ids), r.options, std::move(on_text));
   }
 
+  std::vector<std::int32_t> chat_tokens(const request& r) override {
+    // Capacity 1: the session only renders and tokenizes; it never runs the model.
+    const tlm::chat_session<C> counter(m_, tok_, tlm::chat_options{.capacity = 1, .chat_template = r.chat_template});
+    return counter.prompt_for(r.messages);
+  }
+
   std::vector<float> logits(std::span<const std::int32_t> ids) override {
     std::lock_guard lock(mu_);  // no give-up: a logits call is one prefill, not a generation
     if (ids.empty()) throw tlm::error("logits: no token ids; give at least one");
@@ -217,6 +226,17 @@ std::string_view reason_name(tlm::stop_reason r) {
   return "?";
 }
 
+// details=True's dict, and a finished stream's result.
+nb::dict result_dict(const tlm::generation_result& g) {
+  nb::dict d;
+  d["text"] = to_str(g.text);
+  d["ids"] = nb::cast(g.ids);
+  d["finish_reason"] = nb::str(std::string(reason_name(g.reason)).c_str());
+  d["prompt_tokens"] = g.prompt_tokens;
+  d["completion_tokens"] = g.ids.size();
+  return d;
+}
+
 // Pieces of text from a generation that runs on a thread of its own; the Python side
 // waits for each with the GIL released. Dropping the iterator stops the generation.
 class text_stream {
@@ -224,7 +244,7 @@ class text_stream {
   text_stream(std::shared_ptr<model_base> m, request r) : m_(std::move(m)), r_(std::move(r)) {
     worker_ = std::thread([this] {
       try {
-        m_->generate(
+        auto g = m_->generate(
             r_,
             tlm::make_token_callback([this](std::int32_t, std::string_view text) {
               std::lock_guard lock(mu_);
@@ -234,6 +254,8 @@ class text_stream {
               return true;
             }),
             [this] { return cancelled_.load(); });
+        std::lock_guard lock(mu_);
+        result_ = std::move(g);
       } catch (...) {
         std::lock_guard lock(mu_);
         error_ = std::current_exception();
@@ -277,6 +299,14 @@ class text_stream {
     throw nb::stop_iteration();
   }
 
+  // Once the stream is exhausted: the generation's dict as details=True gives it (text,
+  // ids, finish_reason, token counts); before that, or after an error, None.
+  nb::object result() {
+    std::lock_guard lock(mu_);
+    if (!finished_ || !result_ || !pieces_.empty()) return nb::none();
+    return result_dict(*result_);
+  }
+
  private:
   std::shared_ptr<model_base> m_;
   request r_;
@@ -286,8 +316,11 @@ class text_stream {
   bool finished_ = false;
   std::atomic<bool> cancelled_{false};  // read by the worker's give-up test without mu_
   std::exception_ptr error_;
+  std::optional<tlm::generation_result> result_;
   std::thread worker_;  // last: started once everything it touches exists
 };
+
+std::vector<tlm::chat_message> messages_from(const nb::handle& given);
 
 class py_model {
  public:
@@ -319,16 +352,32 @@ class py_model {
     return out;
   }
 
-  std::vector<std::int32_t> tokenize(const std::string& text, bool special) const {
+  std::vector<std::int32_t> tokenize(const std::string& text, bool special, bool add_bos) const {
+    if (add_bos) return m_->tokenizer().encode(text, {.parse_special = special});  // the file's BOS/EOS rule
     return m_->tokenizer().encode(text, {.add_bos = false, .parse_special = special});
   }
 
-  nb::str detokenize(const std::vector<std::int32_t>& ids) const {
+  std::vector<std::int32_t> chat_tokens(const nb::handle& messages, const std::optional<std::string>& chat_template) {
+    request r;
+    r.k = request::kind::chat;
+    r.messages = messages_from(messages);
+    if (chat_template) r.chat_template = *chat_template;
+    nb::gil_scoped_release unlocked;
+    return m_->chat_tokens(r);
+  }
+
+  nb::str detokenize(const std::vector<std::int32_t>& ids, bool special) const {
     for (const auto id : ids)
       if (id < 0 || static_cast<std::size_t>(id) >= m_->vocab())
         throw tlm::error("detokenize: token id " + std::to_string(id) + " is outside the vocabulary (ids 0 to " +
                          std::to_string(m_->vocab() - 1) + ")");
-    return to_str(m_->tokenizer().decode(ids));
+    if (special) return to_str(m_->tokenizer().decode(ids));
+    // As llama.cpp's detokenizer without special: control tokens (BOS, EOS, chat
+    // markers) have no text.
+    std::vector<std::int32_t> kept;
+    for (const auto id : ids)
+      if (m_->tokenizer().type(id) != tlm::token_type::control) kept.push_back(id);
+    return to_str(m_->tokenizer().decode(kept));
   }
 
   nb::object logits(const std::vector<std::int32_t>& ids) {
@@ -413,13 +462,7 @@ class py_model {
     }
     if (interrupted) throw nb::python_error();
     if (!details) return to_str(g.text);
-    nb::dict d;
-    d["text"] = to_str(g.text);
-    d["ids"] = nb::cast(g.ids);
-    d["finish_reason"] = nb::str(std::string(reason_name(g.reason)).c_str());
-    d["prompt_tokens"] = g.prompt_tokens;
-    d["completion_tokens"] = g.ids.size();
-    return d;
+    return result_dict(g);
   }
 
   std::size_t vocab() const { return m_->vocab(); }
@@ -957,7 +1000,10 @@ NB_MODULE(_tlm, m) {
 
   nb::class_<text_stream>(m, "TextStream", "The pieces of a generation as they come; dropping it stops the generation.")
       .def("__iter__", [](nb::handle self) { return self; })
-      .def("__next__", &text_stream::next);
+      .def("__next__", &text_stream::next)
+      .def_prop_ro("result", &text_stream::result,
+                   "Once every piece has been read: a dict of text, ids, finish_reason and token counts, as "
+                   "details=True gives; None before.");
 
   nb::class_<py_model>(m, "Model",
                         "A GGUF file bound to one of tlm's config types: config=NAME, or by default the shipped "
@@ -966,9 +1012,14 @@ NB_MODULE(_tlm, m) {
            "config"_a = "", "threads"_a = 2, "lora"_a = nb::none(),
            "lora: LoRA adapters (llama.cpp's adapter GGUF) over the model: a path, a (path, scale) pair, or a "
            "list of those; each adds scale * alpha / rank * B A to the matrices it targets (scale 1 by default).")
-      .def("tokenize", &py_model::tokenize, "text"_a, "special"_a = false,
-           "Token ids of the text, without a BOS token; special=True makes markers like <|im_start|> tokens.")
-      .def("detokenize", &py_model::detokenize, "ids"_a)
+      .def("tokenize", &py_model::tokenize, "text"_a, "special"_a = false, "add_bos"_a = false,
+           "Token ids of the text; special=True makes markers like <|im_start|> tokens; add_bos=True adds BOS (and "
+           "EOS) as the file's add_bos_token / add_eos_token say, as generate() does for a text prompt.")
+      .def("chat_tokens", &py_model::chat_tokens, "messages"_a, "chat_template"_a = nb::none(),
+           "The token ids chat() runs before the reply: the conversation in the chat template, each message tokenized "
+           "as the chat session tokenizes it, and the assistant's header; len() of it is the prompt's positions.")
+      .def("detokenize", &py_model::detokenize, "ids"_a, "special"_a = true,
+           "The text of the ids; special=False leaves out control tokens (BOS, EOS, chat markers).")
       .def("logits", &py_model::logits, "ids"_a, "The logits of every position, a float32 array [len(ids), vocab].")
       .def("embed", &py_model::embed, "input"_a, "pooling"_a = "mean",
            "The embedding of a text (a str or a list of token ids): its final hidden states pooled, their mean or "

@@ -20,10 +20,15 @@ fields, read from one table in the C++ library; tlm._sampling_options() lists ea
 its kind, range, default and help. The training keywords of tlm.Trainer and tlm.train are
 examples/train's flags, read from the library's table of them (tlm._training_options()).
 
+tlm.Llama is llama-cpp-python's Llama interface over tlm.Model (Llama(model_path=...,
+n_ctx=...), create_completion, create_chat_completion, __call__, OpenAI-shaped dicts), so
+code written for llama-cpp-python runs unchanged.
+
 Errors from the C++ library (a file that does not fit its config, bad options, a
 prompt too long) are raised as tlm.Error with the library's message.
 """
 from ._tlm import Error, Model, TextStream, Trainer, _sampling_options, _training_options
+from ._llama import Llama
 from ._train import train
 
-__all__ = ["Error", "Model", "TextStream", "Trainer", "train"]
+__all__ = ["Error", "Llama", "Model", "TextStream", "Trainer", "train"]

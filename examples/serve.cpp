@@ -16,6 +16,7 @@
 #include <tlm/configs.hpp>
 #include <tlm/generate.hpp>
 #include <tlm/generation/json_schema.hpp>
+#include <tlm/generation/tools.hpp>
 #include <tlm/generation/sampler.hpp>
 #include <tlm/model.hpp>
 #include <tlm/serving/scheduler.hpp>
@@ -446,41 +447,6 @@ struct parsed_request {
   bool tools = false;  // the reply may be a tool call (tools given, tool_choice not none)
 };
 
-// Tool calls are written as Qwen2.5's template writes them (the Hermes form), for every
-// template: the tools' signatures in the system message, a call as
-// <tool_call>\n{"name": "NAME", "arguments": {...}}\n</tool_call>, a result as a user turn
-// of <tool_response>\n...\n</tool_response>. Qwen2.5's own template renders exactly this;
-// for the others it is tlm's documented fallback.
-constexpr std::string_view tool_call_open = "<tool_call>\n", tool_call_close = "\n</tool_call>";
-constexpr std::string_view tools_head =
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
-    "signatures within <tools></tools> XML tags:\n<tools>";
-constexpr std::string_view tools_tail =
-    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-    "<args-json-object>}\n</tool_call>";
-constexpr std::size_t max_tools = 64;  // the grammar's one_of takes 64 alternatives
-
-// JSON as Python's json.dumps writes it by default (", " and ": "), which is what the
-// templates' `tojson` gives and so what the models saw in training.
-std::string dump_spaced(const json& v) {
-  if (v.is_object()) {
-    std::string out = "{";
-    bool first = true;
-    for (const auto& [k, x] : v.items()) {
-      out += (first ? "" : ", ") + json(k).dump(-1, ' ', false, json::error_handler_t::replace) + ": " + dump_spaced(x);
-      first = false;
-    }
-    return out + "}";
-  }
-  if (v.is_array()) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + dump_spaced(v[i]);
-    return out + "]";
-  }
-  return v.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 template <tlm::LlamaConfig C>
 class server {
  public:
@@ -747,7 +713,7 @@ class server {
         throw api_error(400, fmt::format("'{}.content' is required", key), key + ".content", "missing");
       std::string content = m.contains("content") && !m["content"].is_null() ? text_of(m["content"], i) : std::string();
       if (role == "tool") {
-        const std::string block = "<tool_response>\n" + content + "\n</tool_response>";
+        const std::string block = tlm::tools::response_block(content);
         if (!p.messages.empty() && p.messages.back().role == "user" && i > 0 && msgs[i - 1].value("role", "") == "tool")
           p.messages.back().content += "\n" + block;
         else
@@ -779,8 +745,7 @@ class server {
             }
           }
           if (!content.empty()) content += "\n";
-          content += std::string(tool_call_open) + "{\"name\": " + dump_spaced((*f)["name"]) + ", \"arguments\": " +
-                     dump_spaced(args) + "}" + std::string(tool_call_close);
+          content += tlm::tools::call_text((*f)["name"].get<std::string>(), args);
         }
       }
       p.messages.push_back({role, std::move(content)});
@@ -815,12 +780,11 @@ class server {
       return;
     }
     if (!t->is_array()) r.wrong("tools", "must be an array of {\"type\": \"function\", \"function\": {...}}");
-    if (t->size() > max_tools)
-      throw api_error(400, fmt::format("'tools' holds {} tools; tlm takes at most {}", t->size(), max_tools), "tools",
+    if (t->size() > tlm::tools::max_tools)
+      throw api_error(400, fmt::format("'tools' holds {} tools; tlm takes at most {}", t->size(), tlm::tools::max_tools), "tools",
                       "invalid_value");
     std::vector<tlm::json_node> calls;
     std::vector<std::string> names;
-    std::string listed;
     for (std::size_t i = 0; i < t->size(); ++i) {
       const std::string key = fmt::format("tools[{}]", i);
       const json& tool = (*t)[i];
@@ -853,29 +817,20 @@ class server {
           throw api_error(400, fmt::format("'{}.function.parameters' must be an object schema (\"type\": \"object\")", key),
                           key + ".function.parameters", "invalid_value");
       }
-      listed += "\n" + dump_spaced(tool);
       if (choice == "named" && name != named) continue;
-      calls.push_back(tlm::json_schema::sequence(
-          {{std::string(tool_call_open) + "{\"name\": " + dump_spaced(json(name)) + ", \"arguments\": ", std::move(args)}},
-          "}" + std::string(tool_call_close)));
+      calls.push_back(tlm::tools::call_node(name, std::move(args)));
     }
     if (choice == "named" && calls.empty())
       throw api_error(400, fmt::format("'tool_choice' names the function '{}', which 'tools' does not hold", named),
                       "tool_choice", "invalid_value");
     if (choice == "none") return;  // the signatures are not shown either: nothing may be called
     // The signatures join the system message (or one is made, after the template's default text).
-    const std::string section = std::string(tools_head) + listed + std::string(tools_tail);
-    if (!p.messages.empty() && p.messages[0].role == "system") {
-      p.messages[0].content += "\n\n" + section;
-    } else {
-      const std::string_view def = counter_->format().default_system();
-      p.messages.insert(p.messages.begin(), {"system", def.empty() ? section : std::string(def) + "\n\n" + section});
-    }
+    tlm::tools::add_section(p.messages, tlm::tools::system_section(*t), counter_->format().default_system());
     if (p.gen.grammar)
       throw api_error(400, "'response_format' and 'tools' cannot hold one reply together; give one of them",
                       "response_format", "unsupported");
     p.gen.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::one_of(std::move(calls)));
-    if (choice == "auto") p.gen.grammar_trigger = "<tool_call>";
+    if (choice == "auto") p.gen.grammar_trigger = std::string(tlm::tools::trigger);
     p.tools = true;
   }
 
@@ -1344,13 +1299,11 @@ class server {
   // JSON string); nothing for words, or for a call that max_tokens cut short (whose text
   // is returned as it is, with finish_reason length).
   static std::optional<json> tool_call_of(const std::string& text) {
-    if (!text.starts_with(tool_call_open) || !text.ends_with(tool_call_close)) return std::nullopt;
-    const std::string body = text.substr(tool_call_open.size(), text.size() - tool_call_open.size() - tool_call_close.size());
-    const json j = json::parse(body, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j.contains("arguments")) return std::nullopt;
+    const auto c = tlm::tools::parse_call(text);
+    if (!c) return std::nullopt;
     return json{{"id", random_id("call")},
                 {"type", "function"},
-                {"function", {{"name", j["name"]}, {"arguments", dump(j["arguments"])}}}};
+                {"function", {{"name", c->name}, {"arguments", dump(c->arguments)}}}};
   }
 
   static std::size_t completion_tokens(const tlm::generation_result& r) {

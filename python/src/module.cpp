@@ -12,6 +12,7 @@
 #include <tlm/generation/json_schema.hpp>
 #include <tlm/generation/sampler.hpp>
 #include <tlm/generation/sampling_options.hpp>
+#include <tlm/generation/tools.hpp>
 #include <tlm/model.hpp>
 #include <tlm/text/chat.hpp>
 #include <tlm/text/tokenizer.hpp>
@@ -60,6 +61,11 @@ struct request {
   std::string chat_template;           // a template form by name; empty: the file's
   std::size_t chat_prompt_tokens = 0;  // of the rendered conversation, set by prepare()
   tlm::generation_options options;
+  // chat(tools=...): the tools as a JSON array, and tool_choice: auto, required, none, or
+  // a function's name. prepare() puts their section into the messages and the grammar.
+  std::optional<tlm::tools::json> tools;
+  std::string tool_choice = "auto";
+  bool may_call = false;  // set by prepare(): a reply may be a tool call
 };
 
 // Asked while waiting for the model's lock: true abandons the call.
@@ -103,6 +109,7 @@ class model_impl final : public model_base {
 
   void prepare(request& r) const override {
     tlm::detail::check_options(r.options);
+    if (r.k == request::kind::chat && r.tools) add_tools(r);
     if (r.k == request::kind::chat) {
       const std::size_t prompt =
           tok_.encode(tlm::chat_template::of(template_, r.chat_template).render(r.messages, true, render_),
@@ -138,6 +145,53 @@ class model_impl final : public model_base {
     }
   }
 
+  // chat(tools=...): each tool's arguments schema compiled, the tools' section put in the
+  // system message, and the reply held to a call (required, or the named function), or
+  // to words or a call (auto), as examples/serve does with OpenAI's fields.
+  void add_tools(request& r) const {
+    namespace tools = tlm::tools;
+    const tools::json& t = *r.tools;
+    const std::string& choice = r.tool_choice;
+    if (!t.is_array() || t.empty() || t.size() > tools::max_tools)
+      throw tlm::error("chat: tools must be a list of 1 to " + std::to_string(tools::max_tools) +
+                       " {'type': 'function', 'function': {'name', 'description', 'parameters'}}");
+    std::vector<tlm::json_node> calls;
+    std::vector<std::string> names;
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      const std::string where = "chat: tools[" + std::to_string(i) + "]";
+      const tools::json& tool = t[i];
+      if (!tool.is_object() || tool.value("type", tools::json()) != "function" || !tool.contains("function") ||
+          !tool["function"].is_object() || !tool["function"].contains("name") || !tool["function"]["name"].is_string())
+        throw tlm::error(where + " must be {'type': 'function', 'function': {'name': ..., 'parameters': ...}}");
+      const tools::json& f = tool["function"];
+      const std::string name = f["name"].get<std::string>();
+      if (name.empty() || std::find(names.begin(), names.end(), name) != names.end())
+        throw tlm::error(where + ": the name '" + name + "' is empty or given twice");
+      names.push_back(name);
+      tlm::json_node args = tlm::json_schema::object({});
+      if (f.contains("parameters") && !f["parameters"].is_null()) {
+        try {
+          args = tlm::json_schema::from_json(f["parameters"]);
+        } catch (const tlm::error& e) {
+          throw tlm::error(where + ".function.parameters: " + e.what());
+        }
+        if (args.k != tlm::json_node::kind::object)
+          throw tlm::error(where + ".function.parameters must be an object schema ('type': 'object')");
+      }
+      if (choice != "auto" && choice != "required" && choice != name) continue;
+      calls.push_back(tools::call_node(name, std::move(args)));
+    }
+    if (choice == "none") return;  // neither the section nor a call
+    if (calls.empty())
+      throw tlm::error("chat: tool_choice is '" + choice + "'; give 'auto', 'required', 'none' or a tool's name");
+    if (r.options.grammar) throw tlm::error("chat: json_schema and tools cannot hold one reply together; give one of them");
+    tools::add_section(r.messages, tools::system_section(t),
+                       tlm::chat_template::of(template_, r.chat_template).default_system());
+    r.options.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::one_of(std::move(calls)));
+    if (choice == "auto") r.options.grammar_trigger = std::string(tools::trigger);
+    r.may_call = true;
+  }
+
   tlm::generation_result generate(const request& r, tlm::token_callback on_text, const give_up_test& give_up) override {
     std::unique_lock lock(mu_, std::defer_lock);
     while (!lock.try_lock_for(std::chrono::milliseconds(20)))
@@ -160,7 +214,9 @@ class model_impl final : public model_base {
     return gen.generate(std::span<const std::int32_t>(r.ids), r.options, std::move(on_text));
   }
 
-  std::vector<std::int32_t> chat_tokens(const request& r) override {
+  std::vector<std::int32_t> chat_tokens(const request& given) override {
+    request r = given;
+    if (r.tools) add_tools(r);
     // Capacity 1: the session only renders and tokenizes; it never runs the model.
     const tlm::chat_session<C> counter(m_, tok_, tlm::chat_options{.capacity = 1, .chat_template = r.chat_template});
     return counter.prompt_for(r.messages);
@@ -227,11 +283,25 @@ std::string_view reason_name(tlm::stop_reason r) {
 }
 
 // details=True's dict, and a finished stream's result.
-nb::dict result_dict(const tlm::generation_result& g) {
+nb::dict result_dict(const tlm::generation_result& g, bool may_call = false) {
   nb::dict d;
   d["text"] = to_str(g.text);
   d["ids"] = nb::cast(g.ids);
   d["finish_reason"] = nb::str(std::string(reason_name(g.reason)).c_str());
+  if (may_call) {
+    // A reply that is one whole call: [{'name', 'arguments'}], arguments as JSON text.
+    if (const auto c = tlm::tools::parse_call(g.text)) {
+      nb::dict call;
+      call["name"] = nb::str(c->name.c_str());
+      call["arguments"] = nb::str(c->arguments.dump(-1, ' ', false, tlm::tools::json::error_handler_t::replace).c_str());
+      nb::list calls;
+      calls.append(call);
+      d["tool_calls"] = calls;
+      d["finish_reason"] = "tool_calls";
+    } else {
+      d["tool_calls"] = nb::none();
+    }
+  }
   d["prompt_tokens"] = g.prompt_tokens;
   d["completion_tokens"] = g.ids.size();
   return d;
@@ -304,7 +374,7 @@ class text_stream {
   nb::object result() {
     std::lock_guard lock(mu_);
     if (!finished_ || !result_ || !pieces_.empty()) return nb::none();
-    return result_dict(*result_);
+    return result_dict(*result_, r_.may_call);
   }
 
  private:
@@ -321,6 +391,7 @@ class text_stream {
 };
 
 std::vector<tlm::chat_message> messages_from(const nb::handle& given);
+tlm::tools::json json_of(const nb::handle& v, const std::string& where);
 
 class py_model {
  public:
@@ -357,11 +428,14 @@ class py_model {
     return m_->tokenizer().encode(text, {.add_bos = false, .parse_special = special});
   }
 
-  std::vector<std::int32_t> chat_tokens(const nb::handle& messages, const std::optional<std::string>& chat_template) {
+  std::vector<std::int32_t> chat_tokens(const nb::handle& messages, const std::optional<std::string>& chat_template,
+                                        const nb::object& tools, const std::string& tool_choice) {
     request r;
     r.k = request::kind::chat;
     r.messages = messages_from(messages);
     if (chat_template) r.chat_template = *chat_template;
+    if (!tools.is_none()) r.tools = json_of(tools, "tools");
+    r.tool_choice = tool_choice;
     nb::gil_scoped_release unlocked;
     return m_->chat_tokens(r);
   }
@@ -462,7 +536,7 @@ class py_model {
     }
     if (interrupted) throw nb::python_error();
     if (!details) return to_str(g.text);
-    return result_dict(g);
+    return result_dict(g, r.may_call);
   }
 
   std::size_t vocab() const { return m_->vocab(); }
@@ -614,6 +688,17 @@ std::string sampling_doc(std::string_view head) {
   return doc;
 }
 
+// A Python value as JSON, through json.dumps (which keeps a dict's order); a str is
+// taken as JSON text already.
+tlm::tools::json json_of(const nb::handle& v, const std::string& where) {
+  const std::string text = nb::isinstance<nb::str>(v)
+                               ? nb::cast<std::string>(v)
+                               : nb::cast<std::string>(nb::module_::import_("json").attr("dumps")(v));
+  tlm::tools::json j = tlm::tools::json::parse(text, nullptr, false);
+  if (j.is_discarded()) throw tlm::error("chat: " + where + " is not valid JSON");
+  return j;
+}
+
 std::vector<tlm::chat_message> messages_from(const nb::handle& given) {
   // Any sequence of dicts: a list or a tuple. A str or a dict is a sequence (or
   // iterable) of something else, so they are named as mistakes rather than walked.
@@ -631,10 +716,13 @@ std::vector<tlm::chat_message> messages_from(const nb::handle& given) {
     nb::dict d = nb::borrow<nb::dict>(m);
     if (!d.contains("role") || !nb::isinstance<nb::str>(d["role"]))
       throw nb::type_error((where + " needs a string 'role' (system, user or assistant)").c_str());
-    if (!d.contains("content")) throw nb::type_error((where + " needs a 'content'").c_str());
+    const bool calls = d.contains("tool_calls") && !d["tool_calls"].is_none();
+    if (!d.contains("content") && !calls) throw nb::type_error((where + " needs a 'content'").c_str());
     std::string content;
-    nb::object c = d["content"];
-    if (nb::isinstance<nb::str>(c)) {
+    nb::object c = d.contains("content") ? nb::object(d["content"]) : nb::none();
+    if (c.is_none() && calls) {
+      // an assistant's message that only calls tools
+    } else if (nb::isinstance<nb::str>(c)) {
       content = nb::cast<std::string>(c);
     } else if (nb::isinstance<nb::list>(c)) {  // OpenAI's list of parts; text parts only
       for (nb::handle part : nb::borrow<nb::list>(c)) {
@@ -648,10 +736,40 @@ std::vector<tlm::chat_message> messages_from(const nb::handle& given) {
     std::string role = nb::cast<std::string>(d["role"]);
     if (role == "developer") role = "system";  // OpenAI's newer name for it
     // ChatML would render any one-line role, but the models' templates speak of these
-    // three only: another role is most likely a typo, which would pass unnoticed.
-    if (role != "system" && role != "user" && role != "assistant")
+    // three only (and tool results, written as user turns): another role is most likely a
+    // typo, which would pass unnoticed.
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
       throw tlm::error("chat: " + where + " has role '" + role +
-                       "'; the chat template knows system, user and assistant (developer reads as system)");
+                       "'; the chat template knows system, user, assistant and tool (developer reads as system)");
+    if (role == "tool") {
+      // Results in the tools' form: consecutive ones join one user turn.
+      const std::string block = tlm::tools::response_block(content);
+      const bool after_tool = i > 0 && nb::cast<std::string>(nb::borrow<nb::dict>(messages[i - 1])["role"]) == "tool";
+      if (after_tool) out.back().content += "\n" + block;
+      else out.push_back({"user", block});
+      continue;
+    }
+    if (calls) {
+      if (role != "assistant") throw tlm::error("chat: " + where + " has tool_calls; only an assistant's message calls tools");
+      const nb::object list = d["tool_calls"];
+      if (!nb::isinstance<nb::list>(list) && !nb::isinstance<nb::tuple>(list))
+        throw nb::type_error((where + ".tool_calls must be a list of {'type': 'function', 'function': {'name', 'arguments'}}").c_str());
+      std::size_t j = 0;
+      for (nb::handle call : list) {
+        const std::string cw = where + ".tool_calls[" + std::to_string(j++) + "]";
+        nb::object f = nb::isinstance<nb::dict>(call) && nb::borrow<nb::dict>(call).contains("function")
+                           ? nb::object(nb::borrow<nb::dict>(call)["function"])
+                           : nb::none();
+        if (!nb::isinstance<nb::dict>(f) || !nb::borrow<nb::dict>(f).contains("name") ||
+            !nb::isinstance<nb::str>(nb::borrow<nb::dict>(f)["name"]))
+          throw nb::type_error((cw + " must be {'type': 'function', 'function': {'name': ..., 'arguments': ...}}").c_str());
+        const nb::dict fd = nb::borrow<nb::dict>(f);
+        tlm::tools::json args = tlm::tools::json::object();
+        if (fd.contains("arguments") && !fd["arguments"].is_none()) args = json_of(fd["arguments"], cw + ".function.arguments");
+        if (!content.empty()) content += "\n";
+        content += tlm::tools::call_text(nb::cast<std::string>(fd["name"]), args);
+      }
+    }
     out.push_back({std::move(role), std::move(content)});
   }
   if (out.empty()) throw tlm::error("chat: no messages; give at least one {'role': 'user', 'content': ...}");
@@ -996,7 +1114,11 @@ NB_MODULE(_tlm, m) {
       "text pieces; with details=True a dict of text, ids, finish_reason and token counts.");
   static const std::string chat_doc = sampling_doc(
       "The assistant's reply to OpenAI-style messages [{'role': ..., 'content': ...}], in the model's chat template "
-      "(or the template form named by chat_template, as generate --chat-template NAME).");
+      "(or the template form named by chat_template, as generate --chat-template NAME). tools: OpenAI's list of "
+      "{'type': 'function', 'function': {'name', 'description', 'parameters'}}, in Qwen2.5's (Hermes) form; "
+      "tool_choice 'auto' (words or a call), 'required', 'none' or a tool's name; the reply is held to a call with "
+      "arguments valid against the tool's schema, and details=True gives it as tool_calls [{'name', 'arguments'}] "
+      "with finish_reason 'tool_calls'. Messages may be tool results (role 'tool') and an assistant's tool_calls.");
 
   nb::class_<text_stream>(m, "TextStream", "The pieces of a generation as they come; dropping it stops the generation.")
       .def("__iter__", [](nb::handle self) { return self; })
@@ -1015,7 +1137,8 @@ NB_MODULE(_tlm, m) {
       .def("tokenize", &py_model::tokenize, "text"_a, "special"_a = false, "add_bos"_a = false,
            "Token ids of the text; special=True makes markers like <|im_start|> tokens; add_bos=True adds BOS (and "
            "EOS) as the file's add_bos_token / add_eos_token say, as generate() does for a text prompt.")
-      .def("chat_tokens", &py_model::chat_tokens, "messages"_a, "chat_template"_a = nb::none(),
+      .def("chat_tokens", &py_model::chat_tokens, "messages"_a, "chat_template"_a = nb::none(), "tools"_a = nb::none(),
+           "tool_choice"_a = "auto",
            "The token ids chat() runs before the reply: the conversation in the chat template, each message tokenized "
            "as the chat session tokenizes it, and the assistant's header; len() of it is the prompt's positions.")
       .def("detokenize", &py_model::detokenize, "ids"_a, "special"_a = true,
@@ -1046,16 +1169,19 @@ NB_MODULE(_tlm, m) {
           "chat",
           [](py_model& self, const nb::handle& messages, std::size_t max_tokens, const nb::object& stop, bool stream,
              const nb::object& json_schema, bool details, const std::optional<std::string>& chat_template,
-             const nb::kwargs& sampling) {
+             const nb::object& tools, const std::string& tool_choice, const nb::kwargs& sampling) {
             request r;
             r.k = request::kind::chat;
             r.messages = messages_from(messages);
             if (chat_template) r.chat_template = *chat_template;
+            if (!tools.is_none()) r.tools = json_of(tools, "tools");
+            r.tool_choice = tool_choice;
             r.options = options_from(max_tokens, sampling, self.vocab(), stop, false, json_schema);
             return self.run(std::move(r), stream, details);
           },
           "messages"_a, "max_tokens"_a = 256, "stop"_a = nb::none(), "stream"_a = false, "json_schema"_a = nb::none(),
-          "details"_a = false, "chat_template"_a = nb::none(), "sampling"_a, chat_doc.c_str())
+          "details"_a = false, "chat_template"_a = nb::none(), "tools"_a = nb::none(), "tool_choice"_a = "auto",
+          "sampling"_a, chat_doc.c_str())
       .def_prop_ro("vocab_size", &py_model::vocab)
       .def_prop_ro("context", &py_model::context)
       .def_prop_ro("config", &py_model::config)

@@ -209,8 +209,8 @@ def test_what_tlm_lacks_is_refused_by_name(ours):
                          ({"logprobs": 3}, "logprobs"), ({"suffix": "x"}, "suffix"), ({"tfs_z": 0.9}, "tfs_z")]:
         with pytest.raises(tlm.Error, match=f"tlm.Llama: {name} is not supported"):
             ours("Hi", max_tokens=2, **kwargs)
-    with pytest.raises(tlm.Error, match="tlm.Llama: tools is not supported"):
-        ours.create_chat_completion(CHATS[0], tools=[{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(tlm.Error, match="tlm.Llama: functions is not supported"):
+        ours.create_chat_completion(CHATS[0], functions=[{"name": "f"}])
     with pytest.raises(tlm.Error, match="rope_freq_base is not supported"):
         tlm.Llama(model_path=MODEL, rope_freq_base=20000.0, verbose=False)
     with pytest.raises(TypeError, match="unexpected keyword argument 'n_ctxx'"):
@@ -220,3 +220,61 @@ def test_what_tlm_lacks_is_refused_by_name(ours):
                     verbose=False)
     assert llm("The capital of France is", max_tokens=6, temperature=0)["choices"][0]["text"] == \
         ours("The capital of France is", max_tokens=6, temperature=0)["choices"][0]["text"]
+
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "now", "description": "The time"}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris for the next 3 days?"}]
+
+
+def test_tool_calls_as_openai(ours):
+    r = ours.create_chat_completion(ASK, tools=WEATHER, tool_choice="required", temperature=0, max_tokens=64)
+    choice = r["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] in ("get_weather", "now")
+    args = json.loads(call["function"]["arguments"])
+    if call["function"]["name"] == "get_weather":
+        assert set(args) == {"city", "days"} and isinstance(args["city"], str) and isinstance(args["days"], int)
+    # Named: that function; its prompt holds the tools' section (more tokens than without).
+    r = ours.create_chat_completion(ASK, tools=WEATHER, tool_choice={"type": "function", "function": {"name": "now"}},
+                                    temperature=0, max_tokens=64)
+    assert r["choices"][0]["message"]["tool_calls"][0]["function"] == {"name": "now", "arguments": "{}"}
+    assert r["usage"]["prompt_tokens"] == len(ours.model.chat_tokens(ASK, tools=WEATHER, tool_choice="now"))
+    assert r["usage"]["prompt_tokens"] > len(ours.model.chat_tokens(ASK)) + 50
+    # none: neither the section nor a call.
+    r = ours.create_chat_completion(ASK, tools=WEATHER, tool_choice="none", temperature=0, max_tokens=16)
+    assert r["usage"]["prompt_tokens"] == len(ours.model.chat_tokens(ASK))
+    assert r["choices"][0]["message"]["content"] is not None
+    # Streamed: one tool_calls delta, the same call as without streaming.
+    chunks = list(ours.create_chat_completion(ASK, tools=WEATHER, tool_choice="required", temperature=0,
+                                              max_tokens=64, stream=True))
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert deltas[0] == {"role": "assistant"} and deltas[-1] == {}
+    assert not any("content" in d for d in deltas)
+    [streamed] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert streamed[0]["function"] == call["function"] and streamed[0]["index"] == 0
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_tool_history_in_the_hermes_form(ours):
+    # A call and its result go back into the conversation as Qwen2.5's template writes them.
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 3}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 22 C"},
+        {"role": "tool", "tool_call_id": "call_1", "content": "then rain"}]
+    ids = ours.model.chat_tokens(history, tools=WEATHER)
+    text = ours.model.detokenize(ids)
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>' in text
+    assert "<tool_response>\nsunny, 22 C\n</tool_response>\n<tool_response>\nthen rain\n</tool_response>" in text
+    r = ours.create_chat_completion(history, tools=WEATHER, temperature=0, max_tokens=64)
+    assert r["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+    with pytest.raises(tlm.Error, match="tool_choice is 'delete'"):
+        ours.create_chat_completion(ASK, tools=WEATHER, tool_choice="delete")
+    with pytest.raises(tlm.Error, match="json_schema and tools"):
+        ours.create_chat_completion(ASK, tools=WEATHER, response_format={"type": "json_object"})

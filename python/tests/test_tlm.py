@@ -250,8 +250,8 @@ def test_seed_is_random_unless_given(model):
 
 
 def test_chat_roles_and_message_sequences(model):
-    with pytest.raises(tlm.Error, match=r"messages\[1\] has role 'wizard'; the chat template knows system, user and "
-                                        r"assistant"):
+    with pytest.raises(tlm.Error, match=r"messages\[1\] has role 'wizard'; the chat template knows system, user, "
+                                        r"assistant and tool"):
         model.chat([{"role": "user", "content": "Hi"}, {"role": "wizard", "content": "Abracadabra"}])
     question = {"role": "user", "content": "What is the capital of France?"}
     assert model.chat((question,), max_tokens=10) == model.chat([question], max_tokens=10) == "The capital of France is Paris."

@@ -10,15 +10,17 @@ The defaults are llama-cpp-python 0.3's (completion: max_tokens 16, temperature 
 top_k 40, top_p 0.95, min_p 0.05; chat: temperature 0.2, max_tokens up to n_ctx; the
 penalties look at the last 64 tokens), and so are the shapes of the results (OpenAI's
 text_completion, chat.completion and their stream chunks) and the prompt's tokens (a
-text prompt with the file's BOS and special tokens parsed; a list of ids as given). The
-numbers are tlm's (f32 activations): a greedy run gives tlm.Model's text, which follows
+text prompt with the file's BOS and special tokens parsed; a list of ids as given).
+tools and tool_choice are OpenAI's, written in Qwen2.5's (Hermes) form for every
+template, with the reply held to a valid call (llama-cpp-python's own tool support
+depends on its chat_format). The numbers are tlm's (f32 activations): a greedy run gives tlm.Model's text, which follows
 llama.cpp's until a near-tie that llama.cpp's int8 activations and f16 cache decide the
 other way (tested against llama-cpp-python on the same file).
 
 What is not there is refused by name rather than ignored: an option that would change
 the result (typical_p, tfs_z, mirostat, logprobs, suffix, grammar objects, logits
-processors, functions and tools, RoPE overrides, ...) raises tlm.Error saying what to use
-instead; a keyword llama-cpp-python does not have raises TypeError. Options that only tune
+processors, the legacy functions/function_call, RoPE overrides, ...) raises tlm.Error
+saying what to use instead; a keyword llama-cpp-python does not have raises TypeError. Options that only tune
 llama.cpp's speed or memory (n_gpu_layers, n_batch, use_mmap, flash_attn, ...) are
 accepted and have no effect: tlm maps the file and sizes its caches itself.
 """
@@ -160,6 +162,8 @@ class Llama:
 
     @staticmethod
     def _finish(reason: str) -> str:
+        if reason == "tool_calls":
+            return reason
         return "length" if reason in ("length", "context_full") else "stop"
 
     @staticmethod
@@ -235,10 +239,10 @@ class Llama:
                                mirostat_tau: float = 5.0, mirostat_eta: float = 0.1, model: Optional[str] = None,
                                logits_processor=None, grammar=None, logit_bias: Optional[Dict[int, float]] = None,
                                logprobs: Optional[bool] = None, top_logprobs: Optional[int] = None):
-        for name, value in (("functions", functions), ("function_call", function_call), ("tools", tools),
-                            ("tool_choice", tool_choice)):
+        for name, value in (("functions", functions), ("function_call", function_call)):
             if value is not None:
-                raise _refuse(name, "examples/serve takes tools and tool_choice in /v1/chat/completions")
+                raise _refuse(name, "give tools and tool_choice, OpenAI's newer fields for it")
+        choice = self._tool_choice(tools, tool_choice)
         if logprobs or top_logprobs:
             raise _refuse("logprobs", "tlm.Model.logits(ids) gives every position's logits")
         sampling = self._sampling(temperature, top_p, min_p, top_k, repeat_penalty, frequency_penalty,
@@ -247,15 +251,37 @@ class Llama:
                                    "logits_processor": logits_processor, "grammar": grammar})
         schema = self._schema(response_format)
         template = None if self.chat_format is None else self.chat_format.replace("-", "")
-        prompt = self._model.chat_tokens(messages, chat_template=template)
+        prompt = self._model.chat_tokens(messages, chat_template=template, tools=tools, tool_choice=choice)
         budget = self._budget(len(prompt), max_tokens)
         head = {"id": f"chatcmpl-{uuid.uuid4()}", "created": int(time.time()), "model": model or self.model_path}
         if budget == 0:
             r = {"text": "", "finish_reason": "length", "prompt_tokens": len(prompt), "completion_tokens": 0}
             return self._chat(head, r) if not stream else self._chat_chunks(head, iter(()), r)
         run = self._model.chat(messages, max_tokens=budget, stop=stop or None, stream=stream, details=not stream,
-                               json_schema=schema, chat_template=template, **sampling)
+                               json_schema=schema, chat_template=template, tools=tools, tool_choice=choice,
+                               **sampling)
         return self._chat(head, run) if not stream else self._chat_chunks(head, run, None)
+
+    @staticmethod
+    def _tool_choice(tools, tool_choice) -> str:
+        """OpenAI's tool_choice as tlm.Model.chat takes it: auto, required, none or a name."""
+        if tool_choice is None:
+            return "auto"
+        if isinstance(tool_choice, str):
+            return tool_choice
+        if isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict) \
+                and isinstance(tool_choice["function"].get("name"), str):
+            return tool_choice["function"]["name"]
+        raise Error("tlm.Llama: tool_choice must be 'auto', 'required', 'none' or "
+                    "{'type': 'function', 'function': {'name': ...}}")
+
+    @staticmethod
+    def _calls(r: Dict[str, Any]) -> Optional[List[Dict[str, Any]]]:
+        calls = r.get("tool_calls")
+        if not calls:
+            return None
+        return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
 
     @staticmethod
     def _schema(response_format: Optional[Dict[str, Any]]):
@@ -272,8 +298,11 @@ class Llama:
 
     @staticmethod
     def _chat(head: Dict[str, Any], r: Dict[str, Any]) -> Dict[str, Any]:
+        calls = Llama._calls(r)
+        message = {"role": "assistant", "content": r["text"]} if not calls else \
+            {"role": "assistant", "content": None, "tool_calls": calls}
         return {**head, "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": r["text"]}, "logprobs": None,
+                "choices": [{"index": 0, "message": message, "logprobs": None,
                              "finish_reason": Llama._finish(r["finish_reason"])}],
                 "usage": Llama._usage(r)}
 
@@ -282,7 +311,19 @@ class Llama:
             return {**head, "object": "chat.completion.chunk",
                     "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
         yield chunk({"role": "assistant"}, None)
+        # Text that is, or may still become, a tool call is held back: a call is sent whole,
+        # as one tool_calls delta, once it is complete.
+        trigger, held = "<tool_call>", ""
         for piece in pieces:
-            yield chunk({"content": piece}, None)
+            held += piece
+            if held.startswith(trigger) or trigger.startswith(held):
+                continue
+            yield chunk({"content": held}, None)
+            held = ""
         result = done if done is not None else pieces.result
+        calls = self._calls(result) if result else None
+        if calls:
+            yield chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}, None)
+        elif held:
+            yield chunk({"content": held}, None)
         yield chunk({}, self._finish(result["finish_reason"]) if result else "stop")

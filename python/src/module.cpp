@@ -393,6 +393,18 @@ class text_stream {
 std::vector<tlm::chat_message> messages_from(const nb::handle& given);
 tlm::tools::json json_of(const nb::handle& v, const std::string& where);
 
+// The chat request of chat() and chat_tokens(): the messages, the template form and the tools.
+request chat_request(const nb::handle& messages, const std::optional<std::string>& chat_template,
+                     const nb::object& tools, const std::string& tool_choice) {
+  request r;
+  r.k = request::kind::chat;
+  r.messages = messages_from(messages);
+  if (chat_template) r.chat_template = *chat_template;
+  if (!tools.is_none()) r.tools = json_of(tools, "tools");
+  r.tool_choice = tool_choice;
+  return r;
+}
+
 class py_model {
  public:
   py_model(const std::string& path, const std::string& config, std::size_t threads, const nb::object& lora) {
@@ -430,12 +442,7 @@ class py_model {
 
   std::vector<std::int32_t> chat_tokens(const nb::handle& messages, const std::optional<std::string>& chat_template,
                                         const nb::object& tools, const std::string& tool_choice) {
-    request r;
-    r.k = request::kind::chat;
-    r.messages = messages_from(messages);
-    if (chat_template) r.chat_template = *chat_template;
-    if (!tools.is_none()) r.tools = json_of(tools, "tools");
-    r.tool_choice = tool_choice;
+    request r = chat_request(messages, chat_template, tools, tool_choice);
     nb::gil_scoped_release unlocked;
     return m_->chat_tokens(r);
   }
@@ -1170,12 +1177,7 @@ NB_MODULE(_tlm, m) {
           [](py_model& self, const nb::handle& messages, std::size_t max_tokens, const nb::object& stop, bool stream,
              const nb::object& json_schema, bool details, const std::optional<std::string>& chat_template,
              const nb::object& tools, const std::string& tool_choice, const nb::kwargs& sampling) {
-            request r;
-            r.k = request::kind::chat;
-            r.messages = messages_from(messages);
-            if (chat_template) r.chat_template = *chat_template;
-            if (!tools.is_none()) r.tools = json_of(tools, "tools");
-            r.tool_choice = tool_choice;
+            request r = chat_request(messages, chat_template, tools, tool_choice);
             r.options = options_from(max_tokens, sampling, self.vocab(), stop, false, json_schema);
             return self.run(std::move(r), stream, details);
           },

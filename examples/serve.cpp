@@ -779,47 +779,15 @@ class server {
         throw api_error(400, "'tool_choice' asks for a tool call, but 'tools' gives no tools", "tool_choice", "invalid_value");
       return;
     }
-    if (!t->is_array()) r.wrong("tools", "must be an array of {\"type\": \"function\", \"function\": {...}}");
-    if (t->size() > tlm::tools::max_tools)
-      throw api_error(400, fmt::format("'tools' holds {} tools; tlm takes at most {}", t->size(), tlm::tools::max_tools), "tools",
-                      "invalid_value");
-    std::vector<tlm::json_node> calls;
-    std::vector<std::string> names;
-    for (std::size_t i = 0; i < t->size(); ++i) {
-      const std::string key = fmt::format("tools[{}]", i);
-      const json& tool = (*t)[i];
-      if (!tool.is_object() || tool.value("type", json()) != "function" || !tool.contains("function") ||
-          !tool["function"].is_object())
-        throw api_error(400, fmt::format("'{}' must be {{\"type\": \"function\", \"function\": {{\"name\", \"description\", "
-                                         "\"parameters\"}}}}; tlm calls functions only", key),
-                        key, "invalid_type");
-      const json& f = tool["function"];
-      const std::string name = f.contains("name") && f["name"].is_string() ? f["name"].get<std::string>() : std::string();
-      const bool good_name = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char ch) {
-        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
-      });
-      if (!good_name)
-        throw api_error(400, fmt::format("'{}.function.name' must be 1 to 64 letters, digits, underscores or dashes", key),
-                        key + ".function.name", "invalid_value");
-      if (std::find(names.begin(), names.end(), name) != names.end())
-        throw api_error(400, fmt::format("'{}.function.name': two tools are named '{}'", key, name), key + ".function.name",
-                        "invalid_value");
-      names.push_back(name);
-      tlm::json_node args = tlm::json_schema::object({});
-      if (f.contains("parameters") && !f["parameters"].is_null()) {
-        try {
-          args = tlm::json_schema::from_json(f["parameters"]);
-        } catch (const tlm::error& e) {
-          throw api_error(400, fmt::format("'{}.function.parameters': {}", key, e.what()), key + ".function.parameters",
-                          "invalid_value");
-        }
-        if (args.k != tlm::json_node::kind::object)
-          throw api_error(400, fmt::format("'{}.function.parameters' must be an object schema (\"type\": \"object\")", key),
-                          key + ".function.parameters", "invalid_value");
-      }
-      if (choice == "named" && name != named) continue;
-      calls.push_back(tlm::tools::call_node(name, std::move(args)));
+    std::vector<tlm::tools::tool> listed;
+    try {
+      listed = tlm::tools::read_tools(*t);
+    } catch (const tlm::tools::tool_error& e) {
+      throw api_error(400, e.what(), e.field, e.wrong_type ? "invalid_type" : "invalid_value");
     }
+    std::vector<tlm::json_node> calls;
+    for (auto& tool : listed)
+      if (choice != "named" || tool.name == named) calls.push_back(tlm::tools::call_node(tool.name, std::move(tool.arguments)));
     if (choice == "named" && calls.empty())
       throw api_error(400, fmt::format("'tool_choice' names the function '{}', which 'tools' does not hold", named),
                       "tool_choice", "invalid_value");

@@ -79,4 +79,50 @@ TEST_CASE("the tools' section joins the system message, or opens one after the t
   CHECK(tlm::tools::response_block("22 C") == "<tool_response>\n22 C\n</tool_response>");
 }
 
+TEST_CASE("read_tools compiles each tool and names the field of the first that cannot be called") {
+  const auto tools = tlm::tools::read_tools(json::parse(
+      R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}},
+          {"type":"function","function":{"name":"now"}}])"));
+  REQUIRE(tools.size() == 2);
+  CHECK(tools[0].name == "get_weather");
+  CHECK(tools[0].arguments.k == tlm::json_node::kind::object);
+  CHECK(tools[1].name == "now");  // no parameters: no arguments, {}
+  const auto refused = [](const char* text, const std::string& field, const std::string& message, bool wrong_type) {
+    try {
+      tlm::tools::read_tools(json::parse(text));
+      FAIL("accepted: " << text);
+    } catch (const tlm::tools::tool_error& e) {
+      CHECK(e.field == field);
+      CHECK(std::string(e.what()) == message);
+      CHECK(e.wrong_type == wrong_type);
+    }
+  };
+  refused(R"("all")", "tools", R"('tools' must be an array of {"type": "function", "function": {...}})", true);
+  refused(R"([{"type":"retrieval"}])", "tools[0]",
+          R"('tools[0]' must be {"type": "function", "function": {"name", "description", "parameters"}}; tlm calls functions only)",
+          true);
+  refused(R"([{"type":"function","function":{"name":"bad name"}}])", "tools[0].function.name",
+          "'tools[0].function.name' must be 1 to 64 letters, digits, underscores or dashes", false);
+  refused(R"([{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}])",
+          "tools[1].function.name", "'tools[1].function.name': two tools are named 'f'", false);
+  refused(R"([{"type":"function","function":{"name":"f","parameters":{"type":"string"}}}])", "tools[0].function.parameters",
+          R"('tools[0].function.parameters' must be an object schema ("type": "object"))", false);
+  json many = json::array();
+  for (int i = 0; i < 65; ++i) many.push_back({{"type", "function"}, {"function", {{"name", "f" + std::to_string(i)}}}});
+  try {
+    tlm::tools::read_tools(many);
+    FAIL("65 tools accepted");
+  } catch (const tlm::tools::tool_error& e) {
+    CHECK(std::string(e.what()) == "'tools' holds 65 tools; tlm takes at most 64");
+  }
+  try {  // a schema the grammar does not support: the field, then the schema reader's reason
+    tlm::tools::read_tools(json::parse(R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",
+        "properties":{"x":{"type":"string","format":"date"}},"required":["x"]}}}])"));
+    FAIL("an unsupported schema accepted");
+  } catch (const tlm::tools::tool_error& e) {
+    CHECK(e.field == "tools[0].function.parameters");
+    CHECK(std::string(e.what()).starts_with("'tools[0].function.parameters': "));
+  }
+}
+
 }  // namespace test_tools

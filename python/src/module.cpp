@@ -152,35 +152,17 @@ class model_impl final : public model_base {
     namespace tools = tlm::tools;
     const tools::json& t = *r.tools;
     const std::string& choice = r.tool_choice;
-    if (!t.is_array() || t.empty() || t.size() > tools::max_tools)
-      throw tlm::error("chat: tools must be a list of 1 to " + std::to_string(tools::max_tools) +
-                       " {'type': 'function', 'function': {'name', 'description', 'parameters'}}");
-    std::vector<tlm::json_node> calls;
-    std::vector<std::string> names;
-    for (std::size_t i = 0; i < t.size(); ++i) {
-      const std::string where = "chat: tools[" + std::to_string(i) + "]";
-      const tools::json& tool = t[i];
-      if (!tool.is_object() || tool.value("type", tools::json()) != "function" || !tool.contains("function") ||
-          !tool["function"].is_object() || !tool["function"].contains("name") || !tool["function"]["name"].is_string())
-        throw tlm::error(where + " must be {'type': 'function', 'function': {'name': ..., 'parameters': ...}}");
-      const tools::json& f = tool["function"];
-      const std::string name = f["name"].get<std::string>();
-      if (name.empty() || std::find(names.begin(), names.end(), name) != names.end())
-        throw tlm::error(where + ": the name '" + name + "' is empty or given twice");
-      names.push_back(name);
-      tlm::json_node args = tlm::json_schema::object({});
-      if (f.contains("parameters") && !f["parameters"].is_null()) {
-        try {
-          args = tlm::json_schema::from_json(f["parameters"]);
-        } catch (const tlm::error& e) {
-          throw tlm::error(where + ".function.parameters: " + e.what());
-        }
-        if (args.k != tlm::json_node::kind::object)
-          throw tlm::error(where + ".function.parameters must be an object schema ('type': 'object')");
-      }
-      if (choice != "auto" && choice != "required" && choice != name) continue;
-      calls.push_back(tools::call_node(name, std::move(args)));
+    if (t.is_array() && t.empty()) throw tlm::error("chat: tools is an empty list; give at least one tool, or none");
+    std::vector<tools::tool> listed;
+    try {
+      listed = tools::read_tools(t);
+    } catch (const tools::tool_error& e) {
+      throw tlm::error(std::string("chat: ") + e.what());
     }
+    std::vector<tlm::json_node> calls;
+    for (auto& tool : listed)
+      if (choice == "auto" || choice == "required" || choice == tool.name)
+        calls.push_back(tools::call_node(tool.name, std::move(tool.arguments)));
     if (choice == "none") return;  // neither the section nor a call
     if (calls.empty())
       throw tlm::error("chat: tool_choice is '" + choice + "'; give 'auto', 'required', 'none' or a tool's name");

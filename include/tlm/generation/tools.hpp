@@ -10,6 +10,8 @@
 // (json_schema::one_of), with grammar_trigger = tools::trigger when the model may
 // also answer in words. examples/serve reads OpenAI's tools, tool_choice and tool
 // messages into these.
+#include <algorithm>
+#include <cctype>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <tlm/error.hpp>
 #include <tlm/generation/json_schema.hpp>
 #include <tlm/text/chat.hpp>
 
@@ -93,6 +96,62 @@ inline void add_section(std::vector<chat_message>& messages, std::string_view se
                                                                          : std::string(default_system) + "\n\n" +
                                                                                std::string(section)});
   }
+}
+
+// A tool that cannot be called as given. `field` says where (tools[1].function.name);
+// the message reads "'tools[1].function.name' must be ...".
+struct tool_error : error {
+  tool_error(std::string field_, const std::string& what, bool wrong_type_ = false)
+      : error("'" + field_ + "'" + what), field(std::move(field_)), wrong_type(wrong_type_) {}
+  std::string field;
+  bool wrong_type;  // the value is of the wrong kind (not a function tool, not an array), not a wrong value
+};
+
+// A tool as its calls are held: its name and its arguments' schema compiled.
+struct tool {
+  std::string name;
+  json_node arguments;
+};
+
+// Each tool of an OpenAI `tools` array checked and compiled, in order: a function tool,
+// named by 1 to 64 letters, digits, underscores or dashes, no name twice, its parameters
+// (if any) an object schema tlm's grammar supports. Throws tool_error naming the field.
+// The server and the Python module read tools here, so one rule holds for both.
+inline std::vector<tool> read_tools(const json& tools) {
+  if (!tools.is_array()) throw tool_error("tools", " must be an array of {\"type\": \"function\", \"function\": {...}}", true);
+  if (tools.size() > max_tools)
+    throw tool_error("tools", " holds " + std::to_string(tools.size()) + " tools; tlm takes at most " +
+                                  std::to_string(max_tools));
+  std::vector<tool> out;
+  for (std::size_t i = 0; i < tools.size(); ++i) {
+    const std::string key = "tools[" + std::to_string(i) + "]";
+    const json& t = tools[i];
+    if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") || !t["function"].is_object())
+      throw tool_error(key,
+                       " must be {\"type\": \"function\", \"function\": {\"name\", \"description\", \"parameters\"}}; "
+                       "tlm calls functions only",
+                       true);
+    const json& f = t["function"];
+    const std::string name = f.contains("name") && f["name"].is_string() ? f["name"].get<std::string>() : std::string();
+    const bool good_name = !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char ch) {
+      return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '-';
+    });
+    if (!good_name) throw tool_error(key + ".function.name", " must be 1 to 64 letters, digits, underscores or dashes");
+    if (std::any_of(out.begin(), out.end(), [&](const tool& o) { return o.name == name; }))
+      throw tool_error(key + ".function.name", ": two tools are named '" + name + "'");
+    json_node args = json_schema::object({});
+    if (f.contains("parameters") && !f["parameters"].is_null()) {
+      try {
+        args = json_schema::from_json(f["parameters"]);
+      } catch (const error& e) {
+        throw tool_error(key + ".function.parameters", std::string(": ") + e.what());
+      }
+      if (args.k != json_node::kind::object)
+        throw tool_error(key + ".function.parameters", " must be an object schema (\"type\": \"object\")");
+    }
+    out.push_back({name, std::move(args)});
+  }
+  return out;
 }
 
 // The grammar of one tool's calls: its head and tail as fixed texts around arguments

@@ -148,7 +148,10 @@ def test_streams_have_llama_cpp_chunks(ours, theirs):
 
 
 def test_context_window_as_llama_cpp():
-    # 256: llama.cpp rounds its window up to a multiple of 256 (n_ctx=64 gives 256).
+    # 256: llama.cpp rounds its window up to a multiple of 256 (n_ctx=64 gives 256); tlm
+    # keeps the window asked for.
+    assert llama_cpp_model(64, logits_all=False).n_ctx() == 256
+    assert tlm.Llama(model_path=MODEL, n_ctx=64, verbose=False).n_ctx() == 64
     a = tlm.Llama(model_path=MODEL, n_ctx=256, n_threads=1, verbose=False)
     b = llama_cpp_model(256, logits_all=False)  # with logits_all, 0.3.36 fails on filling its window
     assert a.n_ctx() == b.n_ctx() == 256
@@ -278,3 +281,6 @@ def test_tool_history_in_the_hermes_form(ours):
         ours.create_chat_completion(ASK, tools=WEATHER, tool_choice="delete")
     with pytest.raises(tlm.Error, match="json_schema and tools"):
         ours.create_chat_completion(ASK, tools=WEATHER, response_format={"type": "json_object"})
+    # The server's rule and words for a tool (tools.hpp's read_tools), with chat's prefix.
+    with pytest.raises(tlm.Error, match=r"^chat: 'tools\[0\]\.function\.name' must be 1 to 64 letters, digits"):
+        ours.model.chat(ASK, tools=[{"type": "function", "function": {"name": "bad name"}}])

@@ -253,7 +253,7 @@ double ms_since(clock_type::time_point t) {
 template <tlm::LlamaConfig config>
 void show_config(const tlm::gguf::file& f) {
   fmt::print(stderr, "config {}: dim {}, heads {} (kv {}), head_dim {}, ffn {}, layers {}, vocab {}, context {}\n",
-             tlm::type_name<config>(), tlm::dim<config>, tlm::heads<config>, config::kv_heads, tlm::head_dim<config>,
+             tlm::config_name<config>(), tlm::dim<config>, tlm::heads<config>, config::kv_heads, tlm::head_dim<config>,
              config::ffn, config::layers, config::vocab, config::context);
   fmt::print(stderr, "file {}: {} tensors, GGUF v{}, name '{}'\n", f.name(), f.tensors().size(), f.version(),
              f.has("general.name") ? f.get_string("general.name") : "");
@@ -266,20 +266,20 @@ void check_against(const options& o) {
     for (const auto id : *o.token_ids) {
       if (static_cast<std::size_t>(id) >= config::vocab)
         fail(fmt::format("--token-ids: token id {} is outside the vocabulary of {} (ids 0 to {})", id,
-                         tlm::type_name<config>(), config::vocab - 1));
+                         tlm::config_name<config>(), config::vocab - 1));
     }
   }
   for (const auto& [id, bias] : o.sampling.logit_bias) {
     if (static_cast<std::size_t>(id) >= config::vocab)
       fail(fmt::format("--logit-bias: token id {} is outside the vocabulary of {} (ids 0 to {})", id,
-                       tlm::type_name<config>(), config::vocab - 1));
+                       tlm::config_name<config>(), config::vocab - 1));
   }
   if (o.ctx && *o.ctx > config::context)
-    fail(fmt::format("--ctx {} is more than the context of {} ({} positions)", *o.ctx, tlm::type_name<config>(), config::context));
+    fail(fmt::format("--ctx {} is more than the context of {} ({} positions)", *o.ctx, tlm::config_name<config>(), config::context));
   if (o.keep && o.ctx && *o.keep >= *o.ctx)
     fail(fmt::format("--keep {} leaves no room in a cache of --ctx {}; keep fewer tokens", *o.keep, *o.ctx));
   if (o.n >= config::context)
-    fail(fmt::format("-n {} leaves no room for the prompt in the context of {} ({} positions)", o.n, tlm::type_name<config>(),
+    fail(fmt::format("-n {} leaves no room for the prompt in the context of {} ({} positions)", o.n, tlm::config_name<config>(),
                      config::context));
 }
 
@@ -362,7 +362,7 @@ int interactive(const options& o, tlm::model<config>& m, const tlm::tokenizer& t
   sigaction(SIGINT, &sa, nullptr);
   fmt::print("tlm chat ({}). /reset starts over, /system TEXT sets the system message, /quit ends; "
              "end a line with \\ to continue it; Ctrl-C stops a reply.\n",
-             tlm::type_name<config>());
+             tlm::config_name<config>());
   std::string msg;
   while (read_message(msg)) {
     if (msg == "/quit") break;

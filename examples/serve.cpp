@@ -453,7 +453,7 @@ class server {
   server(const options& o) : o_(o) {
     // The options are checked before the file is mapped.
     if (o_.ctx > C::context)
-      fail(fmt::format("--ctx {} is more than the context of {} ({} positions)", o_.ctx, tlm::type_name<C>(), C::context));
+      fail(fmt::format("--ctx {} is more than the context of {} ({} positions)", o_.ctx, tlm::config_name<C>(), C::context));
     if (o_.max_tokens >= o_.ctx)
       fail(fmt::format("--max-tokens {} leaves no room for a prompt in --ctx {}; lower it or raise --ctx", o_.max_tokens, o_.ctx));
     m_ = std::make_unique<tlm::model<C>>(tlm::model<C>::load(o.model, {.threads = o.threads}));
@@ -1538,7 +1538,7 @@ int run(const options& o) {
     fail(fmt::format("cannot listen on {}:{}; is the port taken? give another with --port, or 0 for a free one", o.host, o.port));
   // An IPv6 address is written in brackets in a URL (RFC 3986), so the line can be pasted.
   const std::string shown_host = o.host.find(':') == std::string::npos ? o.host : "[" + o.host + "]";
-  fmt::print("serve: listening on http://{}:{} ({}, {} requests at once, {} threads)\n", shown_host, port, tlm::type_name<C>(),
+  fmt::print("serve: listening on http://{}:{} ({}, {} requests at once, {} threads)\n", shown_host, port, tlm::config_name<C>(),
              o.slots, o.threads);
   std::fflush(stdout);
   std::thread watcher([&] {

@@ -20,8 +20,10 @@
 
 namespace tlm {
 
-// The name of a type as the compiler spells it ("tlm::smollm2_135m"), for messages.
-// Here rather than in load.hpp so that naming a config needs nothing but its type.
+// The name of a type as the compiler spells it. Compilers differ: for tlm::smollm2_135m
+// GCC 12 gives "smollm2_135m" (it leaves out the namespace of the function it is in) and
+// Clang 14 "tlm::smollm2_135m". Name a config with config_name below, which is the same
+// under both; messages and files (a checkpoint's config key) depend on it.
 template <class T>
 constexpr std::string_view type_name() {
   std::string_view p = __PRETTY_FUNCTION__;
@@ -155,6 +157,15 @@ struct config_rules {
 
 template <class C>
 concept LlamaConfig = config_fields<C> && config_rules<C>::valid;
+
+// "smollm2_135m" for tlm::smollm2_135m: the type's name without its namespace, under
+// every compiler. It names a config in messages, in checkpoints and on the command line.
+template <LlamaConfig C>
+constexpr std::string_view config_name() {
+  const std::string_view full = type_name<C>();
+  const auto colon = full.rfind(':');
+  return colon == std::string_view::npos ? full : full.substr(colon + 1);
+}
 
 // Derived sizes: computed, never stored in a config.
 template <LlamaConfig C> inline constexpr std::size_t heads = C::kv_heads * C::group;

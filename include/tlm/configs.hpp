@@ -19,14 +19,6 @@
 
 namespace tlm {
 
-// "smollm2_135m" for tlm::smollm2_135m: the type's name without its namespace.
-template <LlamaConfig C>
-constexpr std::string_view config_name() {
-  const std::string_view full = type_name<C>();
-  const auto colon = full.rfind(':');
-  return colon == std::string_view::npos ? full : full.substr(colon + 1);
-}
-
 template <LlamaConfig... Cs>
 struct config_list {
   static constexpr std::array<std::string_view, sizeof...(Cs)> names{config_name<Cs>()...};

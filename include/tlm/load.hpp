@@ -51,19 +51,19 @@ std::string architecture_problem(const gguf::file& f) {
     return std::string("general.architecture: ") + e.what();
   }
   if (found == arch) return "";
-  return "general.architecture: expected \"" + arch + "\" (" + std::string(type_name<C>()) + "), found \"" + found + "\"";
+  return "general.architecture: expected \"" + arch + "\" (" + std::string(config_name<C>()) + "), found \"" + found + "\"";
 }
 
 // Throws the bind_error that lists `problems`.
 template <LlamaConfig C>
 [[noreturn]] void throw_bind_error(const gguf::file& f, std::vector<std::string> problems) {
-  std::string msg = f.name() + " does not fit " + std::string(type_name<C>()) + " (" + std::to_string(problems.size()) +
+  std::string msg = f.name() + " does not fit " + std::string(config_name<C>()) + " (" + std::to_string(problems.size()) +
                     (problems.size() == 1 ? " problem" : " problems") + "):";
   constexpr std::size_t shown = 16;
   for (std::size_t i = 0; i < problems.size() && i < shown; ++i) msg += "\n  - " + problems[i];
   if (problems.size() > shown) msg += "\n  ... and " + std::to_string(problems.size() - shown) + " more";
   msg += "\nUse the config type that matches this file (examples/inspect prints its hyperparameters), or a file made for " +
-         std::string(type_name<C>()) + ".";
+         std::string(config_name<C>()) + ".";
   throw bind_error(std::move(msg), std::move(problems));
 }
 
@@ -125,7 +125,7 @@ std::vector<std::string> hyperparameter_problems(const gguf::file& f) {
   const std::string want_type = linear ? "linear" : "none";
   if (type != want_type) {
     const bool known_type = type == "none" || type == "linear";
-    out.push_back(type_key + ": expected \"" + want_type + "\" (" + std::string(type_name<C>()) + "), found " +
+    out.push_back(type_key + ": expected \"" + want_type + "\" (" + std::string(config_name<C>()) + "), found " +
                   (f.has(type_key) ? "\"" + type + "\"" : "no key") +
                   (known_type ? "; declare the scaling the file has in the config's rope_scaling"
                               : "; tlm implements RoPE scaling none, linear and llama3 (rope_freqs) only"));
@@ -139,7 +139,7 @@ std::vector<std::string> hyperparameter_problems(const gguf::file& f) {
       double v = f.get_float(key);
       if (v == 0.0) v = 1.0;
       if (static_cast<float>(v) != static_cast<float>(want_factor))
-        out.push_back(key + ": expected " + std::to_string(want_factor) + " (" + std::string(type_name<C>()) + "), found " +
+        out.push_back(key + ": expected " + std::to_string(want_factor) + " (" + std::string(config_name<C>()) + "), found " +
                       std::to_string(v));
     } catch (const error& e) {
       out.push_back(key + ": " + e.what());
@@ -147,7 +147,7 @@ std::vector<std::string> hyperparameter_problems(const gguf::file& f) {
   }
   if (linear && !f.has(key_of<C>("rope.scaling.factor")) && !f.has(key_of<C>("rope.scale_linear")))
     out.push_back(key_of<C>("rope.scaling.factor") + ": missing; expected " + std::to_string(scaling.factor) + " (" +
-                  std::string(type_name<C>()) + " scales RoPE linearly)");
+                  std::string(config_name<C>()) + " scales RoPE linearly)");
   {
     const std::string key = key_of<C>("rope.scaling.attn_factor");
     if (f.has(key)) {
@@ -192,7 +192,7 @@ void check_rope_freqs(const model_weights<C, mapped>& w, std::vector<std::string
       // The file holds f32 roundings of the double divisors: allow a few f32 ulps.
       if (!(std::abs(static_cast<double>(got[i]) - want[i]) <= 1e-6 * want[i])) {
         problems.push_back("rope_freqs.weight: pair " + std::to_string(i) + " divides by " + std::to_string(got[i]) +
-                           ", but the llama3 scaling of " + std::string(type_name<C>()) + " gives " + std::to_string(want[i]) +
+                           ", but the llama3 scaling of " + std::string(config_name<C>()) + " gives " + std::to_string(want[i]) +
                            "; the file was converted with other scaling factors");
         return;
       }
@@ -217,7 +217,7 @@ model_weights<C, mapped> bind(const gguf::file& f) {
         const std::size_t want_dims = T::rank;
         if (info == nullptr) {
           problems.push_back(name + ": missing; expected dims " + detail::dims_string(want, want_dims) +
-                             (n.member == "rope_freqs" ? " (" + std::string(type_name<C>()) +
+                             (n.member == "rope_freqs" ? " (" + std::string(config_name<C>()) +
                                                              " declares llama3 RoPE scaling, which a GGUF file carries as "
                                                              "this tensor of per-pair divisors)"
                                                        : ""));
@@ -247,18 +247,18 @@ model_weights<C, mapped> bind(const gguf::file& f) {
       w);
   detail::check_rope_freqs<C>(w, problems);
   if (C::tied_embeddings && f.find_tensor("output.weight") != nullptr) {
-    problems.push_back("output.weight: the file has a separate output matrix, but " + std::string(type_name<C>()) +
+    problems.push_back("output.weight: the file has a separate output matrix, but " + std::string(config_name<C>()) +
                        " ties the output to token_embd");
   }
   for (const auto& info : f.tensors()) {
     if (info.name == "output.weight" && C::tied_embeddings) continue;  // reported above
     if (std::find(used.begin(), used.end(), &info) == used.end()) {
       if (info.name == "rope_freqs.weight") {
-        problems.push_back("rope_freqs.weight: the file scales RoPE frequencies (Llama 3), but " + std::string(type_name<C>()) +
+        problems.push_back("rope_freqs.weight: the file scales RoPE frequencies (Llama 3), but " + std::string(config_name<C>()) +
                            " declares no llama3 rope_scaling");
         continue;
       }
-      problems.push_back(info.name + ": the file has this tensor, but " + std::string(type_name<C>()) + " has no such tensor");
+      problems.push_back(info.name + ": the file has this tensor, but " + std::string(config_name<C>()) + " has no such tensor");
     }
   }
   if (!problems.empty()) detail::throw_bind_error<C>(f, std::move(problems));

@@ -104,7 +104,7 @@ struct lora_adapter {
       throw fail("adapter.type is \"" + t + "\"; only \"lora\" adapters are supported");
     if (const auto a = text("general.architecture"); a != architecture_name_v<C>) {
       throw fail("an adapter for architecture \"" + a + "\", not \"" + std::string(architecture_name_v<C>) + "\" (" +
-                 std::string(type_name<C>()) + "); use an adapter trained on this base");
+                 std::string(config_name<C>()) + "); use an adapter trained on this base");
     }
     alpha = f.has("adapter.lora.alpha") ? f.get_float("adapter.lora.alpha") : 0.0;
     if (!std::isfinite(alpha) || alpha < 0)
@@ -132,7 +132,7 @@ struct lora_adapter {
         }
       }
       if (!known) {
-        throw fail("tensor '" + n + "' is not the lora_a or lora_b of a layer matrix of " + std::string(type_name<C>()) +
+        throw fail("tensor '" + n + "' is not the lora_a or lora_b of a layer matrix of " + std::string(config_name<C>()) +
                    " (" + std::to_string(C::layers) + " layers); the adapter is for another model");
       }
       const auto [out, in] = lora_target_shape<C>(target);
@@ -142,7 +142,7 @@ struct lora_adapter {
       if (t.n_dims != 2 || t.dims[0] != want0 || t.dims[1] != want1 || r == 0) {
         throw fail("tensor '" + n + "' has dims [" + std::to_string(t.dims[0]) + ", " + std::to_string(t.dims[1]) +
                    "], expected " + (is_a ? "[" + std::to_string(in) + ", rank]" : "[rank, " + std::to_string(out) + "]") +
-                   " (GGUF order) for " + std::string(type_name<C>()) + "; the adapter is for another model");
+                   " (GGUF order) for " + std::string(config_name<C>()) + "; the adapter is for another model");
       }
       if (t.enc != encoding::f32 && t.enc != encoding::f16 && t.enc != encoding::bf16)
         throw fail("tensor '" + n + "' is " + std::string(tlm::name(t.enc)) + "; adapter factors are read as F32, F16 or BF16");

@@ -282,7 +282,7 @@ void write_model_encoded(const std::filesystem::path& path, const trainable<C, f
   if (source) {
     copy_model_metadata(out, *source);
   } else {
-    write_hyperparameters<C>(out, std::string(type_name<C>()) + " trained from scratch by tlm");
+    write_hyperparameters<C>(out, std::string(config_name<C>()) + " trained from scratch by tlm");
     write_byte_tokenizer(out, C::vocab);
   }
   out.set("general.file_type", file_type);

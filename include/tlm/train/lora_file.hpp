@@ -44,7 +44,7 @@ gguf::writer lora_writer(const A& ad) {
   gguf::writer out;
   out.set("general.architecture", architecture_name_v<C>);
   out.set("general.type", "adapter");
-  out.set("general.name", std::string(type_name<C>()) + " LoRA adapter (rank " + std::to_string(A::rank) + ") by tlm");
+  out.set("general.name", std::string(config_name<C>()) + " LoRA adapter (rank " + std::to_string(A::rank) + ") by tlm");
   out.set("adapter.type", "lora");
   out.set("adapter.lora.alpha", static_cast<float>(ad.alpha));
   std::vector<std::uint64_t> sums;
@@ -84,7 +84,7 @@ void read_lora(const gguf::file& f, A& ad) {
   }
   if (const auto a = text("general.architecture"); a != architecture_name_v<C>) {
     throw format_error(file + ": an adapter for architecture \"" + a + "\", not \"" + std::string(architecture_name_v<C>) +
-                       "\" (" + std::string(type_name<C>()) + "); use an adapter trained on this base");
+                       "\" (" + std::string(config_name<C>()) + "); use an adapter trained on this base");
   }
   if (!f.has("adapter.lora.alpha")) {
     throw format_error(file + ": adapter.lora.alpha is missing; tlm scales by alpha / rank and needs it");

@@ -261,7 +261,7 @@ class trainer {
       base_.emplace(bind<C>(*source_));  // a file of another shape is refused before the folder is touched
     }
     if (o_.config.empty()) {
-      o_.config = std::string(type_name<C>());
+      o_.config = std::string(config_name<C>());
       if (o_.config.starts_with("tlm::")) o_.config.erase(0, 5);
     }
     if ((o_.steps == 0) == (o_.epochs == 0)) throw error("give exactly one of --steps N and --epochs E");

@@ -356,7 +356,7 @@ decltype(auto) with_training_types(const training_request& r, const std::string&
           else if (targets == all_layer_matrices) out.emplace(f.template operator()<C, lora<C, Rank, all_layer_matrices>>());
           else out.emplace(f.template operator()<C, lora<C, Rank>>());
         };
-        ((r.lora == Ranks && (one.template operator()<Ranks>(), true)) || ...);
+        static_cast<void>(((r.lora == Ranks && (one.template operator()<Ranks>(), true)) || ...));
         return std::move(*out);
       }(d::lora_rank_list{});
     } else {

@@ -157,7 +157,8 @@ TEST_CASE("each fetched template is recognised as exactly one form") {
       // llama.cpp's copies in tests/test-chat-template.cpp (scripts/fetch-vocab).
       {"mistralai-Mistral-7B-Instruct-v0.2-pre-v1", "mistral"}, {"mistralai-Mistral-7B-Instruct-v0.2-v1", "mistral-v1"},
       {"mistralai-Mistral-Large-Instruct-2407-v3", "mistral-v3"}, {"meta-llama-Meta-Llama-3-Instruct", "llama3.0"}};
-  for (const auto& [file, form] : files) {
+  for (const auto& [file_, form] : files) {
+    const std::string file = file_;
     CAPTURE(file);
     const std::string text = read_file(llama_cpp_dir / "templates" / (std::string(file) + ".jinja"));
     CHECK(forms_matching(text) == std::vector<std::string>{form});

@@ -89,11 +89,13 @@ TEST_CASE("a NaN scale in a block of each quantized encoding is named with its r
   std::vector<float> values(rows * cols);  // [rows, cols]
   for (auto& v : values) v = n(rng);
   const std::uint16_t nan_half = 0x7e00;
-  for (const auto [enc, offset] : {scale_at{tlm::encoding::q4_0, 0}, scale_at{tlm::encoding::q4_1, 0},
-                                   scale_at{tlm::encoding::q5_0, 0}, scale_at{tlm::encoding::q5_1, 0},
-                                   scale_at{tlm::encoding::q8_0, 0}, scale_at{tlm::encoding::q4_k, 0},
-                                   scale_at{tlm::encoding::q4_k, 2}, scale_at{tlm::encoding::q5_k, 0},
-                                   scale_at{tlm::encoding::q5_k, 2}, scale_at{tlm::encoding::q6_k, 208}}) {
+  for (const auto at : {scale_at{tlm::encoding::q4_0, 0}, scale_at{tlm::encoding::q4_1, 0},
+                        scale_at{tlm::encoding::q5_0, 0}, scale_at{tlm::encoding::q5_1, 0},
+                        scale_at{tlm::encoding::q8_0, 0}, scale_at{tlm::encoding::q4_k, 0},
+                        scale_at{tlm::encoding::q4_k, 2}, scale_at{tlm::encoding::q5_k, 0},
+                        scale_at{tlm::encoding::q5_k, 2}, scale_at{tlm::encoding::q6_k, 208}}) {
+    const tlm::encoding enc = at.enc;
+    const std::size_t offset = at.offset;
     const auto tr = tlm::traits(enc);
     const std::size_t rb = tlm::row_bytes(enc, cols);
     std::vector<std::byte> raw(rows * rb);  // [rows, rb]

@@ -69,7 +69,7 @@ TEST_CASE("run-time cache: the same bound, checked at run time with a clear erro
 TEST_CASE("run-time cache: capacity must be within the context") {
   CHECK_THROWS_AS(tlm::kv_cache<C>(0), tlm::capacity_error);
   CHECK_THROWS_AS(tlm::kv_cache<C>(C::context + 1), tlm::capacity_error);
-  CHECK_NOTHROW(tlm::kv_cache<C>(C::context));
+  CHECK_NOTHROW(tlm::kv_cache<C>{C::context});
   try {
     tlm::kv_cache<C> too_big(C::context + 1);
   } catch (const tlm::error& e) {

@@ -504,7 +504,10 @@ TEST_CASE("quantize_mix: llama.cpp's choices for SmolLM2-135M (checked against i
                                                               {"q4_0", 2}, {"q4_1", 3},    {"q5_0", 8},    {"q5_1", 9},
                                                               {"q4_k", 14}, {"q5_k", 16},  {"q6_k", 18},   {"q4_k_m", 15},
                                                               {"q5_k_m", 17}};
-  for (const auto& [type, number] : file_types) CHECK_MESSAGE(tlm::find_quant_type(type)->llama_file_type() == number, type);
+  for (const auto& entry : file_types) {
+    const std::string_view type = entry.first;
+    CHECK_MESSAGE(tlm::find_quant_type(type)->llama_file_type() == entry.second, type);
+  }
   // Rows no fallback can hold are an error naming the tensor.
   const std::vector<tlm::tensor_desc> odd{{"blk.0.attn_q.weight", 2, 100, tlm::encoding::f32}};
   CHECK_THROWS_WITH_AS(tlm::choose_encodings(*tlm::find_quant_type("q8_0"), odd), doctest::Contains("blk.0.attn_q.weight"),

@@ -278,7 +278,8 @@ TEST_CASE("invalid UTF-8 is refused with the byte offset") {
       {"\xE6\x97" "a", 0},          // interrupted sequence
   };
   for (const auto& [text, offset] : bad) {
-    CAPTURE(show(text));
+    const std::string shown = show(text);
+    CAPTURE(shown);
     bool threw = false;
     try {
       (void)tok.encode(text);

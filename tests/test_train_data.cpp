@@ -71,7 +71,9 @@ TEST_CASE("held-out split: a fraction of less than one window still holds out on
     return d;
   };
   // n × fraction below 1 (0.6, 0.1, 0.999): one window held out, the last one.
-  for (const auto& [n, fraction] : {std::pair<std::size_t, double>{3, 0.2}, {2, 0.05}, {9, 0.111}}) {
+  for (const auto& c : {std::pair<std::size_t, double>{3, 0.2}, {2, 0.05}, {9, 0.111}}) {
+    const std::size_t n = c.first;
+    const double fraction = c.second;
     INFO(n << " windows, fraction " << fraction);
     const auto d = split(n, fraction);
     CHECK(d.held_out.size() == 1);

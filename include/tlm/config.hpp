@@ -23,7 +23,8 @@ namespace tlm {
 // The name of a type as the compiler spells it. Compilers differ: for tlm::smollm2_135m
 // GCC 12 gives "smollm2_135m" (it leaves out the namespace of the function it is in) and
 // Clang 14 "tlm::smollm2_135m". Name a config with config_name below, which is the same
-// under both; messages and files (a checkpoint's config key) depend on it.
+// under both; messages and what files record (general.name, a checkpoint's config key)
+// depend on it.
 template <class T>
 constexpr std::string_view type_name() {
   std::string_view p = __PRETTY_FUNCTION__;

@@ -260,10 +260,7 @@ class trainer {
       if (!(o_.lora_alpha >= 0) || !std::isfinite(o_.lora_alpha)) throw error(fmt::format("--lora-alpha {} is not a positive number", o_.lora_alpha));
       base_.emplace(bind<C>(*source_));  // a file of another shape is refused before the folder is touched
     }
-    if (o_.config.empty()) {
-      o_.config = std::string(config_name<C>());
-      if (o_.config.starts_with("tlm::")) o_.config.erase(0, 5);
-    }
+    if (o_.config.empty()) o_.config = std::string(config_name<C>());
     if ((o_.steps == 0) == (o_.epochs == 0)) throw error("give exactly one of --steps N and --epochs E");
     if (o_.accumulate == 0) throw error("--accumulate 0: a step needs at least one micro-batch; give 1 or more");
     if (o_.pack && !data.chat && !data.pack) throw error("--pack packs chat examples several to a window: it needs --chat (chat JSONL data)");

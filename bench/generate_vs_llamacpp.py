@@ -34,6 +34,9 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from programs import built  # noqa: E402
+
 LLAMA_INFO = r"""
 import json, llama_cpp
 print(json.dumps({"version": llama_cpp.__version__, "system_info": llama_cpp.llama_print_system_info().decode()}))
@@ -204,9 +207,7 @@ def streaming_floor(build, threads, model_bytes=None):
     how it was found. bench/kernels streams SmolLM2-135M's 211 matrices; for another file
     (model_bytes) its time is scaled by the byte ratio, the same bandwidth at both sizes
     (both far beyond the caches)."""
-    exe = os.path.join(build, "bench", "kernels")
-    if not os.path.exists(exe):
-        return {}, "bench/kernels is missing"
+    exe = str(built(build, "kernels"))
     p = subprocess.run([exe, "--rounds", "7", "--filter", "floor"], capture_output=True, text=True)
     out, how = {}, "`bench/kernels --filter floor`"
     for t in threads:

@@ -24,6 +24,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from programs import built  # noqa: E402
+
 CHILD = r"""
 import resource, sys, time, json
 from llama_cpp import Llama
@@ -57,9 +60,7 @@ def main():
     ap.add_argument("--n-ctx", type=int, default=512)
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "load.md")
     args = ap.parse_args()
-    load = args.build / "bench" / "load"
-    if not load.exists():
-        raise SystemExit(f"{load} is missing; build it with `ninja -C {args.build} bench_load`")
+    load = built(args.build, "load")
     cpu, cores = lscpu()
     mib = lambda kib: kib / 1024
     lines = [

@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_vs_torch as tvt  # noqa: E402
+from programs import built  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RANK = 16
@@ -72,8 +73,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     build = Path(args.build)
     for prog in ("lora", "train"):
-        if not (build / "bench" / prog).exists():
-            sys.exit(f"{build / 'bench' / prog} is missing: build the target bench_{prog}")
+        built(build, prog)
     torch_py = Path(args.torch_python)
     if not args.skip_speed and not torch_py.exists():
         sys.exit(f"{torch_py} is missing: run bench/setup-torch2 first")

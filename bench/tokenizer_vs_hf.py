@@ -23,6 +23,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
 from tokenizer_common import build_hf_tokenizer  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from programs import built  # noqa: E402
+
 
 def chunks_of(data):
     # Same rule as chunks_of in bench/tokenizer.cpp (on bytes, so offsets agree).
@@ -57,9 +60,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "tokenizer.md"))
     args = ap.parse_args()
-    binary = pathlib.Path(args.build) / "bench" / "tokenizer"
-    if not binary.exists():
-        raise SystemExit(f"{binary} is missing; build the target bench_tokenizer")
+    binary = built(args.build, "tokenizer")
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus_path = pathlib.Path(tmp) / "corpus.txt"

@@ -39,6 +39,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from programs import built  # noqa: E402
+
 TORCH_PY = REPO / "bench" / ".venv-torch2" / "bin" / "python"
 
 # name: (kv_heads, group, half_head, ffn, layers, vocab, rms_eps, rope_theta), all tied.
@@ -271,11 +274,7 @@ def main(argv=None) -> int:
         return check_model()
     if not torch_py.exists():
         sys.exit(f"{torch_py} is missing: run bench/setup-torch2 first")
-    tlm_bin = Path(args.build) / "bench" / "train"
-    have_tlm = tlm_bin.exists()
-    if not have_tlm:
-        print(f"tlm side left out: {tlm_bin} is missing (build tlm's bench/train first); "
-              f"measuring PyTorch only", file=sys.stderr)
+    tlm_bin = built(args.build, "train")
     threads = [int(t) for t in args.threads.split(",")]
     configs = args.only or list(CONFIGS)
 
@@ -285,7 +284,7 @@ def main(argv=None) -> int:
         for config in configs:
             batch, seq, warmup, steps = SHAPES[config]
             for n in threads:
-                engines = ["torch", "tlm"] if have_tlm else ["torch"]
+                engines = ["torch", "tlm"]
                 if rnd % 2:
                     engines.reverse()
                 for eng in engines:
@@ -305,7 +304,7 @@ def main(argv=None) -> int:
     torch_version = next((v["extra"].get("torch") for k, v in results.items() if k[0] == "torch"), "?")
     load = os.getloadavg()
     lines = [
-        "# Training step: tlm vs PyTorch" + ("" if have_tlm else " (PyTorch only: no tlm bench/train in the build)"),
+        "# Training step: tlm vs PyTorch",
         "",
         f"- Machine: {cpu}, {os.cpu_count()} CPUs ({simd}); load average {load_start[0]:.2f} at the start, "
         f"{load[0]:.2f} at the end; shared and noisy.",

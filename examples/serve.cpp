@@ -752,54 +752,44 @@ class server {
     }
   }
 
-  // `tools` and `tool_choice`: the tools' signatures go into the system message, and the
-  // reply is held by a grammar to a call of one of them with arguments valid against its
-  // schema (required, or a named function), or to either words or such a call (auto).
+  // `tools`, `tool_choice` and `parallel_tool_calls` read into tools::apply, which puts the
+  // signatures in the system message and holds the reply to calls of the tools with
+  // arguments valid against their schemas (required, or a named function), or to words or
+  // such calls (auto); several calls, newline-separated, unless parallel_tool_calls is false.
   void read_tools(const request_reader& r, parsed_request& p) const {
-    const json* t = r.find("tools");
-    std::string choice = "auto", named;
-    if (const json* c = r.find("tool_choice")) {
-      if (c->is_string()) {
-        choice = c->get<std::string>();
-        if (choice != "none" && choice != "auto" && choice != "required")
+    using tlm::tools::choice;
+    choice c;
+    if (const json* given = r.find("tool_choice")) {
+      if (given->is_string()) {
+        const std::string s = given->get<std::string>();
+        if (s == "none") c.k = choice::kind::none;
+        else if (s == "required") c.k = choice::kind::required;
+        else if (s != "auto")
           throw api_error(400, fmt::format("'tool_choice' is '{}'; give none, auto, required or "
-                                           "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", choice),
+                                           "{{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", s),
                           "tool_choice", "invalid_value");
-      } else if (c->is_object() && c->contains("function") && (*c)["function"].is_object() &&
-                 (*c)["function"].contains("name") && (*c)["function"]["name"].is_string()) {
-        choice = "named";
-        named = (*c)["function"]["name"].get<std::string>();
+      } else if (given->is_object() && given->contains("function") && (*given)["function"].is_object() &&
+                 (*given)["function"].contains("name") && (*given)["function"]["name"].is_string()) {
+        c = {choice::kind::named, (*given)["function"]["name"].get<std::string>()};
       } else {
         r.wrong("tool_choice", "must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
       }
     }
-    if (const json* pc = r.find("parallel_tool_calls"); pc && !pc->is_boolean()) r.wrong("parallel_tool_calls", "must be true or false");
-    if (!t || (t->is_array() && t->empty())) {
-      if (choice == "required" || choice == "named")
-        throw api_error(400, "'tool_choice' asks for a tool call, but 'tools' gives no tools", "tool_choice", "invalid_value");
-      return;
+    bool parallel = true;  // OpenAI's default
+    if (const json* pc = r.find("parallel_tool_calls")) {
+      if (!pc->is_boolean()) r.wrong("parallel_tool_calls", "must be true or false");
+      parallel = pc->get<bool>();
     }
-    std::vector<tlm::tools::tool> listed;
+    const json* t = r.find("tools");
+    const json none = json::array();
     try {
-      listed = tlm::tools::read_tools(*t);
+      p.tools = tlm::tools::apply(t ? *t : none, c, parallel, p.messages, counter_->format().default_system(), p.gen);
     } catch (const tlm::tools::tool_error& e) {
+      if (e.field == "response_format")
+        throw api_error(400, "'response_format' and 'tools' cannot hold one reply together; give one of them",
+                        "response_format", "unsupported");
       throw api_error(400, e.what(), e.field, e.wrong_type ? "invalid_type" : "invalid_value");
     }
-    std::vector<tlm::json_node> calls;
-    for (auto& tool : listed)
-      if (choice != "named" || tool.name == named) calls.push_back(tlm::tools::call_node(tool.name, std::move(tool.arguments)));
-    if (choice == "named" && calls.empty())
-      throw api_error(400, fmt::format("'tool_choice' names the function '{}', which 'tools' does not hold", named),
-                      "tool_choice", "invalid_value");
-    if (choice == "none") return;  // the signatures are not shown either: nothing may be called
-    // The signatures join the system message (or one is made, after the template's default text).
-    tlm::tools::add_section(p.messages, tlm::tools::system_section(*t), counter_->format().default_system());
-    if (p.gen.grammar)
-      throw api_error(400, "'response_format' and 'tools' cannot hold one reply together; give one of them",
-                      "response_format", "unsupported");
-    p.gen.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::one_of(std::move(calls)));
-    if (choice == "auto") p.gen.grammar_trigger = std::string(tlm::tools::trigger);
-    p.tools = true;
   }
 
   parsed_request read(const json& body, bool chat) const {
@@ -1263,15 +1253,18 @@ class server {
     return r == tlm::stop_reason::max_tokens || r == tlm::stop_reason::context_full ? "length" : "stop";
   }
 
-  // A reply that is a whole tool call, as an entry of OpenAI's tool_calls (arguments as a
-  // JSON string); nothing for words, or for a call that max_tokens cut short (whose text
-  // is returned as it is, with finish_reason length).
-  static std::optional<json> tool_call_of(const std::string& text) {
-    const auto c = tlm::tools::parse_call(text);
-    if (!c) return std::nullopt;
-    return json{{"id", random_id("call")},
-                {"type", "function"},
-                {"function", {{"name", c->name}, {"arguments", dump(c->arguments)}}}};
+  // A reply that is whole tool calls, as OpenAI's tool_calls (arguments as JSON strings),
+  // in order; nothing for words, or for calls that max_tokens cut short (whose text is
+  // returned as it is, with finish_reason length).
+  static std::optional<json> tool_calls_of(const std::string& text) {
+    const auto calls = tlm::tools::parse_calls(text);
+    if (!calls) return std::nullopt;
+    json out = json::array();
+    for (const auto& c : *calls)
+      out.push_back({{"id", random_id("call")},
+                     {"type", "function"},
+                     {"function", {{"name", c.name}, {"arguments", dump(c.arguments)}}}});
+    return out;
   }
 
   static std::size_t completion_tokens(const tlm::generation_result& r) {
@@ -1322,9 +1315,9 @@ class server {
         const auto& r = out.result;
         json choice = {{"index", 0}, {"finish_reason", finish_reason(r.reason)}, {"logprobs", nullptr}};
         if (chat) choice["message"] = {{"role", "assistant"}, {"content", r.text}, {"refusal", nullptr}};
-        if (const auto call = p->tools ? tool_call_of(r.text) : std::nullopt) {
+        if (auto calls = p->tools ? tool_calls_of(r.text) : std::nullopt) {
           choice["message"]["content"] = nullptr;
-          choice["message"]["tool_calls"] = json::array({*call});
+          choice["message"]["tool_calls"] = std::move(*calls);
           choice["finish_reason"] = "tool_calls";
         }
         else choice["text"] = r.text;
@@ -1358,7 +1351,8 @@ class server {
             if (!send(chunk(id, p->chat, "", nullptr, true))) return left();
             std::optional<tlm::sequence_outcome> out;
             // With tools, a reply is held while it may still become a call: it is sent as
-            // words once it leaves "<tool_call>" behind, and as one tool_calls delta at its end.
+            // words once it leaves "<tool_call>" behind, and as one tool_calls delta at its end
+            // (its calls at index 0, 1, ...).
             enum class shape { undecided, words, call } form = p->tools ? shape::undecided : shape::words;
             std::string held;
             while (!out) {
@@ -1385,12 +1379,11 @@ class server {
               }
             }
             std::optional<json> call;
-            if (form == shape::call && !out->error && !out->cut) call = tool_call_of(held);
+            if (form == shape::call && !out->error && !out->cut) call = tool_calls_of(held);
             if (call) {
               json c = chunk(id, true, "", nullptr, false);
-              json entry = *call;
-              entry["index"] = 0;
-              c["choices"][0]["delta"] = {{"tool_calls", json::array({entry})}};
+              for (std::size_t i = 0; i < call->size(); ++i) (*call)[i]["index"] = i;
+              c["choices"][0]["delta"] = {{"tool_calls", *call}};
               if (!send(c)) return left();
             } else if (!held.empty() && !out->error && !out->cut) {
               if (!send(chunk(id, p->chat, held, nullptr, false))) return left();  // a call cut short: its text

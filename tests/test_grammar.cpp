@@ -241,6 +241,56 @@ TEST_CASE("a sequence writes its texts exactly around its values, and one_of pic
   CHECK_THROWS_WITH_AS(tlm::json_grammar(one_of({integer()})), doctest::Contains("must be a sequence"), tlm::error);
 }
 
+TEST_CASE("repeat: items with a separator between, as many as allowed, each whole before the document may end") {
+  using namespace tlm::json_schema;
+  const std::string now = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+  const std::string get = "<tool_call>\n{\"name\": \"get\", \"arguments\": {\"key\":\"a\"}}\n</tool_call>";
+  const tlm::json_grammar g(repeat(tool_calls(), "\n", 1, 3));
+  CHECK(admits(g, now));
+  CHECK(admits(g, now + "\n" + get));
+  CHECK(admits(g, get + "\n" + now + "\n" + now));
+  CHECK(!admits(g, now + "\n"));                                   // a separator promises another item
+  CHECK(!admits(g, now + "\n" + get.substr(0, 20)));
+  CHECK(!prefix(g, now + "\n" + now + "\n" + now + "\n"));        // a fourth: past max_items
+  CHECK(!prefix(g, now + " "));                                    // only the separator follows an item
+  CHECK(!prefix(g, now + "\n\n"));
+  CHECK(!admits(g, ""));
+  // The distance to a document: the item begun, the separator's rest and its item, and
+  // the items still owed to min_items.
+  const std::size_t shortest = now.size();
+  CHECK(g.min_to_finish(g.start()) == shortest);
+  auto st = g.start();
+  REQUIRE(g.feed(st, now));
+  CHECK(g.can_end(st));
+  CHECK(g.min_to_finish(st) == 0);
+  REQUIRE(g.feed(st, "\n"));
+  CHECK(!g.can_end(st));
+  CHECK(g.min_to_finish(st) == shortest);
+  REQUIRE(g.feed(st, "<tool_call>\n{\"name\": \"no"));
+  CHECK(g.min_to_finish(st) == shortest - std::string("<tool_call>\n{\"name\": \"no").size());
+
+  // min_items 2, a separator of two characters: the document owes both items.
+  const tlm::json_grammar two(repeat(tool_calls(), ";\n", 2, 4));
+  CHECK(two.min_to_finish(two.start()) == 2 * shortest + 2);
+  CHECK(!admits(two, now));
+  CHECK(admits(two, now + ";\n" + now));
+  auto half = two.start();
+  REQUIRE(two.feed(half, now + ";"));
+  CHECK(two.min_to_finish(half) == 1 + shortest);
+  auto first = two.start();
+  REQUIRE(two.feed(first, now.substr(0, 5)));
+  CHECK(two.min_to_finish(first) == (shortest - 5) + 2 + shortest);
+
+  // Items whose end is not known when they are written, an empty separator and counts out
+  // of order are refused when the grammar is made.
+  CHECK_THROWS_WITH_AS(tlm::json_grammar(repeat(integer(), "\n", 1, 2)), doctest::Contains("ends in a text"), tlm::error);
+  CHECK_THROWS_WITH_AS(tlm::json_grammar(repeat(sequence({{"a", integer()}}, ""), "\n", 1, 2)),
+                       doctest::Contains("ends in a text"), tlm::error);
+  CHECK_THROWS_WITH_AS(tlm::json_grammar(repeat(tool_calls(), "", 1, 2)), doctest::Contains("separator"), tlm::error);
+  CHECK_THROWS_WITH_AS(tlm::json_grammar(repeat(tool_calls(), "\n", 0, 2)), doctest::Contains("1 <= min_items"), tlm::error);
+  CHECK_THROWS_WITH_AS(tlm::json_grammar(repeat(tool_calls(), "\n", 3, 2)), doctest::Contains("1 <= min_items"), tlm::error);
+}
+
 TEST_CASE("a grammar with a trigger binds a reply that begins with it and leaves any other reply free") {
   const auto& tok = tlm_test::shared_tokenizer<tlm::model<C>>();
   const auto g = std::make_shared<const tlm::json_grammar>(tool_calls());
@@ -280,6 +330,33 @@ TEST_CASE("a grammar with a trigger binds a reply that begins with it and leaves
     CHECK(out.text.starts_with("<b"));
     CHECK(out.ids.size() > 100);
     CHECK(out.reason == tlm::stop_reason::max_tokens);
+  }
+  // Calls several to a reply: logits that favour a newline wherever the mask allows one
+  // give calls until the budget has no room for another, each whole, then the end. (The
+  // budget is max_tokens - 1 characters: 399 hold a first call of at most about 130 and
+  // then a second of at least 55.)
+  const auto calls = std::make_shared<const tlm::json_grammar>(tlm::json_schema::repeat(tool_calls(), "\n", 1, 16));
+  const auto newline = tok.encode("\n");
+  REQUIRE(newline.size() == 1);
+  for (std::uint64_t seed = 0; seed < 5; ++seed) {
+    tlm::generation_options o{.max_tokens = 400};
+    o.sample = {.temperature = 1.0f, .seed = seed};
+    o.grammar = calls;
+    tlm::decode_state st(tok, o, stop, {}, {});
+    std::vector<float> logits(tok.vocab_size());
+    for (std::size_t step = 0;; ++step) {
+      std::fill(logits.begin(), logits.end(), 0.0f);
+      logits[static_cast<std::size_t>(newline[0])] = 30.0f;
+      if (!st.next(logits, step, 1000)) break;
+    }
+    const auto out = st.finish();
+    CAPTURE(out.text);
+    auto g2 = calls->start();
+    CHECK((calls->feed(g2, out.text) && calls->can_end(g2)));
+    CHECK(out.reason == tlm::stop_reason::eos);
+    std::size_t n = 0;
+    for (std::size_t at = out.text.find("<tool_call>"); at != std::string::npos; at = out.text.find("<tool_call>", at + 1)) ++n;
+    CHECK(n >= 2);
   }
   // Without the trigger the same grammar binds every reply from its first token.
   tlm::generation_options o{.max_tokens = 120};

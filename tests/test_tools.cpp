@@ -1,6 +1,7 @@
 // Tool calls in the Hermes form (tlm/generation/tools.hpp): JSON spaced as Python's
-// json.dumps writes it, a call's text and its grammar agreeing, parse_call reading back
-// exactly what call_text wrote, and the system section where Qwen2.5's template puts it.
+// json.dumps writes it, a call's text and its grammar agreeing, parse_calls reading back
+// exactly what call_text wrote, the system section where Qwen2.5's template puts it, and
+// apply putting a request's tools on it as the server and the Python module both do.
 // The whole prompt against the Jinja rendering is tests/serve/check_tools.py.
 #include <doctest/doctest.h>
 
@@ -24,7 +25,7 @@ TEST_CASE("dump_spaced writes JSON as Python's json.dumps(ensure_ascii=False) do
   CHECK(tlm::tools::dump_spaced(json::array()) == "[]");
 }
 
-TEST_CASE("a call's text is one its grammar admits, and parse_call reads it back") {
+TEST_CASE("a call's text is one its grammar admits, and parse_calls reads it back") {
   using namespace tlm::json_schema;
   const json args = json::parse(R"({"city":"Paris","days":3})");
   const std::string text = tlm::tools::call_text("get_weather", args);
@@ -45,16 +46,38 @@ TEST_CASE("a call's text is one its grammar admits, and parse_call reads it back
   auto wrong = g.start();
   CHECK(!g.feed(wrong, tlm::tools::call_text("delete_everything", json::object())));
 
-  const auto c = tlm::tools::parse_call(text);
+  using tlm::tools::parse_calls;
+  const auto c = parse_calls(text);
   REQUIRE(c.has_value());
-  CHECK(c->name == "get_weather");
-  CHECK(c->arguments.dump() == R"({"city":"Paris","days":3})");  // in the order written
-  CHECK(tlm::tools::parse_call(tlm::tools::call_head("now") + "{}" + tlm::tools::call_tail())->arguments == json::object());
-  CHECK(!tlm::tools::parse_call("Paris is the capital."));
-  CHECK(!tlm::tools::parse_call(text.substr(0, text.size() - 1)));           // cut short
-  CHECK(!tlm::tools::parse_call("<tool_call>\n</tool_call>"));               // open and close overlap
-  CHECK(!tlm::tools::parse_call("<tool_call>\n{\"name\": 3, \"arguments\": {}}\n</tool_call>"));
+  REQUIRE(c->size() == 1);
+  CHECK((*c)[0].name == "get_weather");
+  CHECK((*c)[0].arguments.dump() == R"({"city":"Paris","days":3})");  // in the order written
+  CHECK(parse_calls(tlm::tools::call_head("now") + "{}" + tlm::tools::call_tail())->at(0).arguments == json::object());
+  CHECK(!parse_calls("Paris is the capital."));
+  CHECK(!parse_calls(""));
+  CHECK(!parse_calls(text.substr(0, text.size() - 1)));           // cut short
+  CHECK(!parse_calls("<tool_call>\n</tool_call>"));               // open and close overlap
+  CHECK(!parse_calls("<tool_call>\n{\"name\": 3, \"arguments\": {}}\n</tool_call>"));
   CHECK(text.starts_with(tlm::tools::trigger));
+  // Several calls, newline-separated as Qwen2.5's template joins them, in order; a
+  // separator with no call after it, or words after a call, are not calls.
+  const std::string now = tlm::tools::call_text("now", json::object());
+  const auto two = parse_calls(text + "\n" + now);
+  REQUIRE(two.has_value());
+  REQUIRE(two->size() == 2);
+  CHECK((*two)[0].name == "get_weather");
+  CHECK((*two)[1].name == "now");
+  CHECK(parse_calls(now + "\n" + now + "\n" + text)->size() == 3);
+  CHECK(!parse_calls(text + "\n"));
+  CHECK(!parse_calls(text + "\n\n" + now));
+  CHECK(!parse_calls(text + " and more"));
+  CHECK(!parse_calls(text + "\n" + now.substr(0, now.size() - 2)));
+  // A string argument holding the closing tag's text is still one call: JSON writes its
+  // newline as \n, so the body never holds call_close.
+  const auto odd = parse_calls(tlm::tools::call_text("echo", json{{"s", "a\n</tool_call>\nb"}}));
+  REQUIRE(odd.has_value());
+  REQUIRE(odd->size() == 1);
+  CHECK((*odd)[0].arguments["s"] == "a\n</tool_call>\nb");
 }
 
 TEST_CASE("the tools' section joins the system message, or opens one after the template's default text") {
@@ -123,6 +146,83 @@ TEST_CASE("read_tools compiles each tool and names the field of the first that c
     CHECK(e.field == "tools[0].function.parameters");
     CHECK(std::string(e.what()).starts_with("'tools[0].function.parameters': "));
   }
+}
+
+TEST_CASE("apply puts tools on a request: the section, the grammar of calls, the trigger, and what it refuses") {
+  using tlm::tools::choice;
+  const json tools = json::parse(
+      R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}},
+          {"type":"function","function":{"name":"now"}}])");
+  // As the grammar writes arguments: compact JSON between call_text's head and tail.
+  const std::string weather = tlm::tools::call_head("get_weather") + R"({"city":"Paris"})" + tlm::tools::call_tail();
+  const std::string now = tlm::tools::call_text("now", json::object());
+  const auto admits = [](const tlm::generation_options& o, const std::string& text) {
+    auto st = o.grammar->start();
+    return o.grammar->feed(st, text) && o.grammar->can_end(st);
+  };
+  const std::vector<tlm::chat_message> asked{{"user", "Weather?"}};
+
+  // auto, parallel: the section opens a system message after the default text; calls, up
+  // to max_calls, newline-separated; the trigger lets words through.
+  auto messages = asked;
+  tlm::generation_options o;
+  REQUIRE(tlm::tools::apply(tools, {}, true, messages, "You are helpful.", o));
+  REQUIRE(messages.size() == 2);
+  CHECK(messages[0].role == "system");
+  CHECK(messages[0].content == "You are helpful.\n\n" + tlm::tools::system_section(tools));
+  CHECK(o.grammar_trigger == tlm::tools::trigger);
+  CHECK(admits(o, weather));
+  CHECK(admits(o, weather + "\n" + now));
+  std::string most = now;
+  for (std::size_t i = 1; i < tlm::tools::max_calls; ++i) most += "\n" + now;
+  CHECK(admits(o, most));
+  CHECK(!admits(o, most + "\n" + now));
+
+  // One call only without parallel; required binds from the first token (no trigger).
+  tlm::generation_options single;
+  messages = asked;
+  REQUIRE(tlm::tools::apply(tools, {choice::kind::required, {}}, false, messages, "", single));
+  CHECK(messages[0].content == tlm::tools::system_section(tools));
+  CHECK(single.grammar_trigger.empty());
+  CHECK(admits(single, now));
+  CHECK(!admits(single, now + "\n" + now));
+
+  // Named: that function's calls only.
+  tlm::generation_options named;
+  messages = asked;
+  REQUIRE(tlm::tools::apply(tools, {choice::kind::named, "now"}, true, messages, "", named));
+  CHECK(admits(named, now + "\n" + now));
+  CHECK(!admits(named, weather));
+
+  // none: neither the section nor a grammar, though the tools are still checked.
+  tlm::generation_options untouched;
+  messages = asked;
+  CHECK(!tlm::tools::apply(tools, {choice::kind::none, {}}, true, messages, "", untouched));
+  CHECK(messages.size() == 1);
+  CHECK(!untouched.grammar);
+  CHECK_THROWS_AS(tlm::tools::apply(json::parse(R"([{"type":"retrieval"}])"), {choice::kind::none, {}}, true, messages, "",
+                                    untouched),
+                  tlm::tools::tool_error);
+  // No tools: nothing for auto; a refusal naming tool_choice when a call is asked.
+  CHECK(!tlm::tools::apply(json::array(), {}, true, messages, "", untouched));
+  CHECK(messages.size() == 1);
+  const auto refused = [&](const json& t, const choice& c, tlm::generation_options opts, const std::string& field,
+                           const std::string& message) {
+    auto m = asked;
+    try {
+      tlm::tools::apply(t, c, true, m, "", opts);
+      FAIL("accepted");
+    } catch (const tlm::tools::tool_error& e) {
+      CHECK(e.field == field);
+      CHECK(std::string(e.what()) == message);
+    }
+  };
+  refused(json::array(), {choice::kind::required, {}}, {}, "tool_choice",
+          "'tool_choice' asks for a tool call, but 'tools' gives no tools");
+  refused(tools, {choice::kind::named, "fly"}, {}, "tool_choice", "'tool_choice' names the function 'fly', which 'tools' does not hold");
+  tlm::generation_options schema;
+  schema.grammar = std::make_shared<const tlm::json_grammar>();
+  refused(tools, {}, schema, "response_format", "'response_format': tools and a response format cannot hold one reply together");
 }
 
 }  // namespace test_tools

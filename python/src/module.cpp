@@ -61,11 +61,13 @@ struct request {
   std::string chat_template;           // a template form by name; empty: the file's
   std::size_t chat_prompt_tokens = 0;  // of the rendered conversation, set by prepare()
   tlm::generation_options options;
-  // chat(tools=...): the tools as a JSON array, and tool_choice: auto, required, none, or
-  // a function's name. prepare() puts their section into the messages and the grammar.
+  // chat(tools=...): the tools as a JSON array, tool_choice (auto, required, none, or a
+  // function's name) and parallel_tool_calls. prepare() puts them on the request with
+  // tools::apply: the section into the messages, the grammar into the options.
   std::optional<tlm::tools::json> tools;
   std::string tool_choice = "auto";
-  bool may_call = false;  // set by prepare(): a reply may be a tool call
+  bool parallel_tool_calls = true;
+  bool may_call = false;  // set by prepare(): a reply may be tool calls
 };
 
 // Asked while waiting for the model's lock: true abandons the call.
@@ -145,33 +147,23 @@ class model_impl final : public model_base {
     }
   }
 
-  // chat(tools=...): each tool's arguments schema compiled, the tools' section put in the
-  // system message, and the reply held to a call (required, or the named function), or
-  // to words or a call (auto), as examples/serve does with OpenAI's fields.
+  // chat(tools=...) through tools::apply, as examples/serve reads OpenAI's fields: a
+  // tool_choice other than auto, required and none names a function.
   void add_tools(request& r) const {
     namespace tools = tlm::tools;
-    const tools::json& t = *r.tools;
-    const std::string& choice = r.tool_choice;
-    if (t.is_array() && t.empty()) throw tlm::error("chat: tools is an empty list; give at least one tool, or none");
-    std::vector<tools::tool> listed;
+    const std::string& given = r.tool_choice;
+    tools::choice c;
+    if (given == "none") c.k = tools::choice::kind::none;
+    else if (given == "required") c.k = tools::choice::kind::required;
+    else if (given != "auto") c = {tools::choice::kind::named, given};
     try {
-      listed = tools::read_tools(t);
+      r.may_call = tools::apply(*r.tools, c, r.parallel_tool_calls, r.messages,
+                                tlm::chat_template::of(template_, r.chat_template).default_system(), r.options);
     } catch (const tools::tool_error& e) {
+      if (e.field == "response_format")
+        throw tlm::error("chat: json_schema and tools cannot hold one reply together; give one of them");
       throw tlm::error(std::string("chat: ") + e.what());
     }
-    std::vector<tlm::json_node> calls;
-    for (auto& tool : listed)
-      if (choice == "auto" || choice == "required" || choice == tool.name)
-        calls.push_back(tools::call_node(tool.name, std::move(tool.arguments)));
-    if (choice == "none") return;  // neither the section nor a call
-    if (calls.empty())
-      throw tlm::error("chat: tool_choice is '" + choice + "'; give 'auto', 'required', 'none' or a tool's name");
-    if (r.options.grammar) throw tlm::error("chat: json_schema and tools cannot hold one reply together; give one of them");
-    tools::add_section(r.messages, tools::system_section(t),
-                       tlm::chat_template::of(template_, r.chat_template).default_system());
-    r.options.grammar = std::make_shared<const tlm::json_grammar>(tlm::json_schema::one_of(std::move(calls)));
-    if (choice == "auto") r.options.grammar_trigger = std::string(tools::trigger);
-    r.may_call = true;
   }
 
   tlm::generation_result generate(const request& r, tlm::token_callback on_text, const give_up_test& give_up) override {
@@ -271,13 +263,15 @@ nb::dict result_dict(const tlm::generation_result& g, bool may_call = false) {
   d["ids"] = nb::cast(g.ids);
   d["finish_reason"] = nb::str(std::string(reason_name(g.reason)).c_str());
   if (may_call) {
-    // A reply that is one whole call: [{'name', 'arguments'}], arguments as JSON text.
-    if (const auto c = tlm::tools::parse_call(g.text)) {
-      nb::dict call;
-      call["name"] = nb::str(c->name.c_str());
-      call["arguments"] = nb::str(c->arguments.dump(-1, ' ', false, tlm::tools::json::error_handler_t::replace).c_str());
+    // A reply that is whole calls: [{'name', 'arguments'}, ...] in order, arguments as JSON text.
+    if (const auto parsed = tlm::tools::parse_calls(g.text)) {
       nb::list calls;
-      calls.append(call);
+      for (const auto& c : *parsed) {
+        nb::dict call;
+        call["name"] = nb::str(c.name.c_str());
+        call["arguments"] = nb::str(c.arguments.dump(-1, ' ', false, tlm::tools::json::error_handler_t::replace).c_str());
+        calls.append(call);
+      }
       d["tool_calls"] = calls;
       d["finish_reason"] = "tool_calls";
     } else {
@@ -377,13 +371,14 @@ tlm::tools::json json_of(const nb::handle& v, const std::string& where);
 
 // The chat request of chat() and chat_tokens(): the messages, the template form and the tools.
 request chat_request(const nb::handle& messages, const std::optional<std::string>& chat_template,
-                     const nb::object& tools, const std::string& tool_choice) {
+                     const nb::object& tools, const std::string& tool_choice, bool parallel_tool_calls = true) {
   request r;
   r.k = request::kind::chat;
   r.messages = messages_from(messages);
   if (chat_template) r.chat_template = *chat_template;
   if (!tools.is_none()) r.tools = json_of(tools, "tools");
   r.tool_choice = tool_choice;
+  r.parallel_tool_calls = parallel_tool_calls;
   return r;
 }
 
@@ -1105,9 +1100,10 @@ NB_MODULE(_tlm, m) {
       "The assistant's reply to OpenAI-style messages [{'role': ..., 'content': ...}], in the model's chat template "
       "(or the template form named by chat_template, as generate --chat-template NAME). tools: OpenAI's list of "
       "{'type': 'function', 'function': {'name', 'description', 'parameters'}}, in Qwen2.5's (Hermes) form; "
-      "tool_choice 'auto' (words or a call), 'required', 'none' or a tool's name; the reply is held to a call with "
-      "arguments valid against the tool's schema, and details=True gives it as tool_calls [{'name', 'arguments'}] "
-      "with finish_reason 'tool_calls'. Messages may be tool results (role 'tool') and an assistant's tool_calls.");
+      "tool_choice 'auto' (words or calls), 'required', 'none' or a tool's name; the reply is held to calls with "
+      "arguments valid against the tools' schemas (up to 16, newline-separated; one with parallel_tool_calls=False), "
+      "and details=True gives them as tool_calls [{'name', 'arguments'}, ...] with finish_reason 'tool_calls'. "
+      "Messages may be tool results (role 'tool') and an assistant's tool_calls.");
 
   nb::class_<text_stream>(m, "TextStream", "The pieces of a generation as they come; dropping it stops the generation.")
       .def("__iter__", [](nb::handle self) { return self; })
@@ -1158,14 +1154,15 @@ NB_MODULE(_tlm, m) {
           "chat",
           [](py_model& self, const nb::handle& messages, std::size_t max_tokens, const nb::object& stop, bool stream,
              const nb::object& json_schema, bool details, const std::optional<std::string>& chat_template,
-             const nb::object& tools, const std::string& tool_choice, const nb::kwargs& sampling) {
-            request r = chat_request(messages, chat_template, tools, tool_choice);
+             const nb::object& tools, const std::string& tool_choice, bool parallel_tool_calls,
+             const nb::kwargs& sampling) {
+            request r = chat_request(messages, chat_template, tools, tool_choice, parallel_tool_calls);
             r.options = options_from(max_tokens, sampling, self.vocab(), stop, false, json_schema);
             return self.run(std::move(r), stream, details);
           },
           "messages"_a, "max_tokens"_a = 256, "stop"_a = nb::none(), "stream"_a = false, "json_schema"_a = nb::none(),
           "details"_a = false, "chat_template"_a = nb::none(), "tools"_a = nb::none(), "tool_choice"_a = "auto",
-          "sampling"_a, chat_doc.c_str())
+          "parallel_tool_calls"_a = true, "sampling"_a, chat_doc.c_str())
       .def_prop_ro("vocab_size", &py_model::vocab)
       .def_prop_ro("context", &py_model::context)
       .def_prop_ro("config", &py_model::config)

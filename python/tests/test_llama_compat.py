@@ -265,6 +265,33 @@ def test_tool_calls_as_openai(ours):
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_several_tool_calls_in_one_reply(ours):
+    # A newline (the separator between calls) favoured wherever the grammar allows one: the
+    # reply goes on after each call while max_tokens has room; parallel_tool_calls=False
+    # holds it to one call, as the server's field does.
+    [newline] = ours.model.tokenize("\n")
+    push = dict(tools=WEATHER, tool_choice="required", max_tokens=300, temperature=1.0, seed=7,
+                logit_bias={newline: 100.0}, details=True)
+    r = ours.model.chat(ASK, **push)
+    assert r["finish_reason"] == "tool_calls"
+    assert len(r["tool_calls"]) >= 2, r["text"]
+    assert r["text"].count("</tool_call>\n<tool_call>\n") == len(r["tool_calls"]) - 1
+    for c in r["tool_calls"]:
+        assert c["name"] in ("get_weather", "now") and isinstance(json.loads(c["arguments"]), dict)
+    one = ours.model.chat(ASK, parallel_tool_calls=False, **push)
+    assert one["finish_reason"] == "tool_calls" and len(one["tool_calls"]) == 1, one["text"]
+    # Through the llama-cpp-python API: the calls as OpenAI's list, streamed at their indexes.
+    r = ours.create_chat_completion(ASK, tools=WEATHER, tool_choice="required", max_tokens=300, temperature=1.0, seed=7,
+                                    logit_bias={newline: 100.0})
+    calls = r["choices"][0]["message"]["tool_calls"]
+    assert len(calls) >= 2 and r["choices"][0]["finish_reason"] == "tool_calls"
+    chunks = list(ours.create_chat_completion(ASK, tools=WEATHER, tool_choice="required", max_tokens=300,
+                                              temperature=1.0, seed=7, logit_bias={newline: 100.0}, stream=True))
+    [streamed] = [c["choices"][0]["delta"]["tool_calls"] for c in chunks if "tool_calls" in c["choices"][0]["delta"]]
+    assert [d["index"] for d in streamed] == list(range(len(calls)))
+    assert [d["function"] for d in streamed] == [c["function"] for c in calls]
+
+
 def test_tool_history_in_the_hermes_form(ours):
     # A call and its result go back into the conversation as Qwen2.5's template writes them.
     history = ASK + [{"role": "assistant", "content": None, "tool_calls": [
@@ -277,7 +304,7 @@ def test_tool_history_in_the_hermes_form(ours):
     assert "<tool_response>\nsunny, 22 C\n</tool_response>\n<tool_response>\nthen rain\n</tool_response>" in text
     r = ours.create_chat_completion(history, tools=WEATHER, temperature=0, max_tokens=64)
     assert r["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
-    with pytest.raises(tlm.Error, match="tool_choice is 'delete'"):
+    with pytest.raises(tlm.Error, match="^chat: 'tool_choice' names the function 'delete', which 'tools' does not hold"):
         ours.create_chat_completion(ASK, tools=WEATHER, tool_choice="delete")
     with pytest.raises(tlm.Error, match="json_schema and tools"):
         ours.create_chat_completion(ASK, tools=WEATHER, response_format={"type": "json_object"})

@@ -1,8 +1,11 @@
-"""Tool calls through the official openai client: `tools` and `tool_choice` as OpenAI
-defines them. With tool_choice required (or a named function), 20 seeded samples at
-temperature 1 are calls whose arguments parse and validate against the tool's schema,
-streamed and not; with auto, a reply is words or such a call; a conversation with the
-assistant's call and the tool's result goes on. The prompt the server renders for tools,
+"""Tool calls through the official openai client: `tools`, `tool_choice` and
+`parallel_tool_calls` as OpenAI defines them. With tool_choice required (or a named
+function), 20 seeded samples at temperature 1 are calls whose arguments parse and validate
+against the tool's schema, streamed and not; with auto, a reply is words or such calls;
+a reply pushed to go on after its first call (a logit_bias on the newline, the separator
+between calls) holds several valid calls, in order, streamed alike at their indexes, and
+exactly one with parallel_tool_calls false; a conversation with the assistant's call and
+the tool's result goes on. The prompt the server renders for tools,
 calls and results under --chat-template qwen2.5 is Qwen2.5's own Jinja template's
 (models/llama.cpp/templates), token for token: the reply to it at temperature 0 is the
 one examples/generate gives for the Jinja rendering's ids. Then the refusals."""
@@ -70,6 +73,9 @@ def streamed_call(client, **kw):
     return words, [calls[i] for i in sorted(calls)], finish
 
 
+hf, _ = build_hf_tokenizer(args.model)
+[NEWLINE] = hf_encode(hf, "\n", parse_special=False)
+
 with server(args.build, args.model, "--parallel", "2", "--threads", "1") as port:
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
     names = {}
@@ -78,23 +84,24 @@ with server(args.build, args.model, "--parallel", "2", "--threads", "1") as port
                                            temperature=1, seed=seed, max_tokens=120)
         c = r.choices[0]
         assert c.finish_reason == "tool_calls", (seed, c)
-        assert c.message.content is None and len(c.message.tool_calls) == 1, c.message
-        call = c.message.tool_calls[0]
-        assert call.type == "function" and call.id.startswith("call"), call
-        valid(call.function.name, call.function.arguments)
-        names[call.function.name] = names.get(call.function.name, 0) + 1
+        assert c.message.content is None and len(c.message.tool_calls) >= 1, c.message
+        for call in c.message.tool_calls:
+            assert call.type == "function" and call.id.startswith("call"), call
+            valid(call.function.name, call.function.arguments)
+            names[call.function.name] = names.get(call.function.name, 0) + 1
         words, calls, finish = streamed_call(client, model="tlm", messages=ASK, tools=TOOLS, tool_choice="required",
                                              temperature=1, seed=seed, max_tokens=120)
-        assert words == "" and finish == "tool_calls" and len(calls) == 1, (words, calls, finish)
-        # The same seed, the same call, streamed or not.
-        assert (calls[0]["name"], calls[0]["arguments"]) == (call.function.name, call.function.arguments), (calls, call)
+        assert words == "" and finish == "tool_calls", (words, calls, finish)
+        # The same seed, the same calls, streamed or not.
+        assert [(x["name"], x["arguments"]) for x in calls] == [
+            (x.function.name, x.function.arguments) for x in c.message.tool_calls], (calls, c.message.tool_calls)
     # A named function is the one called.
     for seed in range(5):
         r = client.chat.completions.create(model="tlm", messages=ASK, tools=TOOLS, temperature=1, seed=seed, max_tokens=120,
                                            tool_choice={"type": "function", "function": {"name": "get_time"}})
-        call = r.choices[0].message.tool_calls[0]
-        assert call.function.name == "get_time", call
-        valid("get_time", call.function.arguments)
+        for call in r.choices[0].message.tool_calls:
+            assert call.function.name == "get_time", call
+            valid("get_time", call.function.arguments)
     # auto: words or a valid call, streamed alike.
     kinds = {"words": 0, "call": 0}
     for seed in range(8):
@@ -104,7 +111,8 @@ with server(args.build, args.model, "--parallel", "2", "--threads", "1") as port
         if c.message.tool_calls:
             kinds["call"] += 1
             assert c.finish_reason == "tool_calls" and c.message.content is None
-            valid(c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments)
+            for call in c.message.tool_calls:
+                valid(call.function.name, call.function.arguments)
         else:
             kinds["words"] += 1
             assert c.finish_reason in ("stop", "length") and c.message.content, c
@@ -112,9 +120,33 @@ with server(args.build, args.model, "--parallel", "2", "--threads", "1") as port
                                              max_tokens=120)
         if c.message.tool_calls:
             assert [(x["name"], x["arguments"]) for x in calls] == [
-                (c.message.tool_calls[0].function.name, c.message.tool_calls[0].function.arguments)]
+                (x.function.name, x.function.arguments) for x in c.message.tool_calls]
         else:
             assert words == c.message.content and not calls and finish == c.finish_reason, (words, c.message.content)
+    # Several calls in one reply: a newline, the separator, favoured wherever the grammar
+    # allows one, so the reply goes on after each call while max_tokens has room for
+    # another (the budget is max_tokens - 1 characters; the shortest call, now(), is 55).
+    # Each is valid, in order, with an id of its own, and the stream gives the same calls
+    # at indexes 0, 1, ...; with parallel_tool_calls false the same push gives one call.
+    several = dict(model="tlm", messages=ASK, tools=TOOLS, tool_choice="required", temperature=1, max_tokens=300,
+                   logit_bias={str(NEWLINE): 100})
+    counts = []
+    for seed in range(3):
+        r = client.chat.completions.create(seed=seed, **several)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.content is None, c
+        assert len(c.message.tool_calls) >= 2, c.message.tool_calls
+        assert len({x.id for x in c.message.tool_calls}) == len(c.message.tool_calls), c.message.tool_calls
+        for call in c.message.tool_calls:
+            valid(call.function.name, call.function.arguments)
+        counts.append(len(c.message.tool_calls))
+        words, calls, finish = streamed_call(client, seed=seed, **several)
+        assert words == "" and finish == "tool_calls", (words, finish)
+        assert [(x["name"], x["arguments"]) for x in calls] == [
+            (x.function.name, x.function.arguments) for x in c.message.tool_calls], (calls, c.message.tool_calls)
+        one = client.chat.completions.create(seed=seed, parallel_tool_calls=False, **several)
+        assert one.choices[0].finish_reason == "tool_calls" and len(one.choices[0].message.tool_calls) == 1, one
+        valid(one.choices[0].message.tool_calls[0].function.name, one.choices[0].message.tool_calls[0].function.arguments)
     # tool_choice none: words, and the tools are not shown to the model.
     r = client.chat.completions.create(model="tlm", messages=ASK, tools=TOOLS, tool_choice="none", temperature=0,
                                        max_tokens=16)
@@ -175,7 +207,6 @@ for_server = json.loads(json.dumps(for_jinja))
 for m in for_server:
     for c in m.get("tool_calls", []):
         c["function"]["arguments"] = json.dumps(c["function"]["arguments"], separators=(",", ":"))
-hf, _ = build_hf_tokenizer(args.model)
 for system in (None, "You answer briefly."):
     msgs = ([{"role": "system", "content": system}] if system else []) + for_jinja
     text = env.from_string(template).render(messages=msgs, tools=TOOLS, add_generation_prompt=True)
@@ -195,5 +226,6 @@ for system in (None, "You answer briefly."):
         else:
             assert out.rstrip("\n").endswith(reply["content"]), (out, reply["content"])
 
-print(f"tool calls: 20/20 required calls valid (streamed alike; tools chosen {names}), 5/5 named, auto {kinds}; "
+print(f"tool calls: 20/20 required replies of valid calls (streamed alike; tools chosen {names}), 5/5 named, "
+      f"auto {kinds}; pushed to go on: {counts} calls in 3 replies, 1 each with parallel_tool_calls false; "
       f"the qwen2.5 form renders tools, calls and results as Qwen2.5's Jinja template does")

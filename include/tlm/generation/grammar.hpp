@@ -13,7 +13,8 @@
 // Besides JSON values, a grammar may hold fixed texts around values (sequence) and a
 // choice between such sequences told apart by their first text (one_of): a tool call is
 // `<tool_call>\n{"name": "NAME", "arguments": ` then the arguments' schema then
-// `}\n</tool_call>`, one sequence per tool.
+// `}\n</tool_call>`, one sequence per tool; and one such value several times with a fixed
+// text between (repeat): several tool calls in one reply.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -33,14 +34,15 @@ namespace tlm {
 
 // A node of the grammar: what one JSON value may be.
 struct json_node {
-  enum class kind { any, string, number, integer, boolean, choice, array, object, sequence, one_of } k = kind::any;
+  enum class kind { any, string, number, integer, boolean, choice, array, object, sequence, one_of, repeat } k = kind::any;
   std::vector<std::string> choices{};                              // choice: the JSON texts allowed
-  std::shared_ptr<const json_node> items{};                        // array: its items
+  std::shared_ptr<const json_node> items{};                        // array, repeat: its items
   // object: in order, all required; sequence: each part's text, then its value
   std::vector<std::pair<std::string, json_node>> properties{};
-  std::size_t min_items = 0;                                       // array
-  std::string tail{};                                              // sequence: the text after the last value
+  std::size_t min_items = 0;                                       // array, repeat
+  std::string tail{};                                              // sequence: the text after the last value; repeat: between items
   std::vector<json_node> alternatives{};                           // one_of: sequences
+  std::size_t max_items = 0;                                       // repeat
 };
 
 namespace json_schema {
@@ -69,6 +71,14 @@ inline json_node sequence(std::vector<std::pair<std::string, json_node>> parts, 
 // may be a prefix of another's (so the choice is known when one is complete).
 inline json_node one_of(std::vector<json_node> sequences) {
   return {.k = json_node::kind::one_of, .alternatives = std::move(sequences)};
+}
+// `item` min_items to max_items times, `separator` between. The item is a sequence or a
+// one_of of sequences, each ending in a text (so an item's end is known when it is
+// written), and the separator is not empty: after an item the document either ends or
+// goes on with the separator, never both.
+inline json_node repeat(json_node item, std::string separator, std::size_t min_items, std::size_t max_items) {
+  return {.k = json_node::kind::repeat, .items = std::make_shared<const json_node>(std::move(item)),
+          .min_items = min_items, .tail = std::move(separator), .max_items = max_items};
 }
 }  // namespace json_schema
 
@@ -148,7 +158,7 @@ class json_grammar {
   }
 
  private:
-  enum frame_type : std::uint8_t { f_value, f_string, f_number, f_choice, f_array, f_object, f_free_object, f_sequence, f_one_of };
+  enum frame_type : std::uint8_t { f_value, f_string, f_number, f_choice, f_array, f_object, f_free_object, f_sequence, f_one_of, f_repeat };
 
   void check(const json_node& n, std::size_t depth) const {
     if (depth > 8) throw error("json schema: nested deeper than 8 levels; flatten it");
@@ -184,6 +194,21 @@ class json_grammar {
           check(a, depth);
         }
         break;
+      case json_node::kind::repeat: {
+        if (!n.items) throw error("grammar: a repeat needs an item");
+        if (n.tail.empty()) throw error("grammar: a repeat needs a separator text between its items");
+        if (n.min_items < 1 || n.max_items < n.min_items || n.max_items > 256)
+          throw error("grammar: a repeat takes 1 <= min_items <= max_items <= 256, not " + std::to_string(n.min_items) +
+                      " and " + std::to_string(n.max_items));
+        const json_node& item = *n.items;
+        const auto ends_in_text = [](const json_node& seq) { return seq.k == json_node::kind::sequence && !seq.tail.empty(); };
+        const bool closed = item.k == json_node::kind::one_of
+                                ? std::all_of(item.alternatives.begin(), item.alternatives.end(), ends_in_text)
+                                : ends_in_text(item);
+        if (!closed) throw error("grammar: a repeat's item must be a sequence, or a one_of of sequences, that ends in a text");
+        check(item, depth);
+        break;
+      }
       case json_node::kind::object:
         if (n.properties.size() > 100) throw error("json schema: an object of more than 100 properties; split it");
         for (const auto& [key, value] : n.properties) {
@@ -205,6 +230,8 @@ class json_grammar {
     if (f.type == f_choice) return choice_complete(f);
     // A sequence whose tail is empty ends with its last value.
     if (f.type == f_sequence) return f.phase / 2 == f.node->properties.size() && f.count == f.node->tail.size();
+    // A repeat after a whole item (viable counts the items), no separator begun.
+    if (f.type == f_repeat) return f.phase == 1 && f.count == 0 && f.viable >= f.node->min_items;
     return false;
   }
   static bool number_final(const state::frame& f) { return f.phase == n_zero || f.phase == n_int || f.phase == n_frac || f.phase == n_exp; }
@@ -234,6 +261,8 @@ class json_grammar {
         for (const auto& a : n.alternatives) m = std::min(m, min_value(a, depth));
         return m;
       }
+      case json_node::kind::repeat:
+        return n.min_items * min_value(*n.items, depth) + (n.min_items - 1) * n.tail.size();
     }
     return 1;
   }
@@ -307,6 +336,15 @@ class json_grammar {
           if (f.viable >> i & 1) m = std::min(m, min_value(f.node->alternatives[i], 0) - f.count);
         return m;
       }
+      case f_repeat: {
+        // phase 0: before item number viable + 1; 1: item number viable pushed or whole,
+        // count characters of the separator after it written.
+        const std::size_t item = min_value(*f.node->items, 0), sep = f.node->tail.size();
+        const std::size_t begun = f.viable + (f.phase == 0 || f.count > 0 ? 1 : 0);  // items once the one begun is whole
+        const std::size_t more = f.node->min_items > begun ? (f.node->min_items - begun) * (sep + item) : 0;
+        if (f.phase == 0) return item + more;
+        return (f.count > 0 ? sep - f.count + item : 0) + more;
+      }
       case f_free_object:
         // 0 expect '{'; 1 after '{'; 2 key pushed (expect ':'); 3 expect value; 4 value pushed; 5 after ','.
         switch (f.phase) {
@@ -347,6 +385,7 @@ class json_grammar {
       case k::sequence: return {&n, f_sequence, 0, 0, 0};
       case k::one_of:
         return {&n, f_one_of, 0, 0, n.alternatives.size() >= 64 ? ~0ULL : (1ULL << n.alternatives.size()) - 1};
+      case k::repeat: return {&n, f_repeat, 0, 0, 0};
     }
     return {&n, f_value, 0, 0, 0};
   }
@@ -580,6 +619,23 @@ class json_grammar {
             }
             break;
           }
+          return true;
+        }
+        case f_repeat: {
+          if (f.phase == 0) {  // the next item begins with this character
+            f.phase = 1;
+            f.count = 0;
+            ++f.viable;
+            if (!push(s, value_frame(*f.node->items))) return false;
+            continue;
+          }
+          // An item is whole: the separator, unless the items are as many as allowed.
+          const std::string& sep = f.node->tail;
+          if (f.count == 0 && f.viable >= f.node->max_items) return false;
+          if (static_cast<unsigned char>(sep[f.count]) != c) return false;
+          ++f.count;
+          ++s.chars;
+          if (f.count == sep.size()) f.phase = 0;
           return true;
         }
         case f_free_object:

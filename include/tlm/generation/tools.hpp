@@ -2,14 +2,16 @@
 // Tool calls in the form Qwen2.5's chat template writes them (the Hermes form), for
 // every template:
 // - the tools' signatures go in a "# Tools" section of the system message;
-// - a call is <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>;
+// - a call is <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>, and several
+//   calls in one reply are separated by a newline;
 // - a tool's result is a user turn of <tool_response>\n...\n</tool_response> blocks.
 // Qwen2.5's own template renders exactly this (tests/serve/check_tools.py compares it
 // with the Jinja rendering token for token); for the other templates it is tlm's
-// documented fallback. A reply is held to a call by a grammar of one `call_node` per tool
-// (json_schema::one_of), with grammar_trigger = tools::trigger when the model may
-// also answer in words. examples/serve reads OpenAI's tools, tool_choice and tool
-// messages into these.
+// documented fallback. `apply` puts a request's tools on it: the section, and a grammar
+// that holds the reply to calls (one `call_node` per tool in a json_schema::one_of,
+// repeated when calls may be parallel), with grammar_trigger = tools::trigger when the
+// model may also answer in words. examples/serve (OpenAI's tools, tool_choice and
+// parallel_tool_calls) and the Python module (chat(tools=...)) both call it.
 #include <algorithm>
 #include <cctype>
 #include <optional>
@@ -21,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include <tlm/error.hpp>
+#include <tlm/generation/decode.hpp>
 #include <tlm/generation/json_schema.hpp>
 #include <tlm/text/chat.hpp>
 
@@ -31,8 +34,10 @@ using json = nlohmann::ordered_json;
 
 inline constexpr std::string_view call_open = "<tool_call>\n";
 inline constexpr std::string_view call_close = "\n</tool_call>";
+inline constexpr std::string_view call_separator = "\n";  // between calls, as Qwen2.5's template joins them
 inline constexpr std::string_view trigger = "<tool_call>";  // a reply that begins so is a call
 inline constexpr std::size_t max_tools = 64;                // json_schema::one_of's limit
+inline constexpr std::size_t max_calls = 16;                // calls in one reply, when they may be parallel
 
 // JSON as Python's json.dumps writes it by default (", " and ": "), which is what the
 // templates' `tojson` gives and so what the models saw in training. Non-ASCII text stays
@@ -160,20 +165,66 @@ inline json_node call_node(std::string_view name, json_node arguments) {
   return json_schema::sequence({{call_head(name), std::move(arguments)}}, call_tail());
 }
 
+// What a request's tool_choice asks for: no call (the tools are not shown either), words
+// or calls (auto), at least one call (required), or calls of one named function.
+struct choice {
+  enum class kind { none, automatic, required, named } k = kind::automatic;
+  std::string name{};  // named
+};
+
+// Puts `tools` (an OpenAI tools array) on a request: the section joins the system message
+// of `messages`, and `options` gets the grammar of the calls (and the trigger, for auto).
+// `parallel`: a reply may hold up to max_calls calls, newline-separated; otherwise one.
+// Returns whether the reply may be calls. Throws tool_error naming the field: a tool that
+// cannot be called (read_tools), a choice that names no tool given, a call asked of no
+// tools, or a grammar the options already hold (field "response_format": one reply cannot
+// follow two grammars; the caller words it in its own API's terms).
+inline bool apply(const json& tools, const choice& c, bool parallel, std::vector<chat_message>& messages,
+                  std::string_view default_system, generation_options& options) {
+  const bool must_call = c.k == choice::kind::required || c.k == choice::kind::named;
+  if (tools.is_array() && tools.empty()) {
+    if (must_call) throw tool_error("tool_choice", " asks for a tool call, but 'tools' gives no tools");
+    return false;
+  }
+  std::vector<tool> listed = read_tools(tools);
+  std::vector<json_node> calls;
+  for (auto& t : listed)
+    if (c.k != choice::kind::named || t.name == c.name) calls.push_back(call_node(t.name, std::move(t.arguments)));
+  if (c.k == choice::kind::named && calls.empty())
+    throw tool_error("tool_choice", " names the function '" + c.name + "', which 'tools' does not hold");
+  if (c.k == choice::kind::none) return false;  // the signatures are not shown either: nothing may be called
+  if (options.grammar) throw tool_error("response_format", ": tools and a response format cannot hold one reply together");
+  add_section(messages, system_section(tools), default_system);
+  json_node one = json_schema::one_of(std::move(calls));
+  json_node held = parallel ? json_schema::repeat(std::move(one), std::string(call_separator), 1, max_calls) : std::move(one);
+  options.grammar = std::make_shared<const json_grammar>(std::move(held));
+  options.grammar_trigger = c.k == choice::kind::automatic ? std::string(trigger) : std::string();
+  return true;
+}
+
 struct call {
   std::string name;
   json arguments;
 };
 
-// A reply that is one whole call; nothing for words, or for a call cut short.
-inline std::optional<call> parse_call(std::string_view text) {
-  if (text.size() < call_open.size() + call_close.size() || !text.starts_with(call_open) || !text.ends_with(call_close))
-    return std::nullopt;
-  const std::string_view body = text.substr(call_open.size(), text.size() - call_open.size() - call_close.size());
-  const json j = json::parse(body, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("arguments"))
-    return std::nullopt;
-  return call{j["name"].get<std::string>(), j["arguments"]};
+// A reply that is one or more whole calls, newline-separated, in order; nothing for
+// words, or for calls cut short. (JSON writes a newline inside a string as \n, so a
+// call's body never holds call_close.)
+inline std::optional<std::vector<call>> parse_calls(std::string_view text) {
+  std::vector<call> out;
+  for (;;) {
+    if (!text.starts_with(call_open)) return std::nullopt;
+    const std::size_t end = text.find(call_close, call_open.size());
+    if (end == std::string_view::npos) return std::nullopt;
+    const json j = json::parse(text.substr(call_open.size(), end - call_open.size()), nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("arguments"))
+      return std::nullopt;
+    out.push_back({j["name"].get<std::string>(), j["arguments"]});
+    text.remove_prefix(end + call_close.size());
+    if (text.empty()) return out;
+    if (!text.starts_with(call_separator)) return std::nullopt;
+    text.remove_prefix(call_separator.size());
+  }
 }
 
 }  // namespace tlm::tools

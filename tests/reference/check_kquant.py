@@ -43,7 +43,6 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import argparse
-import collections
 import subprocess
 import sys
 import tempfile
@@ -111,10 +110,6 @@ def quantize_with_llamacpp(src: Path, dst: Path, ftype: str) -> float:
     return time.time() - t0
 
 
-def encodings_of(path: Path) -> collections.Counter:
-    return collections.Counter(t.tensor_type.name for t in gguf.GGUFReader(path).tensors)
-
-
 def dump_logits(exe: Path, model: Path, toks: list[int], out: Path, precision: str) -> np.ndarray:
     run([str(exe), "--model", str(model), "--token-ids", ",".join(map(str, toks)), "-n", "0",
          "--precision", precision, "--dump-logits", str(out)])
@@ -160,7 +155,8 @@ def main(argv=None) -> int:
             return 1
         path = out_dir / f"SmolLM2-135M-Instruct.{ftype}.gguf"
         secs = quantize_with_llamacpp(src, path, ftype)
-        encs = encodings_of(path)
+        ref = rf.RefModel(str(path))
+        encs = ref.file_encodings
         print(f"\n== {ftype}: {path.name}, {path.stat().st_size / 2**20:.1f} MiB"
               f"{f', quantized by llama.cpp in {secs:.1f} s' if secs else ' (reused)'}; "
               + ", ".join(f"{n} x{c}" for n, c in sorted(encs.items())))
@@ -168,7 +164,6 @@ def main(argv=None) -> int:
             failures.append(f"{ftype}: encodings {sorted(encs)}, expected {sorted(EXPECTED[ftype])}")
 
         t0 = time.time()
-        ref = rf.RefModel(str(path))
         worst_exact, worst_fast, fast_argmax, positions = 0.0, 0.0, 0, 0
         with tempfile.TemporaryDirectory() as td:
             dump = Path(td) / "logits.f32"
@@ -285,7 +280,8 @@ def check_cut(build: Path, real_model: Path, config: str, ftype: str) -> list[st
         tmp.rename(base)
     path = build / "kquant" / f"synthetic-{config}-2layers.{ftype}.gguf"
     secs = quantize_with_llamacpp(base, path, ftype)
-    encs = encodings_of(path)
+    model = rf.RefModel(str(path))
+    encs = model.file_encodings
     print(f"\n== {config} shape, 2 blocks, {ftype}{f' (llama.cpp: {secs:.1f} s)' if secs else ''}: "
           + ", ".join(f"{n} x{c}" for n, c in sorted(encs.items())))
     failures = []
@@ -293,7 +289,8 @@ def check_cut(build: Path, real_model: Path, config: str, ftype: str) -> list[st
     if want is not None and set(encs) != want:
         failures.append(f"{config} {ftype}: encodings {sorted(encs)}, expected {sorted(want)}")
     t0 = time.time()
-    ref = rf.RefModel(str(path)).prompt_logits(SYNTH_PROMPT)                  # [T, vocab]
+    ref = model.prompt_logits(SYNTH_PROMPT)                                   # [T, vocab]
+    del model
     with tempfile.TemporaryDirectory() as td:
         dump = Path(td) / "logits.f32"
         try:

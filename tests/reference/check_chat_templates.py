@@ -26,6 +26,9 @@ import jinja2
 import jinja2.sandbox
 from jinja2.ext import loopcontrols
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from gguf_file import GGUFError, GGUFFile  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "models" / "llama.cpp" / "templates"
 VOCAB = ROOT / "models" / "llama.cpp" / "vocab"
@@ -63,49 +66,18 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
 
 
 def gguf_meta(path):
-    """BOS/EOS texts and chat template of a GGUF file. Its own small reader of the
-    metadata: gguf.GGUFReader parses every array into numpy first, which takes tens of
-    seconds for a 128k vocabulary on a busy machine."""
-    import struct
-    fixed = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-    data = pathlib.Path(path).read_bytes()
-    pos = 0
-
-    def take(fmt):
-        nonlocal pos
-        v = struct.unpack_from(fmt, data, pos)[0]
-        pos += struct.calcsize(fmt)
-        return v
-
-    def string():
-        nonlocal pos
-        n = take("<Q")
-        pos += n
-        return data[pos - n:pos]
-
-    def value(t):
-        if t == 8:
-            return string()
-        if t == 9:
-            et, n = take("<I"), take("<Q")
-            return [value(et) for _ in range(n)]
-        return take(fixed[t])
-
-    if data[:4] != b"GGUF":
-        sys.exit(f"check_chat_templates: {path} is not a GGUF file")
-    pos = 4 + 4 + 8
-    kv = {}
-    for _ in range(take("<Q")):
-        key = string().decode()
-        kv[key] = value(take("<I"))
-    toks = kv["tokenizer.ggml.tokens"]
+    """BOS/EOS texts and chat template of a GGUF file."""
+    try:
+        r = GGUFFile(path, tensors=False)
+    except GGUFError as e:
+        sys.exit(f"check_chat_templates: {e}")
+    toks = r.fields["tokenizer.ggml.tokens"].raw()
 
     def tok(key):
-        return toks[kv[key]].decode() if key in kv else None
+        return toks[r.fields[key]].decode() if key in r.fields else None
 
-    tmpl = kv.get("tokenizer.chat_template")
     return {"bos": tok("tokenizer.ggml.bos_token_id"), "eos": tok("tokenizer.ggml.eos_token_id"),
-            "template": tmpl.decode() if tmpl is not None else None}
+            "template": r.get("tokenizer.chat_template")}
 
 
 def conversations():

@@ -15,6 +15,10 @@ Run by ctest as:  python check_gguf.py --build BUILD --model GGUF
    gguf.quants.quantize of the same f32 data.
 4. The real model copied by tlm's writer is read back by gguf-py with identical
    metadata and tensor bytes.
+5. The reference scripts' own reader (gguf_file.py, which skips gguf-py's slow parse
+   of the vocabulary) agrees with gguf.GGUFReader on the files of 1 and 2: every
+   metadata value, every tensor's name, dims, type, offset and bytes; and it refuses
+   every truncation of a header with an error instead of reading past the end.
 
 Prints the figures and exits non-zero on any mismatch.
 """
@@ -29,6 +33,9 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_file import GGUFError, GGUFFile, StringArray  # noqa: E402
 
 
 failures = []
@@ -157,6 +164,51 @@ def compare_files(label, a_path, b_path, requantized=None):
     return fields, tensors, quantized
 
 
+def compare_readers(label, path, reader, tmp):
+    """gguf_file.GGUFFile against gguf.GGUFReader on one file. Returns (fields, tensors)."""
+    mine = GGUFFile(path)
+    keys = [k for k in reader.fields if not k.startswith("GGUF.")]
+    if keys != list(mine.fields):
+        fail(f"{label}: gguf_file keys {list(mine.fields)[:5]}... vs gguf-py {keys[:5]}...")
+    for k in keys:
+        want, got = reader.fields[k].contents(), mine.fields.get(k)
+        if isinstance(got, StringArray):
+            got = got.strings()
+        elif isinstance(got, np.ndarray):
+            got = got.tolist()
+        if isinstance(want, float) or (isinstance(want, list) and want and isinstance(want[0], float)):
+            same = np.array_equal(np.asarray(want, dtype=np.float64), np.asarray(got, dtype=np.float64))
+        else:
+            same = want == got
+        if not same:
+            fail(f"{label}: gguf_file reads '{k}' as {got!r:.80}, gguf-py as {want!r:.80}")
+    if len(mine.tensors) != len(reader.tensors):
+        fail(f"{label}: gguf_file finds {len(mine.tensors)} tensors, gguf-py {len(reader.tensors)}")
+    for a, b in zip(reader.tensors, mine.tensors):
+        if (a.name, [int(d) for d in a.shape], a.tensor_type, int(a.data_offset), int(a.n_bytes)) != \
+                (b.name, list(b.shape), b.tensor_type, b.data_offset, b.n_bytes):
+            fail(f"{label}: tensor {a.name} {list(a.shape)} {a.tensor_type.name} at {a.data_offset}: gguf_file has "
+                 f"{b.name} {list(b.shape)} {b.tensor_type.name} at {b.data_offset}")
+        elif a.data.dtype != b.data.dtype or a.data.shape != b.data.shape or a.data.tobytes() != b.data.tobytes():
+            fail(f"{label}: tensor {a.name}: gguf_file's data {b.data.dtype}{b.data.shape} differs from "
+                 f"gguf-py's {a.data.dtype}{a.data.shape}")
+    # Every cut inside the metadata and tensor infos is refused by name, never read past.
+    data = Path(path).read_bytes()
+    head = mine.tensors[0].data_offset if mine.tensors else len(data)
+    cut = Path(tmp) / "cut.gguf"
+    for n in sorted({0, 3, 4, 23, 24, 40, head // 3, head // 2, head - 200, head - 1}):
+        if not 0 <= n < head:
+            continue
+        cut.write_bytes(data[:n])
+        try:
+            GGUFFile(cut)
+            fail(f"{label}: gguf_file read a copy cut at byte {n} of {head} without an error")
+        except GGUFError:
+            pass
+    cut.unlink(missing_ok=True)
+    return len(keys), len(mine.tensors)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True, type=Path)
@@ -239,6 +291,12 @@ def main():
         same = Path(out).read_bytes() == args.model.read_bytes()
         print(f"4. real model copied by tlm: {fields} metadata fields, {tensors} tensors identical in gguf-py; "
               f"file byte-identical to the original: {same}")
+
+        # 5. the reference scripts' reader against gguf-py's
+        for label, path, reader in (("real", args.model, real), ("synthetic", syn, gguf.GGUFReader(syn))):
+            fields, tensors = compare_readers(f"gguf_file ({label})", path, reader, tmp)
+            print(f"5. gguf_file.py vs gguf.GGUFReader, {label} file: {fields} metadata values, {tensors} tensors "
+                  f"(dims, type, offset, bytes) identical; truncated headers refused")
 
     if failures:
         print(f"FAILED: {len(failures)} mismatches")

@@ -49,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import gguf  # noqa: E402
 import ref_forward as rf  # noqa: E402
+from gguf_file import GGUFFile  # noqa: E402
 from check_train_export import unexplained_partings  # noqa: E402
 
 PROMPT = [504, 3458, 282, 253, 1345, 30, 378, 314, 3237, 1745, 282, 2754, 7]
@@ -104,7 +105,7 @@ def main() -> int:
         ours_a = np.fromfile(out / "adapted.f32", dtype=np.float32).reshape(T, -1).astype(np.float64)
         ours_b = np.fromfile(out / "base.f32", dtype=np.float32).reshape(T, -1).astype(np.float64)
         ours_m = np.fromfile(out / "merged.f32", dtype=np.float32).reshape(T, -1).astype(np.float64)
-        base_types = {t.name: t.tensor_type for t in gguf.GGUFReader(args.model).tensors}
+        base_types = {t.name: t.tensor_type for t in GGUFFile(args.model).tensors}
         merged_types = {t.name: t.tensor_type for t in gguf.GGUFReader(str(out / "merged.gguf")).tensors}
         base = rf.RefModel(args.model)
         ref_b = base.prompt_logits(PROMPT)

@@ -24,6 +24,7 @@ import time
 import unicodedata
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from gguf_file import GGUFFile  # noqa: E402
 from tokenizer_common import decode_record, encode_record, run_tlm_batch  # noqa: E402
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers  # noqa: E402
 
@@ -38,35 +39,19 @@ QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
 def read_gguf(path):
-    from gguf import GGUFReader
-
-    r = GGUFReader(path)
-
-    def strings(name):
-        fl = r.fields[name]
-        return [bytes(fl.parts[i]).decode("utf-8") for i in fl.data]
-
-    def scalar(name, default=None):
-        if name not in r.fields:
-            return default
-        fl = r.fields[name]
-        v = fl.parts[fl.data[0]]
-        return bytes(v).decode("utf-8") if fl.types[0].name == "STRING" else v.tolist()[0]
-
+    r = GGUFFile(path, tensors=False)
     md = {
-        "model": scalar("tokenizer.ggml.model"),
-        "pre": scalar("tokenizer.ggml.pre"),
-        "tokens": strings("tokenizer.ggml.tokens"),
-        "types": [int(r.fields["tokenizer.ggml.token_type"].parts[i][0])
-                  for i in r.fields["tokenizer.ggml.token_type"].data],
-        "unk": scalar("tokenizer.ggml.unknown_token_id"),
-        "add_space_prefix": scalar("tokenizer.ggml.add_space_prefix", True),
+        "model": r.get("tokenizer.ggml.model"),
+        "pre": r.get("tokenizer.ggml.pre"),
+        "tokens": r.strings("tokenizer.ggml.tokens"),
+        "types": [int(t) for t in r.fields["tokenizer.ggml.token_type"]],
+        "unk": r.get("tokenizer.ggml.unknown_token_id"),
+        "add_space_prefix": r.get("tokenizer.ggml.add_space_prefix", True),
     }
     if "tokenizer.ggml.merges" in r.fields:
-        md["merges"] = strings("tokenizer.ggml.merges")
+        md["merges"] = r.strings("tokenizer.ggml.merges")
     if "tokenizer.ggml.scores" in r.fields:
-        fl = r.fields["tokenizer.ggml.scores"]
-        md["scores"] = [float(fl.parts[i][0]) for i in fl.data]
+        md["scores"] = [float(v) for v in r.fields["tokenizer.ggml.scores"]]
     return md
 
 

@@ -36,12 +36,12 @@ from pathlib import Path
 
 import numpy as np
 
-import gguf
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 import ref_forward as rf  # noqa: E402
+from gguf_file import GGUFFile  # noqa: E402
 from make_forward_fixtures import write_fixture  # noqa: E402
 
 N_GREEDY = 16
@@ -65,7 +65,7 @@ def synth(build: Path, config: str, out: Path) -> None:
 
 def permute_qk_rows_to_hf(src: Path, dst: Path) -> None:
     """Copy src to dst with the rows of attn_q / attn_k moved into HF order, byte for byte."""
-    reader = gguf.GGUFReader(str(src))
+    reader = GGUFFile(src)
     hp = rf.read_hparams(reader)
     data = bytearray(src.read_bytes())
     moved = 0

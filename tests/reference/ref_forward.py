@@ -42,6 +42,8 @@ import numpy as np
 
 import gguf
 
+from gguf_file import GGUFFile
+
 
 # --------------------------------------------------------------------------
 # Hyperparameters, all read from the file's metadata.
@@ -75,16 +77,16 @@ class Hparams:
         return self.n_kv_head * self.head_dim
 
 
-def _field(reader: gguf.GGUFReader, key: str, default=None, required=True):
+def _field(reader: GGUFFile, key: str, default=None, required=True):
     f = reader.fields.get(key)
     if f is None:
         if required and default is None:
-            raise KeyError(f"GGUF metadata key '{key}' is missing")
+            raise KeyError(f"GGUF metadata key '{key}' is missing from {reader.path}")
         return default
-    return f.contents()
+    return f
 
 
-def read_hparams(reader: gguf.GGUFReader) -> Hparams:
+def read_hparams(reader: GGUFFile) -> Hparams:
     arch = _field(reader, "general.architecture")
     if arch not in ("llama", "qwen2"):
         raise ValueError(f"architecture is '{arch}', this reference implements 'llama' and 'qwen2' only")
@@ -121,7 +123,7 @@ def read_hparams(reader: gguf.GGUFReader) -> Hparams:
     )
 
 
-def _linear_factor(reader: gguf.GGUFReader, p: str) -> float:
+def _linear_factor(reader: GGUFFile, p: str) -> float:
     kind = _field(reader, p + "rope.scaling.type", required=False)
     if kind in (None, "none"):
         return 1.0
@@ -267,14 +269,11 @@ class RefModel:
             if _shared.pairing != "gguf":
                 raise ValueError("share from a gguf-pairing model")
         else:
-            reader = gguf.GGUFReader(path)
+            reader = GGUFFile(path)
             self.hp = read_hparams(reader)
             self._tensors = {t.name: t for t in reader.tensors}
             self.encodings = {}
             # Every tensor's encoding, read or not, counted: {"Q4_K": 96, "F32": 61, ...}.
-            # A caller that wants them reads them here rather than opening the file again:
-            # GGUFReader parses the whole vocabulary in Python, 3.7 s for SmolLM2's 49,152
-            # tokens (half of check_kquant's reading time went to a second reader).
             self.file_encodings = collections.Counter(t.tensor_type.name for t in reader.tensors)
             hp = self.hp
             self.tok_embd = self._load("token_embd.weight", (hp.n_vocab, hp.dim))        # [vocab, dim]
@@ -473,13 +472,11 @@ class RefModel:
 # Helpers shared by the fixture scripts.
 
 def token_strings(path: str) -> list[str]:
-    r = gguf.GGUFReader(path)
-    return list(r.fields["tokenizer.ggml.tokens"].contents())
+    return GGUFFile(path).strings("tokenizer.ggml.tokens")
 
 
 def control_token_ids(path: str) -> set[int]:
-    r = gguf.GGUFReader(path)
-    tt = r.fields["tokenizer.ggml.token_type"].contents()
+    tt = GGUFFile(path).fields["tokenizer.ggml.token_type"]
     return {i for i, t in enumerate(tt) if t == 3}
 
 

@@ -1,88 +1,28 @@
 """Builds Hugging Face's tokenizer for SmolLM2 from a GGUF file's tokenizer section.
 
-The reference is independent of tlm: the vocabulary and merges are read with the
-`gguf` package (or, when it is not importable, with the tiny metadata reader below,
-which only walks the key/value section), and the pipeline is assembled from HF
-`tokenizers` parts exactly as SmolLM2's tokenizer.json declares it:
+The reference is independent of tlm: the vocabulary and merges are read with
+gguf_file.py (which check_gguf.py compares with the `gguf` package's reader), and the
+pipeline is assembled from HF `tokenizers` parts exactly as SmolLM2's tokenizer.json
+declares it:
 no normalizer; pre-tokenizer Sequence[Digits(individual_digits=True),
 ByteLevel(add_prefix_space=False, use_regex=True)]; BPE without byte fallback and
 without an unknown token; ByteLevel decoder. Control (3) and user-defined (4)
 tokens become added special tokens.
 """
-import struct
-
+from gguf_file import GGUFFile
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-
-def _read_metadata_plain(path):
-    # Only the header and key/value pairs; tensor infos and data are never touched.
-    scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-    with open(path, "rb") as f:
-        def read(fmt):
-            size = struct.calcsize("<" + fmt)
-            return struct.unpack("<" + fmt, f.read(size))[0]
-
-        def read_str():
-            return f.read(read("Q")).decode("utf-8")
-
-        def read_value(t):
-            if t == 8:
-                return read_str()
-            if t == 9:
-                et, n = read("I"), read("Q")
-                return [read_value(et) for _ in range(n)]
-            return read(scalar[t])
-
-        if f.read(4) != b"GGUF":
-            raise SystemExit(f"{path}: not a GGUF file")
-        read("I")
-        read("Q")
-        n_kv = read("Q")
-        out = {}
-        for _ in range(n_kv):
-            key = read_str()
-            out[key] = read_value(read("I"))
-        return out
 
 
 def read_tokenizer_metadata(path):
     """Returns dict with tokens, types, merges, bos, eos, chat_template."""
-    try:
-        from gguf import GGUFReader  # the pinned reference reader
-
-        r = GGUFReader(path)
-
-        def field(name):
-            return r.fields[name]
-
-        def strings(name):
-            fl = field(name)
-            return [bytes(fl.parts[i]).decode("utf-8") for i in fl.data]
-
-        def scalar(name):
-            fl = field(name)
-            return fl.parts[fl.data[0]].tolist()[0]
-
-        md = {
-            "tokenizer.ggml.tokens": strings("tokenizer.ggml.tokens"),
-            "tokenizer.ggml.token_type": [int(field("tokenizer.ggml.token_type").parts[i][0])
-                                          for i in field("tokenizer.ggml.token_type").data],
-            "tokenizer.ggml.merges": strings("tokenizer.ggml.merges"),
-            "tokenizer.ggml.bos_token_id": scalar("tokenizer.ggml.bos_token_id"),
-            "tokenizer.ggml.eos_token_id": scalar("tokenizer.ggml.eos_token_id"),
-        }
-        if "tokenizer.chat_template" in r.fields:
-            fl = field("tokenizer.chat_template")
-            md["tokenizer.chat_template"] = bytes(fl.parts[fl.data[0]]).decode("utf-8")
-    except ImportError:
-        md = _read_metadata_plain(path)
+    r = GGUFFile(path, tensors=False)
     return {
-        "tokens": md["tokenizer.ggml.tokens"],
-        "types": md["tokenizer.ggml.token_type"],
-        "merges": md["tokenizer.ggml.merges"],
-        "bos": md["tokenizer.ggml.bos_token_id"],
-        "eos": md["tokenizer.ggml.eos_token_id"],
-        "chat_template": md.get("tokenizer.chat_template"),
+        "tokens": r.strings("tokenizer.ggml.tokens"),
+        "types": [int(t) for t in r.fields["tokenizer.ggml.token_type"]],
+        "merges": r.strings("tokenizer.ggml.merges"),
+        "bos": int(r.fields["tokenizer.ggml.bos_token_id"]),
+        "eos": int(r.fields["tokenizer.ggml.eos_token_id"]),
+        "chat_template": r.get("tokenizer.chat_template"),
     }
 
 

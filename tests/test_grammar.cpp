@@ -5,9 +5,11 @@
 
 #include <tlm/generate.hpp>
 #include <tlm/generation/json_schema.hpp>
+#include <tlm/generation/tools.hpp>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -368,6 +370,82 @@ TEST_CASE("a grammar with a trigger binds a reply that begins with it and leaves
   }
   auto st = g->start();
   CHECK((g->feed(st, bound.finish().text) && g->can_end(st)));
+}
+
+TEST_CASE("added tokens that are text (user-defined, as Qwen2.5's <tool_call>) are written whole, control tokens never") {
+  // SmolLM2's vocabulary with the two tags added as user-defined tokens, as Qwen2.5's
+  // file has them (tokenizer.json's added tokens with special: false).
+  const auto& f = tlm_test::shared_model<tlm::model<C>>().file();
+  const auto& base = tlm_test::shared_tokenizer<tlm::model<C>>();
+  std::vector<std::string> tokens, merges;
+  std::vector<std::int32_t> types;
+  for (const auto t : f.get_string_array("tokenizer.ggml.tokens")) tokens.emplace_back(t);
+  for (const auto t : f.get_int_array("tokenizer.ggml.token_type")) types.push_back(static_cast<std::int32_t>(t));
+  for (const auto m : f.get_string_array("tokenizer.ggml.merges")) merges.emplace_back(m);
+  const auto open_id = static_cast<std::int32_t>(tokens.size()), close_id = open_id + 1;
+  tokens.insert(tokens.end(), {"<tool_call>", "</tool_call>"});
+  types.insert(types.end(), {4, 4});
+  const auto tok = tlm::tokenizer::from_vocab(tokens, types, merges, {.bos = base.bos(), .eos = base.eos()});
+  REQUIRE(tok.encode("<tool_call>", {.parse_special = true}) == std::vector<std::int32_t>{open_id});
+  const std::vector<std::int32_t> stop(tok.end_of_generation().begin(), tok.end_of_generation().end());
+  REQUIRE(!stop.empty());
+
+  // Tools whose arguments hold no free string, so that every tag written is structure.
+  using namespace tlm::json_schema;
+  const auto g = std::make_shared<const tlm::json_grammar>(
+      repeat(one_of({tlm::tools::call_node("now", object({})),
+                     tlm::tools::call_node("get", object({{"key", enumeration({"\"a\"", "\"b\""})}}))}),
+             "\n", 1, 4));
+  std::vector<std::uint8_t> allowed;
+  g->allowed(g->start(), tok, 1000, allowed);
+  CHECK(allowed[static_cast<std::size_t>(open_id)] == 1);
+  CHECK(allowed[static_cast<std::size_t>(close_id)] == 0);
+  auto st = g->start();
+  REQUIRE(g->feed(st, "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n"));
+  g->allowed(st, tok, 1000, allowed);
+  CHECK(allowed[static_cast<std::size_t>(close_id)] == 1);
+  CHECK(allowed[static_cast<std::size_t>(open_id)] == 0);
+  for (const std::int32_t id : stop) CHECK(allowed[static_cast<std::size_t>(id)] == 0);  // not yet whole
+  // Every control token stays out, wherever the document stands.
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    if (types[i] == 3 && std::find(stop.begin(), stop.end(), static_cast<std::int32_t>(i)) == stop.end()) {
+      CAPTURE(tokens[i]);
+      CHECK(allowed[i] == 0);
+    }
+
+  // A decode that favours the tags wherever the mask allows them writes each as its one
+  // token, under the trigger as without it, and the text reads back as the same calls.
+  for (const bool trigger : {true, false})
+    for (std::uint64_t seed = 0; seed < 5; ++seed) {
+      tlm::generation_options o{.max_tokens = 300};
+      o.sample = {.temperature = 1.0f, .seed = seed};
+      o.grammar = g;
+      if (trigger) o.grammar_trigger = "<tool_call>";
+      tlm::decode_state d(tok, o, stop, {}, {});
+      std::vector<float> logits(tok.vocab_size());
+      for (std::size_t step = 0;; ++step) {
+        std::fill(logits.begin(), logits.end(), 0.0f);
+        logits[static_cast<std::size_t>(open_id)] = 30.0f;
+        // Under the trigger a first token other than the trigger's frees the reply.
+        if (step > 0) logits[static_cast<std::size_t>(close_id)] = 30.0f;
+        if (!d.next(logits, step, 1000)) break;
+      }
+      const auto out = d.finish();
+      CAPTURE(out.text);
+      CHECK(out.reason == tlm::stop_reason::eos);
+      auto doc = g->start();
+      CHECK((g->feed(doc, out.text) && g->can_end(doc)));
+      const auto opens = std::count(out.ids.begin(), out.ids.end(), open_id);
+      CHECK(opens >= 1);
+      CHECK(std::count(out.ids.begin(), out.ids.end(), close_id) == opens);
+      CHECK(out.ids.front() == open_id);
+      const auto calls = tlm::tools::parse_calls(out.text);
+      REQUIRE(calls.has_value());
+      CHECK(static_cast<std::ptrdiff_t>(calls->size()) == opens);
+      // Tokenized again (a chat history) the text gives the same tags.
+      const auto again = tok.encode(out.text, {.parse_special = true});
+      CHECK(std::count(again.begin(), again.end(), open_id) == opens);
+    }
 }
 
 }  // namespace test_grammar

@@ -146,7 +146,11 @@ class json_grammar {
     }
     for (std::size_t id = 0; id < v; ++id) {
       const auto i = static_cast<std::int32_t>(id);
-      if (tok.is_special(i)) continue;
+      // User-defined tokens are text: Qwen2.5 writes <tool_call> and </tool_call> as one
+      // added token each, and a model asked to spell them in pieces rarely does. Control
+      // tokens are structure (ends, turn markers), the unknown and unused ones never text.
+      if (const token_type t = tok.type(i); t == token_type::control || t == token_type::unknown || t == token_type::unused)
+        continue;
       const std::string_view bytes = tok.token_bytes(i);
       if (bytes.empty() || !first[static_cast<unsigned char>(bytes[0])]) continue;
       if (s.chars + bytes.size() > budget) continue;

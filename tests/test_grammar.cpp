@@ -212,6 +212,25 @@ tlm::json_node tool_calls() {
 }
 }  // namespace
 
+TEST_CASE("a grammar's copies share its tree: a state outlives the grammar that made it, and the fewest characters to finish agree") {
+  using namespace tlm::json_schema;
+  auto made = std::make_unique<tlm::json_grammar>(repeat(tool_calls(), "\n", 1, 3));
+  const tlm::json_grammar copy = *made;
+  const std::string first = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Pa";
+  auto st = made->start();
+  REQUIRE(made->feed(st, first));
+  const std::size_t need = made->min_to_finish(st);
+  made.reset();  // the state points into the tree, which the copy holds (ASan would see a stale pointer)
+  CHECK(copy.min_to_finish(st) == need);
+  // '"' closes the city, ',"days":0' and '}}\n</tool_call>' follow: 1 + 9 + 15.
+  CHECK(need == 25);
+  REQUIRE(copy.feed(st, "ris\",\"days\":3}}\n</tool_call>"));
+  CHECK(copy.can_end(st));
+  CHECK(copy.min_to_finish(st) == 0);
+  // Before the first byte: the shortest whole reply is the shortest call ("now").
+  CHECK(copy.min_to_finish(copy.start()) == std::string("<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>").size());
+}
+
 TEST_CASE("a sequence writes its texts exactly around its values, and one_of picks a sequence by its first text") {
   const tlm::json_grammar g(tool_calls());
   CHECK(admits(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\",\"days\":3}}\n</tool_call>"));

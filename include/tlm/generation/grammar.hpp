@@ -24,6 +24,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -90,8 +91,12 @@ struct json_limits {
 
 class json_grammar {
  public:
-  explicit json_grammar(json_node root = {}, json_limits limits = {}) : root_(std::move(root)), lim_(limits) {
-    check(root_, 0);
+  explicit json_grammar(json_node root = {}, json_limits limits = {})
+      : root_(std::make_shared<const json_node>(std::move(root))), lim_(limits) {
+    check(*root_, 0);
+    auto mins = std::make_shared<std::unordered_map<const json_node*, std::size_t>>();
+    note_min(*root_, *mins);
+    min_ = std::move(mins);
   }
 
   // The recognizer's state after some bytes.
@@ -127,7 +132,7 @@ class json_grammar {
 
   // The fewest characters that complete the document.
   std::size_t min_to_finish(const state& s) const {
-    if (!s.started) return min_value(root_, 0);
+    if (!s.started) return min_value(*root_);
     std::size_t n = 0;
     for (std::size_t i = 0; i < s.depth; ++i) n += frame_cost(s.stack[i]);
     return n;
@@ -245,7 +250,13 @@ class json_grammar {
     return false;
   }
 
-  std::size_t min_value(const json_node& n, std::size_t depth) const {
+  std::size_t min_value(const json_node& n) const {
+    if (min_) {
+      if (const auto it = min_->find(&n); it != min_->end()) return it->second;
+    }
+    return compute_min(n);
+  }
+  std::size_t compute_min(const json_node& n) const {
     switch (n.k) {
       case json_node::kind::any: return 1;
       case json_node::kind::string: return 2;
@@ -257,31 +268,31 @@ class json_grammar {
         for (const auto& c : n.choices) m = std::min(m, c.size());
         return m;
       }
-      case json_node::kind::array: return 2 + (n.min_items ? n.min_items * (min_value(*n.items, depth + 1) + 1) - 1 : 0);
-      case json_node::kind::object: return rest_of_object(n, 0, depth);
-      case json_node::kind::sequence: return rest_of_sequence(n, 0, depth);
+      case json_node::kind::array: return 2 + (n.min_items ? n.min_items * (min_value(*n.items) + 1) - 1 : 0);
+      case json_node::kind::object: return rest_of_object(n, 0);
+      case json_node::kind::sequence: return rest_of_sequence(n, 0);
       case json_node::kind::one_of: {
         std::size_t m = std::numeric_limits<std::size_t>::max();
-        for (const auto& a : n.alternatives) m = std::min(m, min_value(a, depth));
+        for (const auto& a : n.alternatives) m = std::min(m, min_value(a));
         return m;
       }
       case json_node::kind::repeat:
-        return n.min_items * min_value(*n.items, depth) + (n.min_items - 1) * n.tail.size();
+        return n.min_items * min_value(*n.items) + (n.min_items - 1) * n.tail.size();
     }
     return 1;
   }
   // The fewest characters of a sequence from part i on, its text included, then the tail.
-  std::size_t rest_of_sequence(const json_node& n, std::size_t i, std::size_t depth) const {
+  std::size_t rest_of_sequence(const json_node& n, std::size_t i) const {
     std::size_t c = n.tail.size();
     for (std::size_t j = i; j < n.properties.size(); ++j)
-      c += n.properties[j].first.size() + min_value(n.properties[j].second, depth + 1);
+      c += n.properties[j].first.size() + min_value(n.properties[j].second);
     return c;
   }
   // The fewest characters of an object from property i on, '}' included (and '{' when i == 0).
-  std::size_t rest_of_object(const json_node& n, std::size_t i, std::size_t depth) const {
+  std::size_t rest_of_object(const json_node& n, std::size_t i) const {
     std::size_t c = (i == 0 ? 1 : 0) + 1;
     for (std::size_t j = i; j < n.properties.size(); ++j)
-      c += (j ? 1 : 0) + n.properties[j].first.size() + 3 + min_value(n.properties[j].second, depth + 1);
+      c += (j ? 1 : 0) + n.properties[j].first.size() + 3 + min_value(n.properties[j].second);
     return c;
   }
 
@@ -312,7 +323,7 @@ class json_grammar {
         // phase 0: expect '['; 1: after '['; 2: an item pushed; 3: after ','.
         const json_node& item = f.node->items ? *f.node->items : *f.node;
         const std::size_t m = f.node->min_items > f.count ? f.node->min_items - f.count : 0;
-        const std::size_t per = min_value(item, 0) + 1;  // an item and the ',' or ']' after it
+        const std::size_t per = min_value(item) + 1;  // an item and the ',' or ']' after it
         switch (f.phase) {
           case 0: return 1 + std::max<std::size_t>(m * per, 1);
           case 1: return std::max<std::size_t>(m * per, 1);
@@ -324,26 +335,26 @@ class json_grammar {
         // phase 2i: writing the text before property i's value (count characters of it
         // written; i == size: the closing brace); 2i+1: property i's value pushed.
         const std::size_t i = f.phase / 2;
-        if (f.phase % 2 == 1) return rest_of_object(*f.node, i + 1, 0);
-        return rest_of_object(*f.node, i, 0) - f.count;
+        if (f.phase % 2 == 1) return rest_of_object(*f.node, i + 1);
+        return rest_of_object(*f.node, i) - f.count;
       }
       case f_sequence: {
         // phase 2i: writing part i's text (count characters of it written; i == size: the
         // tail); 2i+1: part i's value pushed.
         const std::size_t i = f.phase / 2;
-        if (f.phase % 2 == 1) return rest_of_sequence(*f.node, i + 1, 0);
-        return rest_of_sequence(*f.node, i, 0) - f.count;
+        if (f.phase % 2 == 1) return rest_of_sequence(*f.node, i + 1);
+        return rest_of_sequence(*f.node, i) - f.count;
       }
       case f_one_of: {
         std::size_t m = std::numeric_limits<std::size_t>::max();
         for (std::size_t i = 0; i < f.node->alternatives.size(); ++i)
-          if (f.viable >> i & 1) m = std::min(m, min_value(f.node->alternatives[i], 0) - f.count);
+          if (f.viable >> i & 1) m = std::min(m, min_value(f.node->alternatives[i]) - f.count);
         return m;
       }
       case f_repeat: {
         // phase 0: before item number viable + 1; 1: item number viable pushed or whole,
         // count characters of the separator after it written.
-        const std::size_t item = min_value(*f.node->items, 0), sep = f.node->tail.size();
+        const std::size_t item = min_value(*f.node->items), sep = f.node->tail.size();
         const std::size_t begun = f.viable + (f.phase == 0 || f.count > 0 ? 1 : 0);  // items once the one begun is whole
         const std::size_t more = f.node->min_items > begun ? (f.node->min_items - begun) * (sep + item) : 0;
         if (f.phase == 0) return item + more;
@@ -397,7 +408,7 @@ class json_grammar {
   bool feed(state& s, unsigned char c) const {
     if (!s.started) {
       s.started = true;
-      if (!push(s, value_frame(root_))) return false;
+      if (!push(s, value_frame(*root_))) return false;
     }
     for (;;) {
       if (s.depth == 0) return false;  // the document is complete
@@ -690,8 +701,21 @@ class json_grammar {
     }
   }
 
-  json_node root_;
+  // Every node's fewest characters, computed once: allowed() asks min_to_finish for each
+  // token that continues the document, and a one_of or repeat frame would otherwise walk
+  // its whole subtree each time. Keyed by address, so the tree is shared, never copied:
+  // a copy of the grammar (and the states it made) point into the same nodes.
+  void note_min(const json_node& n, std::unordered_map<const json_node*, std::size_t>& mins) const {
+    if (mins.contains(&n)) return;
+    if (n.items) note_min(*n.items, mins);
+    for (const auto& part : n.properties) note_min(part.second, mins);
+    for (const auto& a : n.alternatives) note_min(a, mins);
+    mins.emplace(&n, compute_min(n));  // its children are in the table by now
+  }
+
+  std::shared_ptr<const json_node> root_;
   json_limits lim_;
+  std::shared_ptr<const std::unordered_map<const json_node*, std::size_t>> min_;
 };
 
 }  // namespace tlm

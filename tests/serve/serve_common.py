@@ -40,6 +40,10 @@ def server_process(build, model, *flags, host="127.0.0.1"):
         yield port, proc
         assert proc.poll() is None, f"serve exited early with {proc.returncode}: {proc.stderr.read()}"
     finally:
+        if proc.poll() is not None and proc.returncode != 0:
+            # Died under the test (a crash, a sanitizer stopping it): say so, with its stderr,
+            # beside whatever error the lost connection raised in the test.
+            raise AssertionError(f"serve died with exit code {proc.returncode}: {proc.stderr.read()}")
         if proc.poll() is None:
             proc.terminate()
             try:

@@ -1,8 +1,10 @@
 // Matrix-vector and matrix-matrix kernel speed on the shapes of SmolLM2-135M.
 //
-//   kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]...
+//   kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]... [--batches N,N,...]
 //
 // --filter keeps only the measurements whose label contains every TEXT given.
+// --batches sets the token counts of the matmul ("prefill") rows, 64,512 by default;
+// a server's batched decode step is a matmul of one row per running sequence (2-32).
 //
 // Every measurement runs in each of N rounds, interleaved with all the others, and
 // the median round is reported: the machine may be shared, and interleaving spreads
@@ -215,6 +217,7 @@ int main(int argc, char** argv) {
   double target = 0.025;
   std::string out_path;
   std::vector<std::string> filters;
+  std::vector<std::size_t> batches = {64, 512};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rounds" && i + 1 < argc) {
@@ -226,8 +229,19 @@ int main(int argc, char** argv) {
       filters.push_back(argv[++i]);
     } else if (a == "--out" && i + 1 < argc) {
       out_path = argv[++i];
+    } else if (a == "--batches" && i + 1 < argc) {
+      batches.clear();
+      std::stringstream list(argv[++i]);
+      for (std::string item; std::getline(list, item, ',');) {
+        const long n = std::atol(item.c_str());
+        if (n < 2 || n > 4096) {
+          std::cerr << "kernels: --batches takes token counts from 2 to 4096, not '" << item << "'\n";
+          return 2;
+        }
+        batches.push_back(static_cast<std::size_t>(n));
+      }
     } else {
-      std::cerr << "usage: kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]...\n";
+      std::cerr << "usage: kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]... [--batches N,N,...]\n";
       return 2;
     }
   }
@@ -398,9 +412,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Prefill: 64 and 512 tokens through one matrix (matmul), each level and precision.
+  // Prefill: 64 and 512 tokens (--batches) through one matrix (matmul), each level and precision.
   {
-    for (std::size_t batch : {std::size_t{64}, std::size_t{512}}) {
+    for (const std::size_t batch : batches) {
       for (const auto& s : {shape{encoding::q4_1, 1536, 576, "ffn_gate/up"}, shape{encoding::q4_1, 576, 1536, "ffn_down"},
                             shape{encoding::q5_0, 1536, 576, "Q4_K_M ffn_gate/up"},
                             shape{encoding::q4_k, 576, 1536, "Q4_K_M ffn_down"},

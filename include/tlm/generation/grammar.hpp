@@ -95,8 +95,8 @@ class json_grammar {
       : root_(std::make_shared<const json_node>(std::move(root))), lim_(limits) {
     check(*root_, 0);
     auto mins = std::make_shared<std::unordered_map<const json_node*, std::size_t>>();
+    min_ = mins;  // so that each node's minimum reads its children's entries, filled first
     note_min(*root_, *mins);
-    min_ = std::move(mins);
   }
 
   // The recognizer's state after some bytes.

@@ -1,13 +1,19 @@
 """Continuous batching and the prefix cache through the HTTP API: 16 concurrent greedy
 requests of different lengths, each answered as it is by a server that runs one request at
 a time; a chat continued over 5 turns answered as with the prefix cache off, with the cache's
-hits in /metrics and in usage.prompt_tokens_details.cached_tokens."""
+hits in /metrics and in usage.prompt_tokens_details.cached_tokens.
+
+With --no-baseline (the ThreadSanitizer run) the two servers that give the expected
+answers (one request at a time, the prefix cache off) are not started: they share no data
+between threads, and they are most of the check's time (5.2 s of 8.8 s in a Release build;
+the check took 94 s under the sanitizer with them). Everything else is asserted as in the
+Release run, which compares the answers."""
 import threading
 import time
 
 from serve_common import arguments, request, server
 
-args = arguments()
+args = arguments(no_baseline="skip the one-at-a-time and cache-off servers and the comparisons with them")
 
 PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three primary colors are",
            "In 1492,", "Water boils at", "A haiku about the sea:", "The quick brown fox", "To make bread you need",
@@ -33,8 +39,10 @@ def metric(port, name):
 
 
 t0 = time.monotonic()
-with server(args.build, args.model, "--parallel", "1", "--threads", "1", "--no-prefix-cache") as port:
-    alone = [completion(port, i) for i in range(len(PROMPTS))]
+alone = None
+if not args.no_baseline:
+    with server(args.build, args.model, "--parallel", "1", "--threads", "1", "--no-prefix-cache") as port:
+        alone = [completion(port, i) for i in range(len(PROMPTS))]
 
 with server(args.build, args.model, "--parallel", "16", "--threads", "1") as port:
     got = [None] * len(PROMPTS)
@@ -49,12 +57,14 @@ with server(args.build, args.model, "--parallel", "16", "--threads", "1") as por
         t.start()
     for t in threads:
         t.join()
-    for i, (a, g) in enumerate(zip(alone, got)):
-        assert a == g, (PROMPTS[i], a, g)
+    for i, g in enumerate(got):
+        assert g is not None and g[1] in ("length", "stop"), (PROMPTS[i], g)
+        assert alone is None or alone[i] == g, (PROMPTS[i], alone[i], g)
     steps, rows = metric(port, "tlm_decode_steps_total"), metric(port, "tlm_decode_rows_total")
     # The requests were decoded together: more than one sequence a step on average.
     assert rows > 1.5 * steps, (steps, rows)
-    print(f"batching: 16 concurrent requests equal to one at a time; {rows:.0f} rows in {steps:.0f} steps")
+    compared = "equal to one at a time" if alone is not None else "answered (not compared: --no-baseline)"
+    print(f"batching: 16 concurrent requests {compared}; {rows:.0f} rows in {steps:.0f} steps")
 
 QUESTIONS = ["What is the capital of France?", "And of Spain?", "Which of the two is larger?",
              "Name a river in one of them.", "Thank you. Say goodbye in French."]
@@ -74,19 +84,22 @@ def conversation(port):
     return replies, cached
 
 
-with server(args.build, args.model, "--parallel", "2", "--threads", "1", "--no-prefix-cache") as port:
-    cold, cold_cached = conversation(port)
-    assert cold_cached == [0] * 5, cold_cached
-    assert metric(port, "tlm_prefix_cache_hits_total") == 0
+cold = None
+if not args.no_baseline:
+    with server(args.build, args.model, "--parallel", "2", "--threads", "1", "--no-prefix-cache") as port:
+        cold, cold_cached = conversation(port)
+        assert cold_cached == [0] * 5, cold_cached
+        assert metric(port, "tlm_prefix_cache_hits_total") == 0
 
 with server(args.build, args.model, "--parallel", "2", "--threads", "1") as port:
     warm, cached = conversation(port)
-    assert warm == cold, (warm, cold)
+    assert cold is None or warm == cold, (warm, cold)
     # From the second turn on, the conversation so far is in the cache.
     assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
     assert all(b > a for a, b in zip(cached[1:], cached[2:])), cached
     assert metric(port, "tlm_prefix_cache_hits_total") == 4
     assert metric(port, "tlm_prefix_cache_tokens_total") == sum(cached)
-    print(f"prefix cache: 5 turns equal to the cache off; cached tokens per turn {cached}")
+    compared = "equal to the cache off" if cold is not None else "answered (not compared: --no-baseline)"
+    print(f"prefix cache: 5 turns {compared}; cached tokens per turn {cached}")
 
 print(f"batching: ok ({time.monotonic() - t0:.1f} s)")

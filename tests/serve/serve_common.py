@@ -9,10 +9,14 @@ import subprocess
 import time
 
 
-def arguments():
+def arguments(**switches):
+    """The checks' common arguments; each keyword names a check's own on/off switch
+    (`--name-with-dashes`) and gives its help text."""
     p = argparse.ArgumentParser()
     p.add_argument("--build", required=True, help="the CMake build folder")
     p.add_argument("--model", required=True, help="the GGUF file")
+    for name, help_text in switches.items():
+        p.add_argument("--" + name.replace("_", "-"), action="store_true", help=help_text)
     return p.parse_args()
 
 

@@ -784,10 +784,10 @@ class server {
     const json none = json::array();
     try {
       p.tools = tlm::tools::apply(t ? *t : none, c, parallel, p.messages, counter_->format().default_system(), p.gen);
+    } catch (const tlm::tools::grammar_conflict&) {
+      throw api_error(400, "'response_format' and 'tools' cannot hold one reply together; give one of them",
+                      "response_format", "unsupported");
     } catch (const tlm::tools::tool_error& e) {
-      if (e.field == "response_format")
-        throw api_error(400, "'response_format' and 'tools' cannot hold one reply together; give one of them",
-                        "response_format", "unsupported");
       throw api_error(400, e.what(), e.field, e.wrong_type ? "invalid_type" : "invalid_value");
     }
   }

@@ -159,9 +159,9 @@ class model_impl final : public model_base {
     try {
       r.may_call = tools::apply(*r.tools, c, r.parallel_tool_calls, r.messages,
                                 tlm::chat_template::of(template_, r.chat_template).default_system(), r.options);
+    } catch (const tools::grammar_conflict&) {
+      throw tlm::error("chat: json_schema and tools cannot hold one reply together; give one of them");
     } catch (const tools::tool_error& e) {
-      if (e.field == "response_format")
-        throw tlm::error("chat: json_schema and tools cannot hold one reply together; give one of them");
       throw tlm::error(std::string("chat: ") + e.what());
     }
   }

@@ -112,6 +112,13 @@ struct tool_error : error {
   bool wrong_type;  // the value is of the wrong kind (not a function tool, not an array), not a wrong value
 };
 
+// Thrown by apply when the request's options already hold a grammar (a response format):
+// one reply cannot follow two grammars. Not a tool_error, since no tool field is wrong; each
+// caller names the two fields in its own API's terms.
+struct grammar_conflict : error {
+  grammar_conflict() : error("tools and a response format cannot hold one reply together; give one of them") {}
+};
+
 // A tool as its calls are held: its name and its arguments' schema compiled.
 struct tool {
   std::string name;
@@ -177,8 +184,7 @@ struct choice {
 // `parallel`: a reply may hold up to max_calls calls, newline-separated; otherwise one.
 // Returns whether the reply may be calls. Throws tool_error naming the field: a tool that
 // cannot be called (read_tools), a choice that names no tool given, a call asked of no
-// tools, or a grammar the options already hold (field "response_format": one reply cannot
-// follow two grammars; the caller words it in its own API's terms).
+// tools; grammar_conflict when the options already hold a grammar.
 inline bool apply(const json& tools, const choice& c, bool parallel, std::vector<chat_message>& messages,
                   std::string_view default_system, generation_options& options) {
   const bool must_call = c.k == choice::kind::required || c.k == choice::kind::named;
@@ -193,7 +199,7 @@ inline bool apply(const json& tools, const choice& c, bool parallel, std::vector
   if (c.k == choice::kind::named && calls.empty())
     throw tool_error("tool_choice", " names the function '" + c.name + "', which 'tools' does not hold");
   if (c.k == choice::kind::none) return false;  // the signatures are not shown either: nothing may be called
-  if (options.grammar) throw tool_error("response_format", ": tools and a response format cannot hold one reply together");
+  if (options.grammar) throw grammar_conflict();
   add_section(messages, system_section(tools), default_system);
   json_node one = json_schema::one_of(std::move(calls));
   json_node held = parallel ? json_schema::repeat(std::move(one), std::string(call_separator), 1, max_calls) : std::move(one);

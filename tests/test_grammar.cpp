@@ -391,6 +391,66 @@ TEST_CASE("a grammar with a trigger binds a reply that begins with it and leaves
   CHECK((g->feed(st, bound.finish().text) && g->can_end(st)));
 }
 
+namespace {
+// allowed() by its definition: every text token fed to a copy of the state, admitted when
+// the grammar takes it and the document can still be finished within the budget.
+std::vector<std::uint8_t> allowed_by_definition(const tlm::json_grammar& g, const tlm::json_grammar::state& s,
+                                                const tlm::tokenizer& tok, std::size_t budget) {
+  std::vector<std::uint8_t> out(tok.vocab_size(), 0);
+  for (std::size_t id = 0; id < out.size(); ++id) {
+    const auto i = static_cast<std::int32_t>(id);
+    if (const auto t = tok.type(i);
+        t == tlm::token_type::control || t == tlm::token_type::unknown || t == tlm::token_type::unused)
+      continue;
+    const std::string_view bytes = tok.token_bytes(i);
+    if (bytes.empty()) continue;
+    auto next = s;
+    if (g.feed(next, bytes) && next.chars + g.min_to_finish(next) <= budget) out[id] = 1;
+  }
+  if (g.can_end(s))
+    for (const std::int32_t id : tok.end_of_generation()) out[static_cast<std::size_t>(id)] = 1;
+  return out;
+}
+}  // namespace
+
+TEST_CASE("allowed() equals its definition at every prefix of documents, with tight and loose budgets") {
+  // allowed() skips work: a token's first byte rules out most of the vocabulary, a token
+  // of plain characters inside a string is not fed, and the frames a token leaves alone
+  // are costed once. Each shortcut is checked here against feeding every token.
+  const auto& tok = tlm_test::shared_tokenizer<tlm::model<C>>();
+  struct doc {
+    tlm::json_grammar grammar;
+    std::string text;
+  };
+  const doc docs[] = {
+      // Strings of at most 7 characters (the longest key), so that tokens meet the limit; escapes.
+      {tlm::json_grammar(tlm::json_schema::from_text(person_schema), {.max_string = 7}),
+       R"({"name":"Ab\"c\u0041","age":-12,"height":1.5e3,"student":true,"color":"green","tags":["a","bcdefgh"]})"},
+      {tlm::json_grammar(), R"([{"k":[1,-2.5e-3,null]},"x y",false,{}])"},
+      {tlm::json_grammar(tool_calls()), "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\",\"days\":3}}\n</tool_call>"},
+  };
+  std::size_t states = 0, admitted = 0;
+  std::vector<std::uint8_t> got;
+  for (const auto& d : docs) {
+    auto s = d.grammar.start();
+    for (std::size_t at = 0; at <= d.text.size(); ++at) {
+      if (at > 0) REQUIRE(d.grammar.feed(s, d.text.substr(at - 1, 1)));
+      const std::size_t tight = s.chars + d.grammar.min_to_finish(s);
+      for (const std::size_t budget : {tight, tight + 2, std::size_t{1000}}) {
+        d.grammar.allowed(s, tok, budget, got);
+        const auto want = allowed_by_definition(d.grammar, s, tok, budget);
+        CAPTURE(d.text.substr(0, at));
+        CAPTURE(budget);
+        CHECK(got == want);
+        ++states;
+        admitted += static_cast<std::size_t>(std::count(want.begin(), want.end(), std::uint8_t{1}));
+      }
+    }
+  }
+  MESSAGE(states << " states compared; " << admitted << " admitted tokens in all");
+  CHECK(admitted > 100000);  // the string states admit most of the vocabulary
+}
+
 TEST_CASE("added tokens that are text (user-defined, as Qwen2.5's <tool_call>) are written whole, control tokens never") {
   // SmolLM2's vocabulary with the two tags added as user-defined tokens, as Qwen2.5's
   // file has them (tokenizer.json's added tokens with special: false).

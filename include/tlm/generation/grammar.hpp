@@ -149,6 +149,20 @@ class json_grammar {
       state t = s;
       first[static_cast<std::size_t>(b)] = feed(t, static_cast<unsigned char>(b)) ? 1 : 0;
     }
+    // A token's bytes change the top of the stack and leave the frames below it as they
+    // were; their fewest characters to finish are summed here once, and for each token
+    // only the frames from the lowest one it changed are costed again. Inside a string
+    // argument of a tool call that is one frame of five.
+    std::array<std::size_t, std::tuple_size_v<decltype(s.stack)> + 1> below{};
+    for (std::size_t d = 0; d < s.depth; ++d) below[d + 1] = below[d] + frame_cost(s.stack[d]);
+    state next;  // one scratch state, of which each token copies only the live frames
+    // Inside a string, a token of plain characters (printable ASCII, no quote or
+    // backslash) only lengthens it, as feed would one byte at a time: it is admitted
+    // while the string stays within max_string, and the rest still needs what `s` needs.
+    // Most of a vocabulary is such text.
+    const bool in_string = s.started && s.depth > 0 && s.stack[s.depth - 1].type == f_string &&
+                           s.stack[s.depth - 1].phase == s_in;
+    const std::size_t string_room = in_string ? lim_.max_string - s.stack[s.depth - 1].count : 0;
     for (std::size_t id = 0; id < v; ++id) {
       const auto i = static_cast<std::int32_t>(id);
       // User-defined tokens are text: Qwen2.5 writes <tool_call> and </tool_call> as one
@@ -159,14 +173,46 @@ class json_grammar {
       const std::string_view bytes = tok.token_bytes(i);
       if (bytes.empty() || !first[static_cast<unsigned char>(bytes[0])]) continue;
       if (s.chars + bytes.size() > budget) continue;
-      state t = s;
-      if (feed(t, bytes) && t.chars + min_to_finish(t) <= budget) out[id] = 1;
+      if (in_string && std::all_of(bytes.begin(), bytes.end(), [](char ch) {
+            const auto c = static_cast<unsigned char>(ch);
+            return c >= 0x20 && c <= 0x7e && c != '"' && c != '\\';
+          })) {
+        if (bytes.size() <= string_room && s.chars + bytes.size() + below[s.depth] <= budget) out[id] = 1;
+        continue;
+      }
+      copy_live(next, s);
+      if (!feed(next, bytes)) continue;
+      std::size_t need;
+      if (!next.started || !s.started) {
+        need = min_to_finish(next);
+      } else {
+        std::size_t kept = 0;
+        while (kept < std::min(s.depth, next.depth) && same_frame(s.stack[kept], next.stack[kept])) ++kept;
+        need = below[kept];
+        for (std::size_t d = kept; d < next.depth; ++d) need += frame_cost(next.stack[d]);
+      }
+      if (next.chars + need <= budget) out[id] = 1;
     }
     if (can_end(s))
       for (const std::int32_t id : tok.end_of_generation()) out[static_cast<std::size_t>(id)] = 1;
   }
 
  private:
+  // `to` = `from`, reading only the frames below the depth: feed writes a whole frame
+  // when it pushes one, so the frames above are never read. Every member of state is
+  // copied here; the assertion notices one added without it.
+  static void copy_live(state& to, const state& from) {
+    static_assert(sizeof(state) == sizeof(state::stack) + 2 * sizeof(std::size_t),
+                  "json_grammar::state gained a member: copy it in copy_live");
+    std::copy_n(from.stack.begin(), from.depth, to.stack.begin());
+    to.depth = from.depth;
+    to.started = from.started;
+    to.chars = from.chars;
+  }
+  static bool same_frame(const state::frame& a, const state::frame& b) {
+    return a.node == b.node && a.type == b.type && a.phase == b.phase && a.count == b.count && a.viable == b.viable;
+  }
+
   enum frame_type : std::uint8_t { f_value, f_string, f_number, f_choice, f_array, f_object, f_free_object, f_sequence, f_one_of, f_repeat };
 
   void check(const json_node& n, std::size_t depth) const {

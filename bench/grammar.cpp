@@ -18,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include <tlm/cpu.hpp>
 #include <tlm/format/gguf.hpp>
 #include <tlm/generation/grammar.hpp>
 #include <tlm/generation/tools.hpp>
@@ -144,10 +145,10 @@ int main(int argc, char** argv) try {
     table += fmt::format("| {} | {} | {:.0f} | {:.0f} | {:.2f} |\n", st.where, n, fast / 3, plain / 3, plain / fast);
   }
   const std::string doc = fmt::format(
-      "# Constrained decoding: json_grammar::allowed()\n\n- CPU: {}; load average before: {}, after: {}\n"
+      "# Constrained decoding: json_grammar::allowed()\n\n- CPU: {} ({}); load average before: {}, after: {}\n"
       "- Vocabulary: {} tokens ({}); grammar: tools::apply with 8 function tools, tool_choice required.\n"
       "- Median of {} calls, 3 interleaved rounds averaged; one thread.\n- Produced by `bench/grammar.cpp`.\n\n{}",
-      tlm_bench::cpu_model(), load_before, tlm_bench::load_average(), tok.vocab_size(), model, reps, table);
+      tlm_bench::cpu_model(), tlm::cpu_feature_string(), load_before, tlm_bench::load_average(), tok.vocab_size(), model, reps, table);
   const int written = tlm_bench::publish(doc, out_path);
   return agree ? written : 1;
 } catch (const std::exception& e) {

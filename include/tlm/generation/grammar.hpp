@@ -173,24 +173,18 @@ class json_grammar {
       const std::string_view bytes = tok.token_bytes(i);
       if (bytes.empty() || !first[static_cast<unsigned char>(bytes[0])]) continue;
       if (s.chars + bytes.size() > budget) continue;
-      if (in_string && std::all_of(bytes.begin(), bytes.end(), [](char ch) {
-            const auto c = static_cast<unsigned char>(ch);
-            return c >= 0x20 && c <= 0x7e && c != '"' && c != '\\';
-          })) {
+      if (in_string && std::all_of(bytes.begin(), bytes.end(),
+                                   [](char ch) { return plain_string_byte(static_cast<unsigned char>(ch)); })) {
         if (bytes.size() <= string_room && s.chars + bytes.size() + below[s.depth] <= budget) out[id] = 1;
         continue;
       }
       copy_live(next, s);
       if (!feed(next, bytes)) continue;
-      std::size_t need;
-      if (!next.started || !s.started) {
-        need = min_to_finish(next);
-      } else {
-        std::size_t kept = 0;
-        while (kept < std::min(s.depth, next.depth) && same_frame(s.stack[kept], next.stack[kept])) ++kept;
-        need = below[kept];
-        for (std::size_t d = kept; d < next.depth; ++d) need += frame_cost(next.stack[d]);
-      }
+      // Accepted bytes start the document, and before it starts `s` has no frames to keep.
+      std::size_t kept = 0;
+      while (kept < std::min(s.depth, next.depth) && same_frame(s.stack[kept], next.stack[kept])) ++kept;
+      std::size_t need = below[kept];
+      for (std::size_t d = kept; d < next.depth; ++d) need += frame_cost(next.stack[d]);
       if (next.chars + need <= budget) out[id] = 1;
     }
     if (can_end(s))
@@ -209,6 +203,8 @@ class json_grammar {
     to.started = from.started;
     to.chars = from.chars;
   }
+  // A byte a string takes as itself (anything else ends it, escapes, or is refused).
+  static constexpr bool plain_string_byte(unsigned char c) { return c >= 0x20 && c <= 0x7e && c != '"' && c != '\\'; }
   static bool same_frame(const state::frame& a, const state::frame& b) {
     return a.node == b.node && a.type == b.type && a.phase == b.phase && a.count == b.count && a.viable == b.viable;
   }
@@ -495,7 +491,7 @@ class json_grammar {
                 f.phase = s_escape;
                 return true;
               }
-              if (c < 0x20 || c > 0x7e) return false;
+              if (!plain_string_byte(c)) return false;
               ++f.count;
               return true;
             case s_escape:

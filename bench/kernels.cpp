@@ -412,12 +412,16 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Prefill: 64 and 512 tokens (--batches) through one matrix (matmul), each level and precision.
+  // Prefill: 64 and 512 tokens (--batches) through one matrix (matmul), each level and precision,
+  // one matrix per encoding with an integer path.
   {
     for (const std::size_t batch : batches) {
       for (const auto& s : {shape{encoding::q4_1, 1536, 576, "ffn_gate/up"}, shape{encoding::q4_1, 576, 1536, "ffn_down"},
+                            shape{encoding::q4_0, 1536, 576, "ffn_gate/up"}, shape{encoding::q8_0, 1536, 576, "ffn_gate/up"},
                             shape{encoding::q5_0, 1536, 576, "Q4_K_M ffn_gate/up"},
+                            shape{encoding::q5_1, 1536, 576, "Q5_K_M ffn_gate/up"},
                             shape{encoding::q4_k, 576, 1536, "Q4_K_M ffn_down"},
+                            shape{encoding::q5_k, 576, 1536, "Q5_K_M ffn_down"},
                             shape{encoding::q6_k, 576, 1536, "Q4_K_M ffn_down"}}) {
         auto w = std::make_shared<std::vector<std::byte>>(random_matrix(s.enc, s.rows, s.cols, rng));
         auto x = std::make_shared<std::vector<float>>(batch * s.cols);
@@ -427,7 +431,7 @@ int main(int argc, char** argv) {
         for (auto level : levels) {
           if (level == tlm::kernel_level::scalar && batch > 64) continue;  // seconds per call: not worth the wait
           // fast in both paths: the integer kernels and the float32 GEMM that fast mode
-          // takes where it is faster (kernels::integer_prefill; AMD).
+          // takes where it is faster (kernels::integer_matmul: above a few rows).
           const std::pair<k::precision, k::prefill_path> paths[] = {{k::precision::exact, k::prefill_path::automatic},
                                                                     {k::precision::fast, k::prefill_path::integer},
                                                                     {k::precision::fast, k::prefill_path::float32}};

@@ -735,19 +735,56 @@ TEST_CASE("fast: matmul at every level against the scalar integer reference, and
   MESSAGE("fast matmul: worst error / tolerance against the fast reference: " << worst);
 }
 
-TEST_CASE("fast: on the float32 prefill path a fast matmul is the exact one bit for bit; AMD chooses it") {
+// The crossovers documented in kernels/table.hpp (set_integer_max_batch): the most rows a
+// fast matmul runs through the integer kernels, above which it takes the float32 GEMM, on
+// every vendor. At the scalar level every matmul of 2 or more rows is the exact one.
+std::size_t documented_integer_max_batch(tlm::kernel_level level, encoding enc) {
+  const bool k_quant = tlm::traits(enc).block_values == 256;
+  if (level == tlm::kernel_level::scalar) return 1;
+  if (level == tlm::kernel_level::avx512 && tlm::cpu().avx512vnni) return k_quant ? 24 : 12;
+  return k_quant ? 16 : 8;
+}
+
+TEST_CASE("fast: a matmul runs the integer kernels up to the documented batch size and the exact product above it") {
+  level_guard g;
+  std::mt19937 rng(6);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (encoding enc : fast_encodings) {
+      const std::size_t crossover = documented_integer_max_batch(level, enc);
+      for (std::size_t batch : {std::size_t{2}, std::size_t{8}, std::size_t{9}, std::size_t{12}, std::size_t{13},
+                                std::size_t{16}, std::size_t{17}, std::size_t{24}, std::size_t{25}, std::size_t{40}}) {
+        const std::size_t rows = 37, cols = tlm::traits(enc).block_values == 256 ? 768 : 576;
+        const auto w = random_rows(enc, rows, cols, rng);
+        const auto x = random_floats(batch * cols, rng);
+        std::vector<float> automatic(batch * rows), integer(batch * rows), exact(batch * rows);
+        {
+          const tlm_test::prefill_guard p(k::prefill_path::automatic);
+          CHECK(k::integer_matmul(enc, batch) == (batch <= crossover));
+          k::matmul(enc, w.data(), x.data(), automatic.data(), rows, cols, batch, nullptr, k::precision::fast);
+        }
+        {
+          const tlm_test::prefill_guard p(k::prefill_path::integer);
+          k::matmul(enc, w.data(), x.data(), integer.data(), rows, cols, batch, nullptr, k::precision::fast);
+        }
+        k::matmul(enc, w.data(), x.data(), exact.data(), rows, cols, batch, nullptr, k::precision::exact);
+        INFO(describe(level, enc, rows, cols, batch) << ", crossover " << crossover);
+        // The two paths differ (int8 activations), so which one ran is visible.
+        CHECK(std::memcmp(integer.data(), exact.data(), exact.size() * sizeof(float)) != 0);
+        const auto& want = batch <= crossover ? integer : exact;
+        CHECK(std::memcmp(automatic.data(), want.data(), want.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast: on the float32 prefill path a fast matmul is the exact one bit for bit") {
   level_guard g;
   std::mt19937 rng(5);
   for (auto level : testable_levels()) {
     k::force_kernel_level(level);
-    {
-      const tlm_test::prefill_guard automatic(k::prefill_path::automatic);
-      // The choice documented in kernels.hpp (avx2_table): float32 on AMD at the SIMD
-      // levels, integer everywhere else.
-      CHECK(k::integer_prefill() == (level == tlm::kernel_level::scalar || !tlm::cpu().amd));
-    }
     const tlm_test::prefill_guard f32(k::prefill_path::float32);
-    CHECK_FALSE(k::integer_prefill());
+    CHECK_FALSE(k::integer_matmul(encoding::q4_1, 2));
     for (encoding enc : fast_encodings) {
       for (std::size_t batch : {std::size_t{2}, std::size_t{7}, std::size_t{64}}) {
         const std::size_t rows = 37, cols = tlm::traits(enc).block_values == 256 ? 768 : 576;

@@ -101,8 +101,8 @@ TEST_CASE("greedy generation of 32 tokens matches the float64 reference on every
 // leave room for other CPUs' kernels): a float sum in another order flips
 // the rounding of an int8 code now and then, and 30 layers amplify it. Both fast paths are
 // checked: token by token (decode, the integer matvec) and the integer prefill, which
-// a CPU runs unless its float32 GEMM is faster (kernels::integer_prefill: AMD), so it is
-// forced here.
+// a CPU runs only on batches of a few rows (kernels::integer_matmul; above them the float32
+// GEMM is faster), so it is forced here.
 constexpr double fast_logit_tolerance = 0.125;
 constexpr std::size_t fast_argmax_agreement = 218;
 

@@ -49,8 +49,9 @@ struct model_options {
   // exact: f32 activations times the decoded weights (logits within ~3e-6 of
   // float64). fast: activations quantized to int8 per 32-value block and integer
   // dot products, as llama.cpp computes (logits within 0.125 of the largest logit;
-  // the prefill runs exact where that is faster, kernels::integer_prefill). The
-  // default is exact unless TLM_PRECISION=fast is set.
+  // a product of more than a few rows, as a prefill, runs exact, which is faster
+  // there: kernels::integer_matmul). The default is exact unless TLM_PRECISION=fast
+  // is set.
   kernels::precision precision = kernels::default_precision();
 };
 

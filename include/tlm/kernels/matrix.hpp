@@ -125,10 +125,11 @@ constexpr bool has_fast_kernel(encoding enc) {
   return false;
 }
 
-// Which kernels a fast matmul (prefill, batch > 1) runs: the level's choice
-// (`automatic`: the integer kernels except where the float32 GEMM measured faster, see
-// avx2_table), or forced either way, which tests (the integer kernels at every level)
-// and benchmarks (both paths side by side) do. Decode (matvec) is not affected.
+// Which kernels a fast matmul (batch > 1: prefill, a batched decode step) runs: the
+// level's choice (`automatic`: the integer kernels up to the batch size where the
+// float32 GEMM becomes faster, per encoding: set_integer_max_batch), or forced either way,
+// which tests (the integer kernels at every size) and benchmarks (both paths side by
+// side) do. Decode (matvec) is not affected.
 enum class prefill_path { automatic, integer, float32 };
 
 namespace detail {
@@ -144,10 +145,13 @@ inline prefill_path force_prefill_path(prefill_path p) {
   return detail::prefill_choice().exchange(p, std::memory_order_acq_rel);
 }
 
-// Whether a fast matmul on the active level runs the integer kernels.
-inline bool integer_prefill() {
+// Whether a fast matmul of `batch` activation rows of weights in `enc` on the active level
+// runs the integer kernels (otherwise it computes the exact product).
+inline bool integer_matmul(encoding enc, std::size_t batch) {
+  if (!has_fast_kernel(enc)) return false;
   const prefill_path p = detail::prefill_choice().load(std::memory_order_acquire);
-  return p == prefill_path::automatic ? detail::table().integer_prefill : p == prefill_path::integer;
+  if (p != prefill_path::automatic) return p == prefill_path::integer;
+  return batch <= detail::table().integer_max_batch[static_cast<std::size_t>(detail::slot(enc))];
 }
 
 // y[r] = sum_c W[r,c] * x[c].   W [rows, cols] in `enc`, x [cols], y [rows].
@@ -255,8 +259,9 @@ inline void matvec_group(const std::array<shared_input_product, N>& group, const
 //   W [rows, cols] in `enc`, X [batch, cols], Y [batch, rows]; Y must not overlap X or W.
 // Each decoded weight row is reused across the batch, so this is much faster than
 // `batch` calls of matvec. Results do not depend on the pool or its size.
-// precision::fast computes exactly where integer_prefill() is false (AMD): the float32
-// GEMM is the faster prefill there, so fast mode loses nothing by being exact.
+// precision::fast computes exactly where integer_matmul(enc, batch) is false (batches
+// above 8-24 rows, by encoding and level): the float32 GEMM is the faster kernel there,
+// so fast mode loses nothing by being exact.
 inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows, std::size_t cols,
                    std::size_t batch, thread_pool* pool = nullptr, precision p = default_precision()) {
   const std::size_t s = detail::check_args("matmul", enc, w, x, y, rows, cols);
@@ -272,7 +277,7 @@ inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, s
   }
   const auto& t = detail::table();
   const std::size_t rb = row_bytes(enc, cols);
-  if (p == precision::fast && t.matmul_q8[s] != nullptr && integer_prefill()) {
+  if (p == precision::fast && t.matmul_q8[s] != nullptr && integer_matmul(enc, batch)) {
     auto& qx = detail::quantized_x();
     t.quantize(x, batch, cols, qx);
     const auto fq = t.matmul_q8[s];

@@ -56,9 +56,10 @@ struct kernel_table {
   matmul_rows_fn matmul_narrow[table_size];
   std::size_t matmul_min_batch;
   // precision::fast; null where the encoding has no integer path (it runs exact).
-  // integer_prefill false: a fast matmul (batch > 1) takes the float32 GEMM instead of
-  // matmul_q8, where that measured faster (see avx2_table); decode keeps matvec_q8.
-  bool integer_prefill;
+  // A fast matmul of at most `integer_max_batch[slot]` activation rows runs matmul_q8; a
+  // larger one the float32 GEMM (matmul, the exact product), the faster kernel there
+  // (see set_integer_max_batch). Decode (one row) keeps matvec_q8.
+  std::size_t integer_max_batch[table_size];
   quantize_fn quantize;
   matvec_q8_fn matvec_q8[table_size];
   matmul_q8_fn matmul_q8[table_size];
@@ -77,7 +78,12 @@ inline const kernel_table& scalar_table() {
   static const kernel_table t = [] {
     kernel_table k{};
     k.level = kernel_level::scalar;
-    k.integer_prefill = true;
+    // Portable C++ sums int8 products no faster than float ones, and the float32 GEMM
+    // reuses each decoded weight row: a fast matmul is the exact one at every batch.
+    // Q4_1 1536x576, 1 thread, µs float32 / integer: 4 rows 642 / 1,572, 8: 945 / 3,160
+    // (bench/results/kernels-decode-batch-xeon.md). The integer kernels stay the
+    // definition the SIMD ones are tested against (matmul_fast_reference).
+    for (auto& n : k.integer_max_batch) n = 1;
     for (std::size_t i = 0; i < table_size; ++i) {
       k.matvec[i] = &matvec_rows_scalar;
       k.matmul[i] = &matmul_rows_scalar;
@@ -138,6 +144,27 @@ constexpr void set_avx2_k(kernel_table& k) {
   k.matmul_q8[slot_of<E>] = &avx2::matmul_q8_k<E>;
 }
 
+// Where a fast matmul stops taking the integer kernels: at most `legacy` rows for the
+// 32-value block encodings, `k_quants` for the 256-value ones. The integer kernels win
+// only on short batches (a server's decode step over a few sequences): one
+// vpmaddubsw/vpdpbusd covers 32-64 products, but every block still needs its scales
+// applied in float (convert, multiply, multiply-add), about as many instructions as the
+// float32 GEMM spends on the same products, and the GEMM keeps each decoded weight
+// vector in registers across the batch. A K-quant block of 256 values pays its float
+// scales once per 8 sub-blocks, hence its later crossover. Measured on a 2-vCPU Xeon
+// (AVX-512 VNNI), 2 threads, integer / float32 time at the crossover and the next size
+// (bench/results/kernels-fast-crossover-xeon.md): AVX2 level, legacy 0.81-1.04 at 8 and
+// 0.99-1.17 at 12, K-quants 0.73-0.99 at 16 and 1.04-1.11 at 24; AVX-512 with VNNI, legacy
+// 0.86-1.02 at 12 and 1.03-1.19 at 16, K-quants 0.76-0.93 at 24 and 1.00-1.18 at 32.
+// Above them the GEMM wins by up to 2.2x (Q4_1 at 64 and 512 rows). On Zen 4 the one
+// point measured agrees (Q4_1: the integer kernel 1.6x faster at 4 rows, the GEMM 6 %
+// faster at 16; bench/results/kernels-decode-batch-epyc.md); its GEMM runs 256 bits wide
+// below 32 rows (matmul_min_batch), which can only favour the integer kernels more.
+constexpr void set_integer_max_batch(kernel_table& k, std::size_t legacy, std::size_t k_quants) {
+  for (encoding e : fast_encodings)
+    k.integer_max_batch[static_cast<std::size_t>(slot(e))] = traits(e).block_values == 256 ? k_quants : legacy;
+}
+
 inline const kernel_table& avx2_table() {
   static const kernel_table t = [] {
     kernel_table k{};
@@ -165,14 +192,7 @@ inline const kernel_table& avx2_table() {
     set_avx2_fast<encoding::q4_1>(k);
     set_avx2_fast<encoding::q5_0>(k);
     set_avx2_fast<encoding::q5_1>(k);
-    // On AMD (Zen 4 measured) the integer prefill is slower than the float32 GEMM it
-    // would replace: one vpmaddubsw/vpdpbusd covers 32-64 products, but every 32-value
-    // block still needs its two scales applied in float (convert, multiply,
-    // multiply-add), as many instructions as the float GEMM spends on the same
-    // products. One thread, tokens/s exact / fast: prefill 64 372 / 256, 512 309 / 233
-    // (bench/results/issue10-epyc-avx512.md). Elsewhere the integer path stays, as
-    // llama.cpp's does (untested here: Intel's 512-bit units may change the balance).
-    k.integer_prefill = !cpu().amd;
+    set_integer_max_batch(k, 8, 16);
     return k;
   }();
   return t;
@@ -270,6 +290,8 @@ inline const kernel_table& avx512_table() {
     }
     // Decode with byte permutes where the CPU has them (4 Q4 blocks per step; for
     // Q8_0 the permute measured slower than two 32-byte loads, 29.5 against 37 GB/s).
+    // Without VNNI the integer kernels are the AVX2 ones, and so are their crossovers.
+    if (cpu().avx512vnni) set_integer_max_batch(k, 12, 24);
     if (cpu().avx512vnni && cpu().avx512vbmi) {
       k.matvec_q8[slot_of<encoding::q4_0>] = &avx512::matvec_q8_vbmi<encoding::q4_0>;
       k.matvec_q8[slot_of<encoding::q4_1>] = &avx512::matvec_q8_vbmi<encoding::q4_1>;

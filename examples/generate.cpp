@@ -233,7 +233,7 @@ options parse(int argc, char** argv) {
   if (o.chat && !o.prompt && !o.token_ids && !o.n_given) o.n = 512;  // an interactive reply
   // Every option is checked here, before the file is mapped or a token computed.
   if (!o.config.empty() && !tlm::program_configs::contains(o.config))
-    fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
+    fail(tlm::unknown_config(o.config, "--config"));
   if (o.threads > max_threads) fail(fmt::format("--threads {} is more than {}; give 0 for every core", o.threads, max_threads));
   if ((o.context_shift || o.keep) && !o.chat) fail("--context-shift and --keep apply to a conversation; add --chat");
   if (o.keep && !o.context_shift) fail("--keep sets what --context-shift never drops; add --context-shift, or leave --keep out");

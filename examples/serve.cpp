@@ -204,7 +204,7 @@ options parse(int argc, char** argv) {
     else fail(fmt::format("unknown option '{}'\n{}", a, usage()));
   }
   if (!o.config.empty() && !tlm::program_configs::contains(o.config))
-    fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text()));
+    fail(tlm::unknown_config(o.config, "--config"));
   o.threads = tlm::threads_or_every_core(o.threads);
   if (o.name.empty()) o.name = std::filesystem::path(o.model).stem().string();
   return o;

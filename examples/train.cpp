@@ -129,7 +129,7 @@ options parse(int argc, char** argv) {
   }
   tlm::check_request(o);
   if (!o.config.empty() && !trainable_configs::contains(o.config))
-    fail(fmt::format("unknown --config '{}'; known: {}", o.config, tlm::config_names_text<trainable_configs>()));
+    fail(tlm::unknown_config<trainable_configs>(o.config, "--config"));
   return o;
 }
 

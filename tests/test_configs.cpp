@@ -81,6 +81,14 @@ TEST_CASE("an unknown name throws tlm::error listing the known names") {
   CHECK_THROWS_AS(sizes_of<tlm::shipped_configs>("tlm::smollm2_135m"), tlm::error);
   CHECK_THROWS_AS(sizes_of<tlm::shipped_configs>(""), tlm::error);
   CHECK_THROWS_WITH(sizes_of<tlm::config_list<tlm::tiny_gqa>>("tiny_untied"), "unknown config 'tiny_untied'; known: tiny_gqa");
+  // A shipped config that a narrower list (a build with TLM_PROGRAM_CONFIGS) left out is
+  // named as such, with the way to build it in.
+  using narrow = tlm::config_list<tlm::smollm2_135m, tlm::tiny_train>;
+  CHECK_THROWS_WITH(sizes_of<narrow>("llama32_1b"),
+                    "unknown config 'llama32_1b'; known: smollm2_135m, tiny_train. 'llama32_1b' is a shipped config this "
+                    "program was built without: configure with -DTLM_PROGRAM_CONFIGS= -DTLM_SERVE_CONFIGS= "
+                    "-DTLM_TRAIN_CONFIGS= (empty: every shipped config) and build it again");
+  CHECK(tlm::unknown_config<narrow>("llama3", "--config") == "unknown --config 'llama3'; known: smollm2_135m, tiny_train");
 }
 
 TEST_CASE("a list of the caller's own configs works the same way") {

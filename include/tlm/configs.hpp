@@ -85,6 +85,21 @@ std::string config_names_text() {
   return out;
 }
 
+// What a program says of a config name not in `List` (`what`: how the user gave it, e.g.
+// "--config"): the names it knows, and for a shipped config that a build naming fewer
+// left out (TLM_PROGRAM_CONFIGS; CI's serve and train), how to build it in.
+template <class List = program_configs>
+std::string unknown_config(std::string_view name, std::string_view what = "config") {
+  std::string message =
+      "unknown " + std::string(what) + " '" + std::string(name) + "'; known: " + config_names_text<List>();
+  if (!List::contains(name) && shipped_configs::contains(name))
+    message += ". '" + std::string(name) +
+               "' is a shipped config this program was built without: configure with "
+               "-DTLM_PROGRAM_CONFIGS= -DTLM_SERVE_CONFIGS= -DTLM_TRAIN_CONFIGS= (empty: every shipped "
+               "config) and build it again";
+  return message;
+}
+
 namespace detail {
 
 template <class List, class F, LlamaConfig C, LlamaConfig... Rest>
@@ -93,7 +108,7 @@ decltype(auto) with_config_of(std::string_view name, F& f) {
   if constexpr (sizeof...(Rest) > 0) {
     return with_config_of<List, F, Rest...>(name, f);
   } else {
-    throw error("unknown config '" + std::string(name) + "'; known: " + config_names_text<List>());
+    throw error(unknown_config<List>(name));
   }
 }
 

@@ -890,7 +890,7 @@ class py_trainer {
   explicit py_trainer(const nb::kwargs& kw) : r_(training_request_from(kw)) {
     tlm::check_request(r_);
     if (!r_.config.empty() && !tlm::program_configs::contains(r_.config))
-      throw tlm::error("unknown config '" + r_.config + "'; known: " + tlm::config_names_text<tlm::program_configs>());
+      throw tlm::error(tlm::unknown_config(r_.config));
     tlm::trainer_hooks hooks;
     hooks.warn = [this](const std::string& m) {
       std::lock_guard lock(messages_mu_);

@@ -52,6 +52,7 @@
 #include <ctime>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -105,7 +106,7 @@ constexpr std::string_view usage_format = R"(usage: serve [options]
   --cors ORIGIN      answer browsers from ORIGIN (repeatable; * for any) with CORS headers
                      and preflight OPTIONS requests (default: no CORS headers)
   --max-connections N  open connections served at once, one thread each (default 256); more
-                     wait until one closes
+                     wait until one closes. Also the listen backlog: as many may connect at once
   --read-timeout S   a connection that sends nothing for S seconds while its request is
                      read is closed (default 10)
   --chat-template NAME  render chat requests with this template instead of the file's
@@ -276,40 +277,72 @@ std::string random_id(std::string_view prefix) {
   return id;
 }
 
-// httplib 0.11 gives a handler neither its socket nor word that the client left, so a
-// non-streaming request would be generated to its end for nobody. The connection's socket
-// is the open descriptor whose two ends are the request's addresses; the handler's thread
-// owns it until the handler returns, so it cannot be closed and reused meanwhile.
-// Returns -1 if none matches (then the request runs to its end, as before).
-int connection_socket(const httplib::Request& req) {
+// The descriptors of this process's sockets, in turn, until `f` returns true; returns that
+// descriptor, or -1.
+template <class F>
+int find_socket(F&& f) {
   DIR* dir = opendir("/proc/self/fd");
   if (!dir) return -1;
   int found = -1;
-  const auto numeric = [](const sockaddr_storage& a, socklen_t len, std::string& host, int& port) {
-    char h[NI_MAXHOST], p[NI_MAXSERV];
-    if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV))
-      return false;
-    host = h;
-    port = std::atoi(p);
-    return true;
-  };
   while (const dirent* e = readdir(dir)) {
     if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
     const int fd = std::atoi(e->d_name);
-    sockaddr_storage peer{}, self{};
-    socklen_t peer_len = sizeof peer, self_len = sizeof self;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
+    sockaddr_storage self{};
+    socklen_t self_len = sizeof self;
     if (getsockname(fd, reinterpret_cast<sockaddr*>(&self), &self_len) != 0) continue;
-    std::string peer_host, self_host;
-    int peer_port = -1, self_port = -1;
-    if (numeric(peer, peer_len, peer_host, peer_port) && numeric(self, self_len, self_host, self_port) &&
-        peer_host == req.remote_addr && peer_port == req.remote_port && self_port == req.local_port) {
+    if (f(fd, self, self_len)) {
       found = fd;
       break;
     }
   }
   closedir(dir);
   return found;
+}
+
+bool numeric_address(const sockaddr_storage& a, socklen_t len, std::string& host, int& port) {
+  char h[NI_MAXHOST], p[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, h, sizeof h, p, sizeof p, NI_NUMERICHOST | NI_NUMERICSERV))
+    return false;
+  host = h;
+  port = std::atoi(p);
+  return true;
+}
+
+// httplib 0.11 gives a handler neither its socket nor word that the client left, so a
+// non-streaming request would be generated to its end for nobody. The connection's socket
+// is the open descriptor whose two ends are the request's addresses; the handler's thread
+// owns it until the handler returns, so it cannot be closed and reused meanwhile.
+// Returns -1 if none matches (then the request runs to its end, as before).
+int connection_socket(const httplib::Request& req) {
+  return find_socket([&](int fd, const sockaddr_storage& self, socklen_t self_len) {
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;
+    std::string peer_host, self_host;
+    int peer_port = -1, self_port = -1;
+    return numeric_address(peer, peer_len, peer_host, peer_port) && numeric_address(self, self_len, self_host, self_port) &&
+           peer_host == req.remote_addr && peer_port == req.remote_port && self_port == req.local_port;
+  });
+}
+
+// Debian's httplib 0.11 is a compiled library that listens with a backlog of 5: 16 clients
+// connecting at once overflowed it, their SYNs were dropped and retried a second later,
+// and under load a connection accepted late had its request arrive after httplib's 2 s
+// wait for it and was reset (serve_batching under ThreadSanitizer). Listening again on a
+// listening socket only sets its backlog (Linux), so it is raised here to the number of
+// connections served at once; the kernel caps it at net.core.somaxconn.
+void widen_backlog(int port, int backlog) {
+  const int fd = find_socket([&](int candidate, const sockaddr_storage& self, socklen_t self_len) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    std::string host;
+    int self_port = -1;
+    return getsockopt(candidate, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening &&
+           numeric_address(self, self_len, host, self_port) && self_port == port;
+  });
+  if (fd < 0 || ::listen(fd, backlog) != 0)
+    fmt::print(stderr, "serve: warning: could not raise the listen backlog to {} ({}); clients connecting at once "
+               "beyond 5 may wait a second or more\n", backlog, fd < 0 ? "no listening socket found" : std::strerror(errno));
 }
 
 // Whether the client has closed its end (or the connection broke).
@@ -1529,6 +1562,7 @@ int run(const options& o) {
   else if (!svr.bind_to_port(o.host, port)) port = -1;
   if (port <= 0)
     fail(fmt::format("cannot listen on {}:{}; is the port taken? give another with --port, or 0 for a free one", o.host, o.port));
+  widen_backlog(port, static_cast<int>(std::min<std::size_t>(o.max_connections, std::numeric_limits<int>::max())));
   // An IPv6 address is written in brackets in a URL (RFC 3986), so the line can be pasted.
   const std::string shown_host = o.host.find(':') == std::string::npos ? o.host : "[" + o.host + "]";
   fmt::print("serve: listening on http://{}:{} ({}, {} requests at once, {} threads)\n", shown_host, port, tlm::config_name<C>(),

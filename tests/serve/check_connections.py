@@ -2,7 +2,8 @@
 2 s do not starve /health or a completion; a connection that sends nothing is closed
 after --read-timeout; on SIGTERM a stream being generated ends with an error event
 (no finish_reason, no [DONE]), a non-streamed one gets 503, a queued one 503, and the
-server exits 0; --max-connections. Also: the Bearer scheme in any case, CORS (--cors) and OPTIONS,
+server exits 0; --max-connections, and the listen backlog it sets (64 clients connecting at
+once are all answered). Also: the Bearer scheme in any case, CORS (--cors) and OPTIONS,
 unguessable request ids, the "model" field not checked, --host ::1 printed as a URL; a refusal
 sent before its body was read closes the connection (no keep-alive desync)."""
 import http.client
@@ -10,6 +11,7 @@ import json
 import os
 import re
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -150,6 +152,31 @@ if has_ipv6_loopback():
 else:
     print("no IPv6 loopback here: --host ::1 and --cors '*' not checked")
 
+def listen_backlog(port):
+    """The backlog of the TCP socket listening on `port`, as the kernel reports it through
+    sock_diag (netlink): for a listening socket, inet_diag_msg's wqueue is the backlog."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4) as nl:  # NETLINK_SOCK_DIAG
+        # inet_diag_req_v2: family, protocol, extensions, pad, states (1 << TCP_LISTEN), a zero sockid.
+        req = struct.pack("=BBBxI", socket.AF_INET, socket.IPPROTO_TCP, 0, 1 << 10) + bytes(48)
+        # nlmsghdr: length, SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, sequence, port id.
+        nl.send(struct.pack("=IHHII", 16 + len(req), 20, 0x301, 1, 0) + req)
+        found = []
+        while True:
+            data = nl.recv(1 << 16)
+            offset = 0
+            while offset < len(data):
+                length, kind = struct.unpack_from("=IH", data, offset)
+                if kind == 3:  # NLMSG_DONE
+                    return found[0] if len(found) == 1 else found
+                assert kind == 20, f"sock_diag answered message type {kind}"
+                body = offset + 16
+                sport = struct.unpack_from("!H", data, body + 4)[0]
+                rqueue, wqueue = struct.unpack_from("=II", data, body + 4 + 48 + 4)
+                if sport == port:
+                    found.append(wqueue)
+                offset += (length + 3) & ~3
+
+
 # --max-connections 2: two silent connections hold both threads, so /health waits until
 # one of them closes.
 with server(args.build, args.model, "--threads", "1", "--slots", "1", "--max-connections", "2") as port:
@@ -167,7 +194,30 @@ with server(args.build, args.model, "--threads", "1", "--slots", "1", "--max-con
     waiting.join()
     assert answers["health"][0] == 200 and time.monotonic() - t0 < 3, answers
     held[1].close()
-    print("--max-connections 2: a third connection waited for one to close")
+    assert listen_backlog(port) == 2, listen_backlog(port)
+    print("--max-connections 2: a third connection waited for one to close; listen backlog 2")
+
+# httplib listens with a backlog of 5; the server raises it to --max-connections (the
+# kernel caps it at net.core.somaxconn). With 5, clients connecting at once had their SYNs
+# dropped and retried, and one accepted late could be reset.
+with open("/proc/sys/net/core/somaxconn") as f:
+    somaxconn = int(f.read())
+with server(args.build, args.model, "--threads", "1", "--slots", "1") as port:
+    assert listen_backlog(port) == min(256, somaxconn), (listen_backlog(port), somaxconn)
+    statuses = [None] * 64
+    barrier = threading.Barrier(len(statuses))
+
+    def health(i):
+        barrier.wait()
+        statuses[i] = request(port, "GET", "/health", timeout=60)[0]
+
+    clients = [threading.Thread(target=health, args=(i,)) for i in range(len(statuses))]
+    for c in clients:
+        c.start()
+    for c in clients:
+        c.join()
+    assert statuses == [200] * len(statuses), statuses
+    print(f"listen backlog {min(256, somaxconn)}; 64 clients connecting at once all answered")
 
 
 def open_stream(port, body):

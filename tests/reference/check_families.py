@@ -67,9 +67,10 @@ def synth(build: Path, config: str, vocab: Path, enc: str) -> Path:
     return path
 
 
-def reference(path: Path, config: str, prompt: list[int]):
+def reference(path: Path, config: str, prompt: list[int], guess: list[int]):
     """The float64 reference's results on `path`: (hp, problems, logits [T, vocab], greedy
-    ids, margins). Cached next to the file, keyed by the file's size and mtime, the prompt
+    ids, margins); `guess`, tlm's greedy ids, only makes the greedy run faster
+    (RefModel.greedy). Cached next to the file, keyed by the file's size and mtime, the prompt
     and the text of ref_forward.py and this script, so that a CI run after the first
     skips the minute of dequantizing to float64 while a change to the file or the
     reference recomputes."""
@@ -94,7 +95,7 @@ def reference(path: Path, config: str, prompt: list[int]):
             problems.append(f"rope_freqs differ from Llama 3's divisors by {np.max(np.abs(model.rope_freqs - want) / want):.2e}")
     elif hp.arch != "qwen2" or model.layers[0].bq is None:
         problems.append(f"expected a qwen2 file with biases (arch {hp.arch})")
-    ids, margins, logits = model.greedy(prompt, N_GREEDY)
+    ids, margins, logits = model.greedy(prompt, N_GREEDY, guess=guess)
     shape = (hp.dim, hp.n_head, hp.n_kv_head, hp.n_layer)
     np.savez(cache, shape=np.array(shape), arch=np.array(hp.arch), problems=np.array(problems, dtype=str),
              logits=logits, ids=np.array(ids), margins=np.array(margins), vocab=np.array(hp.n_vocab))
@@ -121,18 +122,21 @@ def check(build: Path, config: str, vocab_name: str, shape, prompt: list[int], e
     failures = []
     label = f"{config} (2 layers, {enc})"
     path = synth(build, config, VOCAB_DIR / vocab_name, enc)
-    shape_found, _, problems, ref, ref_ids, margins, vocab = reference(path, config, prompt)
-    if shape_found != (*shape, 2):
-        return [f"{label}: the file has shape {shape_found}, expected {(*shape, 2)}"]
-    failures += [f"{label}: {p}" for p in problems]
     with tempfile.TemporaryDirectory() as td:
         dump = Path(td) / "logits.f32"
         r = subprocess.run([str(build / "tests" / "layers_probe"), "--config", config, "--greedy", str(N_GREEDY), str(path),
                             str(dump), ",".join(map(str, prompt))], capture_output=True, text=True)
         if r.returncode != 0:
             return failures + [f"{label}: layers_probe exited {r.returncode}: {r.stderr}"]
-        ours = np.fromfile(dump, dtype="<f4").astype(np.float64).reshape(2, len(prompt), vocab)
+        ours = np.fromfile(dump, dtype="<f4").astype(np.float64)
         ours_greedy = [int(x) for x in r.stdout.split()]
+    shape_found, _, problems, ref, ref_ids, margins, vocab = reference(path, config, prompt, ours_greedy)
+    if shape_found != (*shape, 2):
+        return [f"{label}: the file has shape {shape_found}, expected {(*shape, 2)}"]
+    failures += [f"{label}: {p}" for p in problems]
+    if ours.size != 2 * len(prompt) * vocab:
+        return failures + [f"{label}: layers_probe wrote {ours.size} floats, expected 2 x {len(prompt)} x {vocab}"]
+    ours = ours.reshape(2, len(prompt), vocab)
     for name, got in (("batched prefill", ours[0]), ("token by token", ours[1])):
         rel = np.max(np.abs(got - ref), axis=1) / np.max(np.abs(ref), axis=1)
         print(f"{label}, {name}: logits over {len(prompt)} x {vocab}: worst {rel.max():.3e}, "

@@ -185,6 +185,21 @@ def main(argv=None) -> int:
         print(f"greedy: {agree}/{n_greedy} prompts identical over {n_gen} tokens "
               f"(or up to the end-of-generation token where the generator stopped)")
 
+        # The other reference checks hand RefModel.greedy tlm's ids as a guess, so that it
+        # reads its choices from one batched pass; the fixture's ids were decoded by it one
+        # token at a time. Whatever the guess (right, wrong near the end, cut short), the
+        # ids must be those and the margins theirs, or a guess could pass for the reference.
+        toks = [int(t) for t in gf["p0.tokens"]]
+        want, want_margins = [int(t) for t in gf["p0.ids"]], list(gf["p0.margins"])
+        wrong = list(want)
+        wrong[n_gen - 4] = (wrong[n_gen - 4] + 1) % vocab
+        for name, guess in (("right", want), ("wrong at step %d" % (n_gen - 4), wrong), ("cut to %d" % (n_gen - 3), want[:n_gen - 3])):
+            ids, margins, _ = model.greedy(toks, n_gen, guess=guess)
+            drift = max(abs(a - b) for a, b in zip(margins, want_margins))
+            if ids != want or drift > 1e-9:
+                failures.append(f"RefModel.greedy with a {name} guess: ids {ids} (want {want}), margins off by {drift:.2e}")
+        print(f"RefModel.greedy with a right, a wrong and a short guess: the fixture's token-by-token ids")
+
     print(f"\ntotal {time.time() - t0:.1f}s")
     if failures:
         print(f"\nFAIL: {len(failures)} problem(s):")

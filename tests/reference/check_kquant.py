@@ -204,7 +204,7 @@ def main(argv=None) -> int:
         for p, toks in enumerate(greedy_prompts):
             ours = tlm_greedy(exe, path, toks, N_GREEDY)
             theirs = llama_greedy(llm, toks, N_GREEDY)
-            exact_ref, margins, _ = ref.greedy(toks, N_GREEDY)
+            exact_ref, margins, _ = ref.greedy(toks, N_GREEDY, guess=ours)
             n = len(ours)
             if n == 0:
                 failures.append(f"{ftype} greedy prompt {p}: no tokens generated")

@@ -448,23 +448,46 @@ class RefModel:
         cache = self.new_cache(max(16, len(tokens)))
         return self.forward(tokens, cache)
 
-    def greedy(self, tokens, n: int):
+    def greedy(self, tokens, n: int, guess=None):
         """Greedy n tokens (never stops at EOS).  Returns (ids, margins, prompt_logits).
 
         margins[i] is top1 - top2 of the logits that chose ids[i].
+
+        guess: the continuation another engine chose (tlm's), fed with the prompt in one
+        batched forward. Greedy decoding is a function of the prefix, so while the
+        reference's choice at each position equals the guess, the guess is the reference's
+        own greedy sequence; the choices are read from that one pass over the weights
+        instead of one pass a token (the reference is memory-bound: 1.1 GB of float64
+        weights a token at 135M). Where the guess parts from the reference, or ends,
+        decoding goes on one token at a time from the reference's own choice. The result
+        is the token-by-token one up to float64 rounding between a batched and a one-row
+        product (about 1e-16 of a logit), which could flip only a choice whose margin is
+        that small; the margins are returned.
         """
-        cache = self.new_cache(len(tokens) + n)
-        logits = self.forward(tokens, cache)
-        prompt_logits = logits
-        last = logits[-1]
+        T = len(tokens)
+        fed = [int(t) for t in (guess or [])][: max(n - 1, 0)]
+        cache = self.new_cache(T + n)
+        logits = self.forward(list(tokens) + fed, cache)  # [T + len(fed), vocab]
+        prompt_logits = logits[:T]
         ids, margins = [], []
+        last = logits[T - 1]
+        following = True  # ids so far equal fed: logits[T - 1 + len(ids)] chooses the next id
         for i in range(n):
             top2 = np.argpartition(-last, 2)[:2]
             a, b = sorted(top2, key=lambda j: -last[j])
             ids.append(int(a))
             margins.append(float(last[a] - last[b]))
-            if i + 1 < n:
-                last = self.forward([a], cache)[0]
+            if i + 1 == n:
+                break
+            if following and i < len(fed) and fed[i] == a:
+                last = logits[T + i]
+                continue
+            if following:
+                # The cache holds the prompt and ids[:i] (= fed[:i]) at its first T + i
+                # positions; what it holds beyond is overwritten.
+                cache.length = T + i
+                following = False
+            last = self.forward([a], cache)[0]
         return ids, margins, prompt_logits
 
 

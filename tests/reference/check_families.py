@@ -108,7 +108,7 @@ def llama_cpp_greedy(path: Path, prompt: list[int], n: int, ours: list[int]):
     from llama_cpp import Llama
     # logits_all: scores of every evaluated position (without it only the last batch's row is
     # kept, and scores[n_tokens - 1] after a multi-token eval is not the last position's).
-    llm = Llama(model_path=str(path), logits_all=True, n_ctx=64, n_threads=2, verbose=False)
+    llm = Llama(model_path=str(path), logits_all=True, n_ctx=64, n_threads=1, verbose=False)
     out = llama_greedy(llm, prompt, n)
     llm.reset()
     llm.eval(prompt + ours[:-1])

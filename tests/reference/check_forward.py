@@ -117,7 +117,7 @@ def main(argv=None) -> int:
             if fx_err > 1e-6 or not np.array_equal(np.argmax(ref, axis=1), lf[f"p{p}.argmax"]):
                 failures.append(f"prompt {p}: fixture disagrees with the live reference ({fx_err:.2e}); "
                                 f"wrong model file or stale fixtures")
-            cmd = [str(exe), "--model", str(model_path), "--token-ids", ",".join(map(str, toks)),
+            cmd = [str(exe), "--model", str(model_path), "--threads", "1", "--token-ids", ",".join(map(str, toks)),
                    "-n", "0", "--dump-logits", str(dump)]
             try:
                 run(cmd)
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
                 ref_ids, margins, _ = model.greedy(toks, n_gen)
             else:
                 ref_ids, margins = [int(t) for t in gf[f"p{p}.ids"]], list(gf[f"p{p}.margins"])
-            cmd = [str(exe), "--model", str(model_path), "--token-ids", ",".join(map(str, toks)),
+            cmd = [str(exe), "--model", str(model_path), "--threads", "1", "--token-ids", ",".join(map(str, toks)),
                    "-n", str(n_gen), "--print-ids"]
             try:
                 ours = parse_ids(run(cmd).stdout, cmd)

@@ -101,7 +101,7 @@ def quantize_with_llamacpp(src: Path, dst: Path, ftype: str) -> float:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = FTYPES[ftype]
     params.allow_requantize = True
-    params.nthread = os.cpu_count() or 1
+    params.nthread = 1
     tmp = dst.with_suffix(".partial")
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), params)
     if rc != 0:
@@ -111,13 +111,14 @@ def quantize_with_llamacpp(src: Path, dst: Path, ftype: str) -> float:
 
 
 def dump_logits(exe: Path, model: Path, toks: list[int], out: Path, precision: str) -> np.ndarray:
-    run([str(exe), "--model", str(model), "--token-ids", ",".join(map(str, toks)), "-n", "0",
+    run([str(exe), "--model", str(model), "--threads", "1", "--token-ids", ",".join(map(str, toks)), "-n", "0",
          "--precision", precision, "--dump-logits", str(out)])
     return np.fromfile(out, dtype="<f4").astype(np.float64)
 
 
 def tlm_greedy(exe: Path, model: Path, toks: list[int], n: int) -> list[int]:
-    r = run([str(exe), "--model", str(model), "--token-ids", ",".join(map(str, toks)), "-n", str(n), "--print-ids"])
+    r = run([str(exe), "--model", str(model), "--threads", "1", "--token-ids", ",".join(map(str, toks)), "-n", str(n),
+             "--print-ids"])
     last = [ln for ln in r.stdout.strip().splitlines() if ln.strip()][-1]
     return [int(s) for s in last.split(",") if s.strip()]
 
@@ -198,7 +199,7 @@ def main(argv=None) -> int:
               f"(tolerance {REL_TOL:g}); fast worst {worst_fast:.3f} (bound {FAST_TOL}), "
               f"fast argmax {fast_argmax}/{positions}  [{time.time() - t0:.1f} s]")
 
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=os.cpu_count() or 1,
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=1,
                               verbose=False)
         agree = 0
         for p, toks in enumerate(greedy_prompts):

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     ids = ",".join(map(str, PROMPT))
     with tempfile.TemporaryDirectory() as td:
         dump = Path(td) / "logits.f32"
-        r = subprocess.run([str(gen), "--model", str(path), "--config", args.config, "--token-ids", ids, "-n", "0",
+        r = subprocess.run([str(gen), "--model", str(path), "--config", args.config, "--threads", "1", "--token-ids", ids, "-n", "0",
                             "--dump-logits", str(dump)], capture_output=True, text=True)
         if r.returncode != 0:
             print(f"FAIL: generate exited {r.returncode}: {r.stderr}", file=sys.stderr)
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
             print(f"FAIL: the dump has {ours.size} floats, expected {len(PROMPT)} x {vocab}", file=sys.stderr)
             return 1
         ours = ours.reshape(len(PROMPT), vocab)
-    r = subprocess.run([str(gen), "--model", str(path), "--config", args.config, "--token-ids", ids, "-n", str(N_GREEDY),
+    r = subprocess.run([str(gen), "--model", str(path), "--config", args.config, "--threads", "1", "--token-ids", ids, "-n", str(N_GREEDY),
                         "--print-ids"], capture_output=True, text=True)
     got = [int(x) for x in r.stdout.strip().splitlines()[-1].split(",")] if r.returncode == 0 else None
     # Our ids make the reference's greedy run one batched pass (RefModel.greedy); its ids

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -741,7 +742,8 @@ TEST_CASE("fast: matmul at every level against the scalar integer reference, and
 std::size_t documented_integer_max_batch(tlm::kernel_level level, encoding enc) {
   const bool k_quant = tlm::traits(enc).block_values == 256;
   if (level == tlm::kernel_level::scalar) return 1;
-  if (level == tlm::kernel_level::avx512 && tlm::cpu().avx512vnni) return k_quant ? 24 : 12;
+  if (level == tlm::kernel_level::avx512 && tlm::cpu().avx512vnni)
+    return std::numeric_limits<std::size_t>::max();  // weight rows in the lanes: no crossover
   return k_quant ? 16 : 8;
 }
 
@@ -1028,11 +1030,81 @@ TEST_CASE("AVX-512 VNNI fast kernels against the scalar integer reference, calle
   check(encoding::q4_1, a5::matvec_q8<encoding::q4_1>, a5::matmul_q8<encoding::q4_1>);
   check(encoding::q5_0, a5::matvec_q8<encoding::q5_0>, a5::matmul_q8<encoding::q5_0>);
   check(encoding::q5_1, a5::matvec_q8<encoding::q5_1>, a5::matmul_q8<encoding::q5_1>);
-  check(encoding::q4_k, a5::matvec_q8_k<encoding::q4_k>, a5::matmul_q8_k<encoding::q4_k>);
-  check(encoding::q5_k, a5::matvec_q8_k<encoding::q5_k>, a5::matmul_q8_k<encoding::q5_k>);
-  check(encoding::q6_k, a5::matvec_q8_k<encoding::q6_k>, a5::matmul_q8_k<encoding::q6_k>);
+  check(encoding::q4_k, a5::matvec_q8_k<encoding::q4_k>, a5::matmul_q8<encoding::q4_k>);
+  check(encoding::q5_k, a5::matvec_q8_k<encoding::q5_k>, a5::matmul_q8<encoding::q5_k>);
+  check(encoding::q6_k, a5::matvec_q8_k<encoding::q6_k>, a5::matmul_q8<encoding::q6_k>);
   MESSAGE("avx512 direct fast cases: " << cases << ", worst error / tolerance: " << worst);
   CHECK(cases == 5 * 6 * 3 * 5 + 3 * 5 * 3 * 5);  // encodings x cols x rows x batches
+#else
+  MESSAGE("skipped: no AVX-512 kernels on this architecture");
+#endif
+}
+
+TEST_CASE("AVX-512 VNNI batched kernel with weight rows in the lanes against the scalar integer reference (every encoding with a fast mode)") {
+#ifdef TLM_HAVE_AVX512_KERNELS
+  if (!tlm::kernel_level_supported(tlm::kernel_level::avx512) || !tlm::cpu().avx512vnni) {
+    MESSAGE("skipped: this CPU has no AVX-512 VNNI (" << tlm::cpu_feature_string() << ")");
+    return;
+  }
+  namespace a5 = tlm::kernels::avx512;
+  std::mt19937 rng(1729);
+  std::size_t cases = 0;
+  double worst = 0;
+  // Rows: a part of one 16-row group, one group, a group and 1, two and 1 (the masked
+  // tail); batches: the tiles of 8, 4, 2 and 1 rows alone and together.
+  auto check = [&](encoding enc, auto kernel) {
+    const bool k_quant = tlm::traits(enc).block_values == 256;
+    for (std::size_t cols : k_quant ? std::vector<std::size_t>{256, 768, 1536, 2304} : std::vector<std::size_t>{32, 96, 576, 1536}) {
+      for (std::size_t rows : {1, 5, 16, 17, 33}) {
+        for (std::size_t batch : {2, 3, 7, 8, 9, 15, 16, 17, 30}) {
+          const auto wsrc = random_rows(enc, rows, cols, rng);
+          const auto xsrc = random_floats(batch * cols, rng);
+          placed_bytes w(wsrc, (rows + cols + batch) % 8);
+          const std::size_t rb = tlm::row_bytes(enc, cols);
+          k::q8_activations q;
+          k::detail::quantize_scalar(xsrc.data(), batch, cols, q);
+          // y [batch, rows] and a guard after it: the masked tail must write nothing else.
+          std::vector<float> y(batch * rows + 16, -777.0f), ref(batch * rows), parts(batch * rows + 16, -777.0f);
+          kernel(enc, w.data, rb, q, y.data(), 0, rows, rows, cols);
+          k::detail::matmul_q8_scalar(enc, w.data, rb, q, ref.data(), 0, rows, rows, cols);
+          int bad = 0;
+          for (std::size_t b = 0; b < batch; ++b) {
+            const auto bounds = bounds_for(enc, w.data, xsrc.data() + b * cols, rows, cols);
+            for (std::size_t r = 0; r < rows; ++r) {
+              const double e = std::fabs(static_cast<double>(y[b * rows + r]) - ref[b * rows + r]);
+              worst = std::max(worst, e / bounds.vs_reference[r]);
+              if (!(e <= bounds.vs_reference[r])) ++bad;
+            }
+          }
+          // Rows split as threads split them, and at a row that is not a group's start:
+          // each part writes its rows only, and every output is the whole call's, bit for bit.
+          const std::size_t cut = rows / 3;
+          kernel(enc, w.data, rb, q, parts.data(), 0, cut, rows, cols);
+          bool others_untouched = true;
+          for (std::size_t b = 0; b < batch; ++b)
+            for (std::size_t r = cut; r < rows; ++r) others_untouched = others_untouched && parts[b * rows + r] == -777.0f;
+          kernel(enc, w.data, rb, q, parts.data(), cut, rows, rows, cols);
+          INFO("avx512 lanes " << tlm::name(enc) << " rows " << rows << " cols " << cols << " batch " << batch);
+          CHECK(bad == 0);
+          CHECK(others_untouched);
+          CHECK(std::equal(y.begin(), y.end(), parts.begin()));
+          CHECK(std::all_of(y.begin() + static_cast<std::ptrdiff_t>(batch * rows), y.end(),
+                            [](float v) { return v == -777.0f; }));
+          ++cases;
+        }
+      }
+    }
+  };
+  check(encoding::q8_0, a5::matmul_q8<encoding::q8_0>);
+  check(encoding::q4_0, a5::matmul_q8<encoding::q4_0>);
+  check(encoding::q4_1, a5::matmul_q8<encoding::q4_1>);
+  check(encoding::q5_0, a5::matmul_q8<encoding::q5_0>);
+  check(encoding::q5_1, a5::matmul_q8<encoding::q5_1>);
+  check(encoding::q4_k, a5::matmul_q8<encoding::q4_k>);
+  check(encoding::q5_k, a5::matmul_q8<encoding::q5_k>);
+  check(encoding::q6_k, a5::matmul_q8<encoding::q6_k>);
+  MESSAGE("avx512 lanes cases: " << cases << ", worst error / tolerance: " << worst);
+  CHECK(cases == 8 * 4 * 5 * 9);  // encodings x cols x rows x batches
 #else
   MESSAGE("skipped: no AVX-512 kernels on this architecture");
 #endif

@@ -15,9 +15,9 @@
 //           activations is transposed once into [cols, 16] columns, so each
 //           multiply-add takes one weight (broadcast) and 16 batch rows (a vector):
 //           12 rows x 32 batch rows = 24 accumulators in registers.
-// Fast mode (int8 activations, VNNI): 64 weight bytes (two blocks, or two K-quant
-// sub-blocks) per vpdpbusd; with VBMI, four Q4 blocks per step (one byte permute
-// gathers their codes).
+// Fast mode (int8 activations, VNNI): matvec takes 64 weight bytes (two blocks, or two
+// K-quant sub-blocks) per vpdpbusd; with VBMI, four Q4 blocks per step (one byte permute
+// gathers their codes). Matmul puts 16 weight rows in the lanes (matmul_q8).
 //
 // Dispatch (kernels/table.hpp): on AMD the exact Q8_0 / Q4_0 / Q4_1 matvec uses the AVX2
 // kernels, which measured faster on Zen 4, whose 512-bit operations run as two 256-bit
@@ -758,118 +758,301 @@ TLM_VBMI_FN inline void matvec_q8_vbmi(encoding, const std::byte* w, std::size_t
 #undef TLM_VBMI_FN
 #undef TLM_VBMI_INLINE
 
-// The output of one (weight row, activation row j) of matmul_q8 from its accumulator:
-// the min terms (Q4_1: sum_b m_b s_jb, over the blocks of the pairs) and the last
-// block of an odd count.
+// ---- Fast mode, batched: weight rows in the lanes (VNNI) ---------------------------
+//
+// Prefill and batched decode in fast mode. The 16 lanes of a register are 16 weight
+// rows: dword i of lane r holds the codes of values 4i..4i+3 of one block of row r, so
+// one vpdpbusd with 4 activation bytes broadcast adds 64 products into 16 outputs, and a
+// block of 16 outputs for one activation row costs 8 of them plus one conversion, one
+// multiply and one multiply-add (and one more for a min), where the float32 GEMM spends
+// 32 multiply-adds. The kernels it replaced held 64 values of one row per register and
+// paid the block scales in float for every (row, activation row) pair, as many
+// instructions as the GEMM, so the GEMM beat them above 12 rows (24 for the K-quants);
+// this one measured 2.3-3.7x faster than the GEMM from 16 to 512 rows and 2.4-6.7x faster
+// than the old kernels (2 threads; bench/results/kernels-fast-lanes-xeon.md). A group of 16 rows is
+// unpacked once per call (one gather per dword of a block) into a buffer of [blocks, 8,
+// 16] dwords (a K-quant super-block is 8 such blocks, its sub-blocks) and used for every
+// activation row, 8 at a time, their sums in registers.
+//
+// The codes are unsigned bytes: as stored, Q8_0's biased by 128. The offset (Q8_0 128,
+// Q4_0 8, Q5_0 16, Q6_K 32) returns as an integer, -offset * sum(q), that starts each
+// block's (Q6_K: each half's) sum, so a block's integer sum and its float products are
+// the scalar reference's (block_term_scalar, k_block_term_parts); only the order of the
+// adds differs.
 template <encoding E>
-TLM_VNNI_INLINE inline float finish_q8(__m512 acc, const std::byte* row, const q8_activations& x, std::size_t j,
-                                       const float* mins, const float* sums) {
-  constexpr std::size_t bb = row_bytes(E, 32);
-  const std::size_t nb = x.blocks, paired = nb / 2 * 2;
-  float s = hsum(acc);
-  if constexpr (has_min<E>) s += dot(mins, sums + j * nb, paired);
-  if (paired < nb) {
-    const std::size_t b = nb - 1;
-    s += block_term_vnni<E>(row + b * bb, x.q.data() + j * nb * 32 + 32 * b, x.ds.data() + (j * nb + b) * 2);
-  }
-  return s;
+inline constexpr int lane_code_offset = E == encoding::q8_0 ? 128 : E == encoding::q4_0 ? 8 : E == encoding::q5_0 ? 16 : 0;
+
+// Whether a 32-value block's term has a second product, m s: the min of Q4_1 and Q5_1,
+// -dmin m of a Q4_K / Q5_K sub-block.
+template <encoding E>
+inline constexpr bool lane_has_min = has_min<E> || E == encoding::q4_k || E == encoding::q5_k;
+// Floats per block in the unpacked scales: d; d and m; Q6_K's d and two int32 scales.
+template <encoding E>
+inline constexpr std::size_t lane_scale_stride = E == encoding::q6_k ? 48 : lane_has_min<E> ? 32 : 16;
+
+// Where a block's 4-bit (or 8-bit) codes start, and Q5's 32 high bits.
+template <encoding E>
+inline constexpr std::size_t lane_qs_at = E == encoding::q4_1 ? 4 : E == encoding::q5_0 ? 6 : E == encoding::q5_1 ? 8 : 2;
+template <encoding E>
+inline constexpr std::size_t lane_qh_at = E == encoding::q5_1 ? 4 : 2;
+
+// One dword at `p` + offsets[r] for each live lane r (0 elsewhere, read from nowhere).
+TLM_VNNI_INLINE inline __m512i gather_lanes(const std::byte* p, __m512i offsets, __mmask16 live) {
+  return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offsets, p, 1);
 }
 
-// Prefill in fast mode. Each weight row is unpacked once into a row buffer (64 code
-// bytes, the 16-lane scale vector [d0 x8, d1 x8] and, for signed codes, a correction
-// per block pair) and then used for every activation row of the batch, four at a
-// time. The activations' scales are expanded once per call to the same 16-lane
-// pattern, so a block pair of one (weight row, activation row) costs one vpdpbusd,
-// one conversion, one multiply and one multiply-add, as a float32 GEMM spends on 64
-// values. Signed codes (Q8_0, Q4_0) use biased activations instead of moving signs:
-// sum w q = sum w (q + 128) - 128 sum w, where q + 128 is an unsigned byte and the
-// second term, per lane, is vpdpbusd(128, w), computed once per weight row.
-// Q4_1's min terms are one float dot product per output over the blocks.
+// Block b of 16 rows (p: the block in the group's first row; `offsets` the rows' byte
+// offsets from it; lanes outside `live` read nothing and come out 0): 8 vectors of codes
+// to `codes` [8, 16] and the 16 block scales d, then (with a min) the 16 m, to `scales`.
 template <encoding E>
-TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
-                                  std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
-  constexpr bool is_signed = !has_min<E>;
-  constexpr std::size_t bb = row_bytes(E, 32);
-  const std::size_t nb = x.blocks, pairs = nb / 2, batch = x.rows;
-  const std::size_t qs = nb * 32;
-  // Per call: activation scales in the 16-lane pattern, Q4_1's block sums, biased codes.
-  thread_local std::vector<float> dxv;           // [batch, pairs, 16]
-  thread_local std::vector<float> sums;          // [batch, nb]
-  thread_local std::vector<std::uint8_t> biased; // [batch, nb * 32] (signed codes only)
-  // Per weight row.
-  thread_local std::vector<std::uint8_t> codes;  // [pairs, 64]
-  thread_local std::vector<float> dwv;           // [pairs, 16]
-  thread_local std::vector<std::int32_t> ncorr;  // [pairs, 16] (signed codes only)
-  thread_local std::vector<float> mins;          // [nb]
-  dxv.resize(batch * pairs * 16);
-  sums.resize(batch * nb);
-  codes.resize(pairs * 64);
-  dwv.resize(pairs * 16);
-  ncorr.resize(pairs * 16);
-  mins.resize(nb);
-  for (std::size_t j = 0; j < batch; ++j) {
-    for (std::size_t p = 0; p < pairs; ++p) {
-      const float* d = x.ds.data() + (j * nb + 2 * p) * 2;
-      float* o = dxv.data() + (j * pairs + p) * 16;
-      for (std::size_t l = 0; l < 8; ++l) {
-        o[l] = d[0];
-        o[8 + l] = d[2];
-      }
-    }
-    for (std::size_t b = 0; b < nb; ++b) sums[j * nb + b] = x.ds[(j * nb + b) * 2 + 1];
-  }
-  if constexpr (is_signed) {
-    biased.resize(batch * qs);
-    for (std::size_t i = 0; i < batch * qs; ++i) biased[i] = static_cast<std::uint8_t>(x.q[i] ^ std::int8_t(-128));
-  }
-  const std::uint8_t* qa = is_signed ? biased.data() : reinterpret_cast<const std::uint8_t*>(x.q.data());
-  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-  for (std::size_t r = r0; r < r1; ++r) {
-    const std::byte* row = w + r * rb;
-    for (std::size_t p = 0; p < pairs; ++p) {
-      const std::byte* p0 = row + 2 * p * bb;
-      const __m512i cv = codes64<E>(p0, p0 + bb);
-      _mm512_storeu_si512(codes.data() + 64 * p, cv);
-      const __m128 dm = scale_pair<E>(p0, p0 + bb);
-      _mm512_storeu_ps(dwv.data() + 16 * p, _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(dm)));
-      if constexpr (is_signed) {
-        const __m512i corr = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, cv);
-        _mm512_storeu_si512(ncorr.data() + 16 * p, _mm512_sub_epi32(_mm512_setzero_si512(), corr));
-      }
-    }
-    if constexpr (has_min<E>)
-      for (std::size_t b = 0; b < nb; ++b) mins[b] = half_at(row + b * bb + 2);
-    std::size_t j = 0;
-    for (; j + 4 <= batch; j += 4) {
-      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-      for (std::size_t p = 0; p < pairs; ++p) {
-        const __m512i cv = _mm512_loadu_si512(codes.data() + 64 * p);
-        const __m512 dw = _mm512_loadu_ps(dwv.data() + 16 * p);
-        const __m512i init = is_signed ? _mm512_loadu_si512(ncorr.data() + 16 * p) : _mm512_setzero_si512();
+TLM_VNNI_INLINE inline void unpack_lanes(const std::byte* p, __m512i offsets, __mmask16 live, std::int32_t* codes,
+                                         float* scales) {
+  if constexpr (E == encoding::q8_0) {
+    const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < 8; ++i)
+      _mm512_storeu_si512(codes + 16 * i, _mm512_xor_si512(gather_lanes(p + 2 + 4 * i, offsets, live), bias));
+  } else {
+    // Byte j of the codes holds value j (low nibble) and value j + 16 (high nibble), so
+    // dword i < 4 gives values 4i..4i+3 and its high nibbles values 16+4i..16+4i+3.
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    [[maybe_unused]] __m512i high_bits = _mm512_setzero_si512();
+    // Q5: bits 4i..4i+3 of qh spread to bit 4 of bytes 0..3 by a 16-entry table.
+    [[maybe_unused]] const __m512i spread = _mm512_setr_epi32(0x00000000, 0x00000010, 0x00001000, 0x00001010, 0x00100000, 0x00100010,
+                                             0x00101000, 0x00101010, 0x10000000, 0x10000010, 0x10001000, 0x10001010,
+                                             0x10100000, 0x10100010, 0x10101000, 0x10101010);
+    constexpr bool five = E == encoding::q5_0 || E == encoding::q5_1;
+    if constexpr (five) high_bits = gather_lanes(p + lane_qh_at<E>, offsets, live);
 #pragma GCC unroll 4
-        for (std::size_t t = 0; t < 4; ++t) {
-          const __m512i qv = _mm512_loadu_si512(qa + (j + t) * qs + 64 * p);
-          const __m512i sv = is_signed ? _mm512_dpbusd_epi32(init, qv, cv) : _mm512_dpbusd_epi32(init, cv, qv);
-          const __m512 sc = _mm512_mul_ps(dw, _mm512_loadu_ps(dxv.data() + ((j + t) * pairs + p) * 16));
-          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), sc, acc[t]);
+    for (std::size_t i = 0; i < 4; ++i) {
+      const __m512i c = gather_lanes(p + lane_qs_at<E> + 4 * i, offsets, live);
+      __m512i lo = _mm512_and_si512(c, nib), hi = _mm512_and_si512(_mm512_srli_epi32(c, 4), nib);
+      if constexpr (five) {
+        const __m512i n15 = _mm512_set1_epi32(15);
+        lo = _mm512_or_si512(lo, _mm512_permutexvar_epi32(
+                                     _mm512_and_si512(_mm512_srli_epi32(high_bits, static_cast<unsigned>(4 * i)), n15), spread));
+        hi = _mm512_or_si512(hi, _mm512_permutexvar_epi32(
+                                     _mm512_and_si512(_mm512_srli_epi32(high_bits, static_cast<unsigned>(16 + 4 * i)), n15), spread));
+      }
+      _mm512_storeu_si512(codes + 16 * i, lo);
+      _mm512_storeu_si512(codes + 16 * (4 + i), hi);
+    }
+  }
+  // The block's first dword: d in its low half, m (Q4_1, Q5_1) in its high half.
+  const __m512i head = gather_lanes(p, offsets, live);
+  _mm512_storeu_ps(scales, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head)));
+  if constexpr (has_min<E>) _mm512_storeu_ps(scales + 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16))));
+}
+
+// Super-block sb of 16 rows of Q4_K / Q5_K as its 8 sub-blocks, each laid out as
+// unpack_lanes lays out a block: codes [8, 8, 16], and scales [8, 32] holding d sc and
+// -(dmin m) of each sub-block, both exact in float32 (a half times a 6-bit integer), the
+// two products of k_block_term_scalar.
+template <encoding E>
+TLM_VNNI_INLINE inline void unpack_lanes_k(const std::byte* p, __m512i offsets, __mmask16 live, std::int32_t* codes,
+                                           float* scales) {
+  constexpr bool five = E == encoding::q5_k;
+  const __m512i head = gather_lanes(p, offsets, live);  // d, dmin
+  const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
+  const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
+  // The 12 scale bytes: sub-block j < 4 has sc = s0[j] & 63, m = s1[j] & 63; j >= 4 has
+  // sc = (s2[j-4] & 15) | (s0[j-4] >> 6) << 4, m = (s2[j-4] >> 4) | (s1[j-4] >> 6) << 4.
+  const __m512i s0 = gather_lanes(p + 4, offsets, live), s1 = gather_lanes(p + 8, offsets, live),
+                s2 = gather_lanes(p + 12, offsets, live);
+  const __m512i x3f = _mm512_set1_epi32(63), x0f = _mm512_set1_epi32(15), x03 = _mm512_set1_epi32(3);
+  const __m512i nib = _mm512_set1_epi8(0x0f), bit0 = _mm512_set1_epi8(1);
+  [[maybe_unused]] __m512i high[8];
+  if constexpr (five) {
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < 8; ++i) high[i] = gather_lanes(p + 16 + 4 * i, offsets, live);
+  }
+  constexpr std::size_t qs_at = five ? 48 : 16;
+#pragma GCC unroll 4
+  for (std::size_t pair = 0; pair < 4; ++pair) {
+    const unsigned sh = static_cast<unsigned>(8 * pair);
+    const __m512i b0 = _mm512_srli_epi32(s0, sh), b1 = _mm512_srli_epi32(s1, sh), b2 = _mm512_srli_epi32(s2, sh);
+    // Sub-block `pair` (scales from the first 8 bytes) and `pair + 4` (the last 4 and the top bits).
+    const __m512i sc_lo = _mm512_and_si512(b0, x3f), m_lo = _mm512_and_si512(b1, x3f);
+    const __m512i sc_hi = _mm512_or_si512(_mm512_and_si512(b2, x0f),
+                                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b0, 6), x03), 4));
+    const __m512i m_hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(b2, 4), x0f),
+                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(b1, 6), x03), 4));
+    const std::size_t lo = pair, hi = pair + 4;
+    _mm512_storeu_ps(scales + 32 * lo, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_lo)));
+    _mm512_storeu_ps(scales + 32 * lo + 16, _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m_lo))));
+    _mm512_storeu_ps(scales + 32 * hi, _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_hi)));
+    _mm512_storeu_ps(scales + 32 * hi + 16, _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m_hi))));
+    // Codes: 32 bytes per pair of sub-blocks, sub-block 2 pair in the low nibbles and
+    // 2 pair + 1 in the high ones; Q5_K's fifth bit of value l of sub-block s is bit s
+    // of qh byte l.
+    const std::size_t even = 2 * pair, odd = 2 * pair + 1;
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < 8; ++i) {
+      const __m512i c = gather_lanes(p + qs_at + 32 * pair + 4 * i, offsets, live);
+      __m512i ce = _mm512_and_si512(c, nib), co = _mm512_and_si512(_mm512_srli_epi32(c, 4), nib);
+      if constexpr (five) {
+        ce = _mm512_or_si512(ce, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high[i], static_cast<unsigned>(even)), bit0), 4));
+        co = _mm512_or_si512(co, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high[i], static_cast<unsigned>(odd)), bit0), 4));
+      }
+      _mm512_storeu_si512(codes + 128 * even + 16 * i, ce);
+      _mm512_storeu_si512(codes + 128 * odd + 16 * i, co);
+    }
+  }
+}
+
+// Super-block sb of 16 rows of Q6_K as its 8 sub-blocks of 32: codes [8, 8, 16] (6-bit,
+// unsigned; the offset 32 returns through `starts`, per half), and per sub-block 48
+// values: the 16 d (float), then the int8 scales of its two halves of 16 values (int32).
+// The integer sum sc_a isum_a + sc_b isum_b and the product (d d_x) of
+// k_block_term_scalar follow.
+TLM_VNNI_INLINE inline void unpack_lanes_q6(const std::byte* p, __m512i offsets, __mmask16 live, std::int32_t* codes,
+                                            float* scales) {
+  // d is bytes 208-209, the last two of the block: read the dword ending there.
+  const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(gather_lanes(p + 206, offsets, live), 16)));
+  __m512i sc[4];
+#pragma GCC unroll 4
+  for (std::size_t i = 0; i < 4; ++i) sc[i] = gather_lanes(p + 192 + 4 * i, offsets, live);
+  const __m512i x0f = _mm512_set1_epi8(0x0f), x03 = _mm512_set1_epi8(0x03);
+#pragma GCC unroll 2
+  for (std::size_t h = 0; h < 2; ++h) {
+    __m512i high[8];
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < 8; ++i) high[i] = gather_lanes(p + 128 + 32 * h + 4 * i, offsets, live);
+#pragma GCC unroll 2
+    for (std::size_t half = 0; half < 2; ++half) {  // t % 2: which 32 bytes of ql
+#pragma GCC unroll 8
+      for (std::size_t i = 0; i < 8; ++i) {
+        const __m512i low = gather_lanes(p + 64 * h + 32 * half + 4 * i, offsets, live);
+#pragma GCC unroll 2
+        for (std::size_t upper = 0; upper < 2; ++upper) {  // t / 2: which nibble
+          const std::size_t t = 2 * upper + half, s = 4 * h + t;
+          const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(low, static_cast<unsigned>(4 * upper)), x0f);
+          const __m512i hi = _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high[i], static_cast<unsigned>(2 * t)), x03), 4);
+          _mm512_storeu_si512(codes + 128 * s + 16 * i, _mm512_or_si512(lo, hi));
         }
       }
-      for (std::size_t t = 0; t < 4; ++t)
-        y[(j + t) * rows + r] = finish_q8<E>(acc[t], row, x, j + t, mins.data(), sums.data());
     }
-    for (; j < batch; ++j) {
-      __m512 acc = _mm512_setzero_ps();
-      for (std::size_t p = 0; p < pairs; ++p) {
-        const __m512i cv = _mm512_loadu_si512(codes.data() + 64 * p);
-        const __m512i init = is_signed ? _mm512_loadu_si512(ncorr.data() + 16 * p) : _mm512_setzero_si512();
-        const __m512i qv = _mm512_loadu_si512(qa + j * qs + 64 * p);
-        const __m512i sv = is_signed ? _mm512_dpbusd_epi32(init, qv, cv) : _mm512_dpbusd_epi32(init, cv, qv);
-        const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(dwv.data() + 16 * p), _mm512_loadu_ps(dxv.data() + (j * pairs + p) * 16));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sv), sc, acc);
+  }
+#pragma GCC unroll 8
+  for (std::size_t s = 0; s < 8; ++s) {
+    // Scales 2s and 2s + 1: bytes 2 (s % 2) and 2 (s % 2) + 1 of dword s / 2, sign-extended.
+    const __m512i v = sc[s / 2];
+    const unsigned up = static_cast<unsigned>(16 - 16 * (s % 2));
+    const __m512i a = _mm512_srai_epi32(_mm512_slli_epi32(v, up + 8), 24);
+    const __m512i b = _mm512_srai_epi32(_mm512_slli_epi32(v, up), 24);
+    _mm512_storeu_ps(scales + 48 * s, d);
+    _mm512_storeu_si512(scales + 48 * s + 16, a);
+    _mm512_storeu_si512(scales + 48 * s + 32, b);
+  }
+}
+
+// T activation rows (from t0) against one unpacked group: y[t, 0..15] (masked by live).
+template <encoding E, int T>
+TLM_VNNI_INLINE inline void lanes_tile(const std::int32_t* codes, const float* scales, const std::int32_t* starts,
+                                       const q8_activations& x, std::size_t t0, float* y, std::size_t rows,
+                                       __mmask16 live) {
+  constexpr std::size_t scale_stride = lane_scale_stride<E>;
+  const std::size_t nb = x.blocks;
+  __m512 acc[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+  for (std::size_t b = 0; b < nb; ++b) {
+    __m512i c[8];
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < 8; ++i) c[i] = _mm512_loadu_si512(codes + (8 * b + i) * 16);
+    const __m512 d = _mm512_loadu_ps(scales + scale_stride * b);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const std::size_t tb = (t0 + static_cast<std::size_t>(t)) * nb + b;
+      const std::int8_t* q = x.q.data() + 32 * tb;
+      __m512i s = _mm512_setzero_si512();
+      if constexpr (E == encoding::q6_k) {
+        // Two halves of 16 values, each with its scale: sc_a isum_a + sc_b isum_b.
+        __m512i sa = _mm512_set1_epi32(starts[2 * tb]), sb = _mm512_set1_epi32(starts[2 * tb + 1]);
+#pragma GCC unroll 4
+        for (std::size_t i = 0; i < 4; ++i) {
+          std::int32_t fa, fb;
+          std::memcpy(&fa, q + 4 * i, 4);
+          std::memcpy(&fb, q + 16 + 4 * i, 4);
+          sa = _mm512_dpbusd_epi32(sa, c[i], _mm512_set1_epi32(fa));
+          sb = _mm512_dpbusd_epi32(sb, c[4 + i], _mm512_set1_epi32(fb));
+        }
+        const std::int32_t* sc = reinterpret_cast<const std::int32_t*>(scales + scale_stride * b + 16);
+        s = _mm512_add_epi32(_mm512_mullo_epi32(sa, _mm512_loadu_si512(sc)), _mm512_mullo_epi32(sb, _mm512_loadu_si512(sc + 16)));
+      } else {
+        if constexpr (lane_code_offset<E> != 0) s = _mm512_set1_epi32(starts[tb]);
+#pragma GCC unroll 8
+        for (std::size_t i = 0; i < 8; ++i) {
+          std::int32_t four;
+          std::memcpy(&four, q + 4 * i, 4);
+          s = _mm512_dpbusd_epi32(s, c[i], _mm512_set1_epi32(four));
+        }
       }
-      y[j * rows + r] = finish_q8<E>(acc, row, x, j, mins.data(), sums.data());
+      // (d_w d_x) isum (+ m s): the reference's two products.
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(x.ds[2 * tb])), acc[t]);
+      if constexpr (lane_has_min<E>)
+        acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(scales + scale_stride * b + 16), _mm512_set1_ps(x.ds[2 * tb + 1]), acc[t]);
     }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + (t0 + static_cast<std::size_t>(t)) * rows, live, acc[t]);
+}
+
+template <encoding E>
+TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
+                                        std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
+  constexpr std::size_t scale_stride = lane_scale_stride<E>;
+  constexpr bool k_quant = E == encoding::q4_k || E == encoding::q5_k;
+  const std::size_t nb = x.blocks, batch = x.rows;
+  // Per calling thread, reused across calls (a decode step allocates nothing).
+  thread_local std::vector<std::int32_t> codes;   // [nb, 8, 16]: one group's codes
+  thread_local std::vector<float> scales;         // [nb, scale_stride]: its d (and m)
+  thread_local std::vector<std::int32_t> starts;  // [batch, nb]: -offset * sum(q) per activation block (Q6_K: [batch, nb, 2], per half)
+  codes.resize(nb * 128);
+  scales.resize(nb * scale_stride);
+  if constexpr (E == encoding::q6_k) {
+    starts.resize(batch * nb * 2);
+    for (std::size_t i = 0; i < batch * nb * 2; ++i) {
+      std::int32_t sum = 0;
+      for (std::size_t j = 0; j < 16; ++j) sum += x.q[16 * i + j];
+      starts[i] = -32 * sum;
+    }
+  } else if constexpr (lane_code_offset<E> != 0) {
+    starts.resize(batch * nb);
+    for (std::size_t i = 0; i < batch * nb; ++i) {
+      std::int32_t sum = 0;
+      for (std::size_t j = 0; j < 32; ++j) sum += x.q[32 * i + j];
+      starts[i] = -lane_code_offset<E> * sum;
+    }
+  }
+  const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(static_cast<int>(rb)));
+  for (std::size_t g = r0; g < r1; g += 16) {
+    const std::size_t n = std::min<std::size_t>(16, r1 - g);
+    const auto live = static_cast<__mmask16>((1u << n) - 1);
+    const std::byte* base = w + g * rb;
+    if constexpr (E == encoding::q6_k) {
+      for (std::size_t sb = 0; sb < nb / 8; ++sb)
+        unpack_lanes_q6(base + sb * traits(E).block_bytes, offsets, live, codes.data() + 1024 * sb, scales.data() + 8 * scale_stride * sb);
+    } else if constexpr (k_quant) {
+      for (std::size_t sb = 0; sb < nb / 8; ++sb)
+        unpack_lanes_k<E>(base + sb * traits(E).block_bytes, offsets, live, codes.data() + 1024 * sb, scales.data() + 256 * sb);
+    } else {
+      for (std::size_t b = 0; b < nb; ++b)
+        unpack_lanes<E>(base + b * row_bytes(E, 32), offsets, live, codes.data() + 128 * b, scales.data() + scale_stride * b);
+    }
+    float* yg = y + g;
+    std::size_t t = 0;
+    for (; t + 8 <= batch; t += 8) lanes_tile<E, 8>(codes.data(), scales.data(), starts.data(), x, t, yg, rows, live);
+    if (batch - t >= 4) {
+      lanes_tile<E, 4>(codes.data(), scales.data(), starts.data(), x, t, yg, rows, live);
+      t += 4;
+    }
+    if (batch - t >= 2) {
+      lanes_tile<E, 2>(codes.data(), scales.data(), starts.data(), x, t, yg, rows, live);
+      t += 2;
+    }
+    if (batch - t >= 1) lanes_tile<E, 1>(codes.data(), scales.data(), starts.data(), x, t, yg, rows, live);
   }
 }
 
@@ -975,24 +1158,6 @@ template <encoding E>
 TLM_VNNI_FN inline void matvec_q8_k(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                     std::size_t r0, std::size_t r1, std::size_t) {
   for (std::size_t r = r0; r < r1; ++r) row_dots_k_vnni<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
-}
-
-// Prefill: each weight row against four activation rows at a time, its codes unpacked
-// once for the four (as avx2::matmul_q8_k; the AVX2 driver cannot inline these).
-template <encoding E>
-TLM_VNNI_FN inline void matmul_q8_k(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
-                                    std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
-  const std::size_t nb = x.blocks, qs = nb * 32, dss = nb * 2;
-  for (std::size_t r = r0; r < r1; ++r) {
-    const std::byte* row = w + r * rb;
-    float out[4];
-    std::size_t b = 0;
-    for (; b + 4 <= x.rows; b += 4) {
-      row_dots_k_vnni<E, 4>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
-      for (std::size_t j = 0; j < 4; ++j) y[(b + j) * rows + r] = out[j];
-    }
-    for (; b < x.rows; ++b) row_dots_k_vnni<E, 1>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, y + b * rows + r);
-  }
 }
 
 }  // namespace tlm::kernels::avx512

@@ -259,9 +259,9 @@ inline void matvec_group(const std::array<shared_input_product, N>& group, const
 //   W [rows, cols] in `enc`, X [batch, cols], Y [batch, rows]; Y must not overlap X or W.
 // Each decoded weight row is reused across the batch, so this is much faster than
 // `batch` calls of matvec. Results do not depend on the pool or its size.
-// precision::fast computes exactly where integer_matmul(enc, batch) is false (batches
-// above 8-24 rows, by encoding and level): the float32 GEMM is the faster kernel there,
-// so fast mode loses nothing by being exact.
+// precision::fast computes exactly where integer_matmul(enc, batch) is false (above 8
+// or 16 rows at the AVX2 level; with AVX-512 VNNI only Q6_K, above 24): the float32 GEMM
+// is the faster kernel there, so fast mode loses nothing by being exact.
 inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, std::size_t rows, std::size_t cols,
                    std::size_t batch, thread_pool* pool = nullptr, precision p = default_precision()) {
   const std::size_t s = detail::check_args("matmul", enc, w, x, y, rows, cols);

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <limits>
 
 namespace tlm {
 // The kernel families, in increasing order of what they need from the CPU; each has a
@@ -145,21 +146,26 @@ constexpr void set_avx2_k(kernel_table& k) {
 }
 
 // Where a fast matmul stops taking the integer kernels: at most `legacy` rows for the
-// 32-value block encodings, `k_quants` for the 256-value ones. The integer kernels win
-// only on short batches (a server's decode step over a few sequences): one
-// vpmaddubsw/vpdpbusd covers 32-64 products, but every block still needs its scales
+// 32-value block encodings, `k_quants` for the 256-value ones.
+//
+// With AVX-512 VNNI there is no such point: avx512::matmul_q8 puts 16 weight rows in the
+// lanes and pays the block scales once per 16 outputs: 2.1-4.2x faster than the float32
+// GEMM from 2 to 512 rows (2 threads; bench/results/kernels-fast-lanes-xeon.md). Measured on a
+// Xeon only: Zen 4 runs the same code, with slower gathers (the unpacking, one gather per
+// 4 values of 16 rows, once per call) and 512-bit operations in two halves; not measured.
+//
+// At the AVX2 level (and AVX-512 without VNNI) the integer kernels hold 32-64 values of
+// one row per register and win only on short batches (a server's decode step over a few
+// sequences): one vpmaddubsw covers 32 products, but every block still needs its scales
 // applied in float (convert, multiply, multiply-add), about as many instructions as the
-// float32 GEMM spends on the same products, and the GEMM keeps each decoded weight
-// vector in registers across the batch. A K-quant block of 256 values pays its float
-// scales once per 8 sub-blocks, hence its later crossover. Measured on a 2-vCPU Xeon
-// (AVX-512 VNNI), 2 threads, integer / float32 time at the crossover and the next size
-// (bench/results/kernels-fast-crossover-xeon.md): AVX2 level, legacy 0.81-1.04 at 8 and
-// 0.99-1.17 at 12, K-quants 0.73-0.99 at 16 and 1.04-1.11 at 24; AVX-512 with VNNI, legacy
-// 0.86-1.02 at 12 and 1.03-1.19 at 16, K-quants 0.76-0.93 at 24 and 1.00-1.18 at 32.
-// Above them the GEMM wins by up to 2.2x (Q4_1 at 64 and 512 rows). On Zen 4 the one
-// point measured agrees (Q4_1: the integer kernel 1.6x faster at 4 rows, the GEMM 6 %
-// faster at 16; bench/results/kernels-decode-batch-epyc.md); its GEMM runs 256 bits wide
-// below 32 rows (matmul_min_batch), which can only favour the integer kernels more.
+// float32 GEMM spends on the same products, and the GEMM keeps each decoded weight vector
+// in registers across the batch. A K-quant block of 256 values pays its float scales
+// once per 8 sub-blocks, hence its later crossover. Measured on a 2-vCPU Xeon, 2 threads,
+// integer / float32 time at the crossover and the next size
+// (bench/results/kernels-fast-crossover-xeon.md): legacy 0.81-1.04 at 8 and 0.99-1.17 at
+// 12, K-quants 0.73-0.99 at 16 and 1.04-1.11 at 24; above them the GEMM wins by up to 2.2x.
+inline constexpr std::size_t no_crossover = std::numeric_limits<std::size_t>::max();
+
 constexpr void set_integer_max_batch(kernel_table& k, std::size_t legacy, std::size_t k_quants) {
   for (encoding e : fast_encodings)
     k.integer_max_batch[static_cast<std::size_t>(slot(e))] = traits(e).block_values == 256 ? k_quants : legacy;
@@ -226,7 +232,7 @@ constexpr void set_avx512_fast(kernel_table& k) {
 template <encoding E>
 constexpr void set_avx512_fast_k(kernel_table& k) {
   k.matvec_q8[slot_of<E>] = &avx512::matvec_q8_k<E>;
-  k.matmul_q8[slot_of<E>] = &avx512::matmul_q8_k<E>;
+  k.matmul_q8[slot_of<E>] = &avx512::matmul_q8<E>;
 }
 
 // Starts from the AVX2 table (the level needs everything AVX2 does) and replaces the
@@ -291,7 +297,7 @@ inline const kernel_table& avx512_table() {
     // Decode with byte permutes where the CPU has them (4 Q4 blocks per step; for
     // Q8_0 the permute measured slower than two 32-byte loads, 29.5 against 37 GB/s).
     // Without VNNI the integer kernels are the AVX2 ones, and so are their crossovers.
-    if (cpu().avx512vnni) set_integer_max_batch(k, 12, 24);
+    if (cpu().avx512vnni) set_integer_max_batch(k, no_crossover, no_crossover);
     if (cpu().avx512vnni && cpu().avx512vbmi) {
       k.matvec_q8[slot_of<encoding::q4_0>] = &avx512::matvec_q8_vbmi<encoding::q4_0>;
       k.matvec_q8[slot_of<encoding::q4_1>] = &avx512::matvec_q8_vbmi<encoding::q4_1>;

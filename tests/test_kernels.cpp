@@ -551,6 +551,13 @@ constexpr double fast_rel_tol = 1e-6;
 const encoding fast_encodings[] = {encoding::q8_0, encoding::q4_0, encoding::q4_1, encoding::q5_0,
                                    encoding::q5_1, encoding::q4_k, encoding::q5_k, encoding::q6_k};
 
+// The same list as a type, for calling a kernel template once per encoding.
+template <encoding... E>
+struct encoding_list {};
+constexpr encoding_list<encoding::q8_0, encoding::q4_0, encoding::q4_1, encoding::q5_0, encoding::q5_1, encoding::q4_k,
+                        encoding::q5_k, encoding::q6_k>
+    fast_encoding_list{};
+
 struct fast_bounds {
   std::vector<double> vs_reference;  // [rows] property 2
   std::vector<double> vs_exact;      // [rows] property 3
@@ -976,76 +983,78 @@ TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the ta
 #endif
 }
 
-TEST_CASE("AVX-512 VNNI fast kernels against the scalar integer reference, called directly") {
-#ifdef TLM_HAVE_AVX512_KERNELS
-  if (!tlm::kernel_level_supported(tlm::kernel_level::avx512) || !tlm::cpu().avx512vnni) {
-    MESSAGE("skipped: this CPU has no AVX-512 VNNI (" << tlm::cpu_feature_string() << ")");
-    return;
+// Outputs of y [batch, rows] farther from the scalar integer reference ref than property 2
+// above allows (x [batch, cols] the activations); the largest error / tolerance goes to worst.
+int outside_fast_bound(encoding enc, const std::byte* w, const float* x, const float* y, const float* ref,
+                       std::size_t rows, std::size_t cols, std::size_t batch, double& worst) {
+  int bad = 0;
+  for (std::size_t b = 0; b < batch; ++b) {
+    const auto bounds = bounds_for(enc, w, x + b * cols, rows, cols);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const double e = std::fabs(static_cast<double>(y[b * rows + r]) - ref[b * rows + r]);
+      worst = std::max(worst, e / bounds.vs_reference[r]);
+      if (!(e <= bounds.vs_reference[r])) ++bad;
+    }
   }
+  return bad;
+}
+
+// Whether this CPU runs the AVX-512 VNNI kernels; says so when it does not.
+bool vnni_runs_here() {
+  if (tlm::kernel_level_supported(tlm::kernel_level::avx512) && tlm::cpu().avx512vnni) return true;
+  MESSAGE("skipped: this CPU has no AVX-512 VNNI (" << tlm::cpu_feature_string() << ")");
+  return false;
+}
+
+TEST_CASE("AVX-512 VNNI fast matvec against the scalar integer reference, called directly") {
+#ifdef TLM_HAVE_AVX512_KERNELS
+  if (!vnni_runs_here()) return;
   // The table installs these only with VNNI; here each is called directly, so a kernel
   // the table does not choose on this CPU is still held to the reference.
   namespace a5 = tlm::kernels::avx512;
   std::mt19937 rng(516);
   std::size_t cases = 0;
   double worst = 0;
-  auto check = [&](encoding enc, auto matvec_q8, auto matmul_q8) {
+  auto check = [&](encoding enc, auto matvec_q8) {
     const bool k_quant = tlm::traits(enc).block_values == 256;
     const std::vector<std::size_t> all_cols =
         k_quant ? std::vector<std::size_t>{256, 512, 768, 1536, 2304} : std::vector<std::size_t>{32, 64, 96, 160, 576, 1536};
     for (std::size_t cols : all_cols) {
       for (std::size_t rows : {std::size_t{1}, std::size_t{5}, std::size_t{33}}) {
-        for (std::size_t batch : {std::size_t{1}, std::size_t{3}, std::size_t{4}, std::size_t{5}, std::size_t{9}}) {
-          const auto wsrc = random_rows(enc, rows, cols, rng);
-          const auto xsrc = random_floats(batch * cols, rng);
-          placed_bytes w(wsrc, (rows + cols + batch) % 8);
-          const std::size_t rb = tlm::row_bytes(enc, cols);
-          k::q8_activations q;
-          k::detail::quantize_scalar(xsrc.data(), batch, cols, q);
-          std::vector<float> y(batch * rows), ref(batch * rows);
-          if (batch == 1) {
-            matvec_q8(enc, w.data, rb, q, y.data(), 0, rows, cols);
-            k::detail::matvec_q8_scalar(enc, w.data, rb, q, ref.data(), 0, rows, cols);
-          } else {
-            matmul_q8(enc, w.data, rb, q, y.data(), 0, rows, rows, cols);
-            k::detail::matmul_q8_scalar(enc, w.data, rb, q, ref.data(), 0, rows, rows, cols);
-          }
-          int bad = 0;
-          for (std::size_t b = 0; b < batch; ++b) {
-            const auto bounds = bounds_for(enc, w.data, xsrc.data() + b * cols, rows, cols);
-            for (std::size_t r = 0; r < rows; ++r) {
-              const double e = std::fabs(static_cast<double>(y[b * rows + r]) - ref[b * rows + r]);
-              worst = std::max(worst, e / bounds.vs_reference[r]);
-              if (!(e <= bounds.vs_reference[r])) ++bad;
-            }
-          }
-          INFO("avx512 direct fast " << tlm::name(enc) << " rows " << rows << " cols " << cols << " batch " << batch);
-          CHECK(bad == 0);
-          ++cases;
-        }
+        const auto wsrc = random_rows(enc, rows, cols, rng);
+        const auto xsrc = random_floats(cols, rng);
+        placed_bytes w(wsrc, (rows + cols) % 8);
+        const std::size_t rb = tlm::row_bytes(enc, cols);
+        k::q8_activations q;
+        k::detail::quantize_scalar(xsrc.data(), 1, cols, q);
+        std::vector<float> y(rows), ref(rows);
+        matvec_q8(enc, w.data, rb, q, y.data(), 0, rows, cols);
+        k::detail::matvec_q8_scalar(enc, w.data, rb, q, ref.data(), 0, rows, cols);
+        INFO("avx512 direct fast " << tlm::name(enc) << " rows " << rows << " cols " << cols);
+        CHECK(outside_fast_bound(enc, w.data, xsrc.data(), y.data(), ref.data(), rows, cols, 1, worst) == 0);
+        ++cases;
       }
     }
   };
-  check(encoding::q8_0, a5::matvec_q8<encoding::q8_0>, a5::matmul_q8<encoding::q8_0>);
-  check(encoding::q4_0, a5::matvec_q8<encoding::q4_0>, a5::matmul_q8<encoding::q4_0>);
-  check(encoding::q4_1, a5::matvec_q8<encoding::q4_1>, a5::matmul_q8<encoding::q4_1>);
-  check(encoding::q5_0, a5::matvec_q8<encoding::q5_0>, a5::matmul_q8<encoding::q5_0>);
-  check(encoding::q5_1, a5::matvec_q8<encoding::q5_1>, a5::matmul_q8<encoding::q5_1>);
-  check(encoding::q4_k, a5::matvec_q8_k<encoding::q4_k>, a5::matmul_q8<encoding::q4_k>);
-  check(encoding::q5_k, a5::matvec_q8_k<encoding::q5_k>, a5::matmul_q8<encoding::q5_k>);
-  check(encoding::q6_k, a5::matvec_q8_k<encoding::q6_k>, a5::matmul_q8<encoding::q6_k>);
+  check(encoding::q8_0, a5::matvec_q8<encoding::q8_0>);
+  check(encoding::q4_0, a5::matvec_q8<encoding::q4_0>);
+  check(encoding::q4_1, a5::matvec_q8<encoding::q4_1>);
+  check(encoding::q5_0, a5::matvec_q8<encoding::q5_0>);
+  check(encoding::q5_1, a5::matvec_q8<encoding::q5_1>);
+  check(encoding::q4_k, a5::matvec_q8_k<encoding::q4_k>);
+  check(encoding::q5_k, a5::matvec_q8_k<encoding::q5_k>);
+  check(encoding::q6_k, a5::matvec_q8_k<encoding::q6_k>);
   MESSAGE("avx512 direct fast cases: " << cases << ", worst error / tolerance: " << worst);
-  CHECK(cases == 5 * 6 * 3 * 5 + 3 * 5 * 3 * 5);  // encodings x cols x rows x batches
+  CHECK(cases == 5 * 6 * 3 + 3 * 5 * 3);  // encodings x cols x rows
 #else
   MESSAGE("skipped: no AVX-512 kernels on this architecture");
 #endif
 }
 
-TEST_CASE("AVX-512 VNNI batched kernel with weight rows in the lanes against the scalar integer reference (every encoding with a fast mode)") {
+// The batched kernel (the table's matmul_q8 with VNNI), called directly.
+TEST_CASE("AVX-512 VNNI fast matmul, weight rows in the lanes, against the scalar integer reference") {
 #ifdef TLM_HAVE_AVX512_KERNELS
-  if (!tlm::kernel_level_supported(tlm::kernel_level::avx512) || !tlm::cpu().avx512vnni) {
-    MESSAGE("skipped: this CPU has no AVX-512 VNNI (" << tlm::cpu_feature_string() << ")");
-    return;
-  }
+  if (!vnni_runs_here()) return;
   namespace a5 = tlm::kernels::avx512;
   std::mt19937 rng(1729);
   std::size_t cases = 0;
@@ -1067,15 +1076,7 @@ TEST_CASE("AVX-512 VNNI batched kernel with weight rows in the lanes against the
           std::vector<float> y(batch * rows + 16, -777.0f), ref(batch * rows), parts(batch * rows + 16, -777.0f);
           kernel(enc, w.data, rb, q, y.data(), 0, rows, rows, cols);
           k::detail::matmul_q8_scalar(enc, w.data, rb, q, ref.data(), 0, rows, rows, cols);
-          int bad = 0;
-          for (std::size_t b = 0; b < batch; ++b) {
-            const auto bounds = bounds_for(enc, w.data, xsrc.data() + b * cols, rows, cols);
-            for (std::size_t r = 0; r < rows; ++r) {
-              const double e = std::fabs(static_cast<double>(y[b * rows + r]) - ref[b * rows + r]);
-              worst = std::max(worst, e / bounds.vs_reference[r]);
-              if (!(e <= bounds.vs_reference[r])) ++bad;
-            }
-          }
+          const int bad = outside_fast_bound(enc, w.data, xsrc.data(), y.data(), ref.data(), rows, cols, batch, worst);
           // Rows split as threads split them, and at a row that is not a group's start:
           // each part writes its rows only, and every output is the whole call's, bit for bit.
           const std::size_t cut = rows / 3;
@@ -1095,14 +1096,7 @@ TEST_CASE("AVX-512 VNNI batched kernel with weight rows in the lanes against the
       }
     }
   };
-  check(encoding::q8_0, a5::matmul_q8<encoding::q8_0>);
-  check(encoding::q4_0, a5::matmul_q8<encoding::q4_0>);
-  check(encoding::q4_1, a5::matmul_q8<encoding::q4_1>);
-  check(encoding::q5_0, a5::matmul_q8<encoding::q5_0>);
-  check(encoding::q5_1, a5::matmul_q8<encoding::q5_1>);
-  check(encoding::q4_k, a5::matmul_q8<encoding::q4_k>);
-  check(encoding::q5_k, a5::matmul_q8<encoding::q5_k>);
-  check(encoding::q6_k, a5::matmul_q8<encoding::q6_k>);
+  [&]<encoding... E>(encoding_list<E...>) { (check(E, a5::matmul_q8<E>), ...); }(fast_encoding_list);
   MESSAGE("avx512 lanes cases: " << cases << ", worst error / tolerance: " << worst);
   CHECK(cases == 8 * 4 * 5 * 9);  // encodings x cols x rows x batches
 #else

@@ -326,11 +326,13 @@ int connection_socket(const httplib::Request& req) {
 }
 
 // Debian's httplib 0.11 is a compiled library that listens with a backlog of 5: 16 clients
-// connecting at once overflowed it, their SYNs were dropped and retried a second later,
-// and under load a connection accepted late had its request arrive after httplib's 2 s
-// wait for it and was reset (serve_batching under ThreadSanitizer). Listening again on a
-// listening socket only sets its backlog (Linux), so it is raised here to the number of
-// connections served at once; the kernel caps it at net.core.somaxconn.
+// connecting at once overflow it (measured: the kernel's ListenOverflows counter), their
+// SYNs are dropped and retried a second later. The likely cause of the two connections
+// reset in serve_batching under ThreadSanitizer: a connection accepted that late has its
+// request arrive after httplib's 2 s wait for it (the reset itself was not reproduced).
+// Listening again on a listening socket only sets its backlog (Linux), so it is raised
+// here to the number of connections served at once; the kernel caps it at
+// net.core.somaxconn.
 void widen_backlog(int port, int backlog) {
   const int fd = find_socket([&](int candidate, const sockaddr_storage& self, socklen_t self_len) {
     int listening = 0;

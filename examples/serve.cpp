@@ -108,7 +108,8 @@ constexpr std::string_view usage_format = R"(usage: serve [options]
   --max-connections N  open connections served at once, one thread each (default 256); more
                      wait until one closes. Also the listen backlog: as many may connect at once
   --read-timeout S   a connection that sends nothing for S seconds while its request is
-                     read is closed (default 10)
+                     read is closed (default 10); one that sends no request at all is
+                     closed after 2 s
   --chat-template NAME  render chat requests with this template instead of the file's
                      ({templates})
   -h, --help         this text

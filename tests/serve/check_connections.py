@@ -1,6 +1,6 @@
 """Connections and the server's lifecycle: 40 clients each sending a header line every
-2 s do not starve /health or a completion; a connection that sends nothing is closed
-after --read-timeout; on SIGTERM a stream being generated ends with an error event
+2 s do not starve /health or a completion; a connection that stops sending within a
+request is closed after --read-timeout, one that sends nothing at all after 2 s; on SIGTERM a stream being generated ends with an error event
 (no finish_reason, no [DONE]), a non-streamed one gets 503, a queued one 503, and the
 server exits 0; --max-connections, and the listen backlog it sets (64 clients connecting at
 once are all answered). Also: the Bearer scheme in any case, CORS (--cors) and OPTIONS,
@@ -65,6 +65,15 @@ with server(args.build, args.model, "--threads", "1", "--read-timeout", "3") as 
 
 with server(args.build, args.model, "--threads", "1", "--slots", "1", "--api-key", "k3y", "--cors", "https://app.example",
             "--name", "served-model") as port:
+    # A connection that sends nothing at all is closed after the HTTP library's wait for a
+    # request (2 s, as between keep-alive requests), not after --read-timeout (10 s here).
+    with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
+        t0 = time.monotonic()
+        while s.recv(4096):
+            pass
+        closed = time.monotonic() - t0
+        assert 1.5 < closed < 6, closed
+        print(f"a connection that sent nothing was closed after {closed:.1f} s (--read-timeout 10)")
     for scheme in ["Bearer", "bearer", "BEARER"]:
         status, r = request(port, "GET", "/v1/models", headers={"Authorization": f"{scheme} k3y"})
         assert status == 200, (scheme, status, r)

@@ -11,7 +11,9 @@
 //
 // A new level: its enumerator and its table builder (kernels/table.hpp), its
 // TLM_TARGET_ macro (kernels/target.hpp), its row here (with the include of its GEMM
-// micro-kernel), its kernels, and the list of levels in tests/test_kernel_levels.cpp.
+// micro-kernel) and its four entry points for TLM_PRECOMPILED_KERNELS (declared here,
+// defined in tlm/precompiled_kernels.hpp), its kernels, and the list of levels in
+// tests/test_kernel_levels.cpp.
 //
 // Override: the environment variable TLM_KERNELS=<a row's name> (read once, at first
 // use) or force_kernel_level() (tests and benchmarks). Asking for a level the CPU
@@ -53,24 +55,59 @@ struct kernel_level_row {
   void (*adamw)(float* p, const float* g, float* m, float* v, std::size_t n, const kernels::adamw_constants& k);
 };
 
+// A program of many translation units can compile the kernels once instead of in each
+// of them (about 9 s of an -O3 compile each, most of a small program's): define
+// TLM_PRECOMPILED_KERNELS for every translation unit of the program, and
+// #include <tlm/precompiled_kernels.hpp> in exactly one. The rows below then point to
+// the non-inline entry points that header defines, so no other translation unit
+// instantiates a kernel. The macro must be the same for the whole program: the rows
+// are one inline variable. This project's own programs and tests are built so
+// (CMakeLists.txt: tlm_kernels_once); the installed library is header-only either way.
+#ifdef TLM_PRECOMPILED_KERNELS
+namespace kernels::precompiled {
+const detail::kernel_table& scalar_table();
+void scalar_gemm(const gemm_detail::problem& p, thread_pool* pool);
+void scalar_reserve_gemm_scratch();
+void scalar_adamw(float* p, const float* g, float* m, float* v, std::size_t n, const adamw_constants& k);
+#if defined(__x86_64__) || defined(__i386__)
+const detail::kernel_table& avx2_table();
+void avx2_gemm(const gemm_detail::problem& p, thread_pool* pool);
+void avx2_reserve_gemm_scratch();
+void avx2_adamw(float* p, const float* g, float* m, float* v, std::size_t n, const adamw_constants& k);
+const detail::kernel_table& avx512_table();
+void avx512_gemm(const gemm_detail::problem& p, thread_pool* pool);
+void avx512_reserve_gemm_scratch();
+void avx512_adamw(float* p, const float* g, float* m, float* v, std::size_t n, const adamw_constants& k);
+#endif
+}  // namespace kernels::precompiled
+#define TLM_KERNEL_ENTRY(level, what, here) &kernels::precompiled::level##_##what
+#else
+#define TLM_KERNEL_ENTRY(level, what, here) here
+#endif
+
 // Indexed by kernel_level, in increasing order of what the level needs from the CPU.
 inline constexpr kernel_level_row kernel_level_rows[] = {
-    {kernel_level::scalar, "scalar", "", &kernels::detail::scalar_table,
-     &kernels::gemm_detail::run<kernels::gemm_detail::scalar_kernel>,
-     &kernels::gemm_detail::reserve_scratch<kernels::gemm_detail::scalar_kernel>, &kernels::adamw_update_reference},
+    {kernel_level::scalar, "scalar", "", TLM_KERNEL_ENTRY(scalar, table, &kernels::detail::scalar_table),
+     TLM_KERNEL_ENTRY(scalar, gemm, &kernels::gemm_detail::run<kernels::gemm_detail::scalar_kernel>),
+     TLM_KERNEL_ENTRY(scalar, reserve_gemm_scratch, &kernels::gemm_detail::reserve_scratch<kernels::gemm_detail::scalar_kernel>),
+     TLM_KERNEL_ENTRY(scalar, adamw, &kernels::adamw_update_reference)},
 #if defined(__x86_64__) || defined(__i386__)
-    {kernel_level::avx2, "avx2", TLM_TARGET_AVX2, &kernels::detail::avx2_table,
-     &kernels::gemm_detail::run<kernels::gemm_avx2::kernel>,
-     &kernels::gemm_detail::reserve_scratch<kernels::gemm_avx2::kernel>, &kernels::adamw_avx2::adamw_update},
-    {kernel_level::avx512, "avx512", TLM_TARGET_AVX512, &kernels::detail::avx512_table,
-     &kernels::gemm_detail::run<kernels::gemm_avx512::kernel>,
-     &kernels::gemm_detail::reserve_scratch<kernels::gemm_avx512::kernel>, &kernels::adamw_avx512::adamw_update},
+    {kernel_level::avx2, "avx2", TLM_TARGET_AVX2, TLM_KERNEL_ENTRY(avx2, table, &kernels::detail::avx2_table),
+     TLM_KERNEL_ENTRY(avx2, gemm, &kernels::gemm_detail::run<kernels::gemm_avx2::kernel>),
+     TLM_KERNEL_ENTRY(avx2, reserve_gemm_scratch, &kernels::gemm_detail::reserve_scratch<kernels::gemm_avx2::kernel>),
+     TLM_KERNEL_ENTRY(avx2, adamw, &kernels::adamw_avx2::adamw_update)},
+    {kernel_level::avx512, "avx512", TLM_TARGET_AVX512, TLM_KERNEL_ENTRY(avx512, table, &kernels::detail::avx512_table),
+     TLM_KERNEL_ENTRY(avx512, gemm, &kernels::gemm_detail::run<kernels::gemm_avx512::kernel>),
+     TLM_KERNEL_ENTRY(avx512, reserve_gemm_scratch, &kernels::gemm_detail::reserve_scratch<kernels::gemm_avx512::kernel>),
+     TLM_KERNEL_ENTRY(avx512, adamw, &kernels::adamw_avx512::adamw_update)},
 #else
     // The CPU test fails (cpu() reports no x86 feature), so these are never selected.
     {kernel_level::avx2, "avx2", TLM_TARGET_AVX2, nullptr, nullptr, nullptr, nullptr},
     {kernel_level::avx512, "avx512", TLM_TARGET_AVX512, nullptr, nullptr, nullptr, nullptr},
 #endif
 };
+
+#undef TLM_KERNEL_ENTRY
 
 inline constexpr std::size_t kernel_level_count = std::size(kernel_level_rows);
 

@@ -7,8 +7,8 @@ to 16 that the machine has):
   - decode ms/token after a 64-token prompt, for 32 and for 128 new tokens;
   - prefill tokens/s at 64 and at 512 prompt tokens;
   - load + first token wall time and peak RSS (64-token prompt);
-  - the weight-streaming floor (build/bench/kernels --filter floor), and each decode
-    figure as a multiple of it.
+  - the weight-streaming floor of the file (build/bench/kernels --floor-file MODEL), and
+    each decode figure as a multiple of it.
 Medians over the rounds; ratios are speeds (above 1: tlm is faster).
 
 Which llama.cpp: the build must be native to the machine. The script prints what
@@ -131,8 +131,12 @@ def choose_llama(args, flags):
     """The Python whose llama.cpp is measured, and a sentence on how it was built."""
     python = args.llama_python
     info = llama_info(python)
-    how = (f"llama-cpp-python {info['version']} from `{python}`, compiled from source by pip; the project's "
-           "scripts/setup passes no CMAKE_ARGS, so llama.cpp's default GGML_NATIVE=ON applies")
+    how = f"llama-cpp-python {info['version']} from `{python}`, compiled from source by pip through scripts/setup"
+    if "amx_int8" in flags:
+        how += (", which on a CPU with AMX sets GGML_NATIVE=OFF, the AVX-512 flags the CPU has and AMX off (a native "
+                "build crashes in ggml's AMX kernel on these VMs)")
+    else:
+        how += ", with llama.cpp's default GGML_NATIVE=ON"
     missing = missing_features(info["system_info"], flags)
     if missing:
         if args.no_build:
@@ -195,30 +199,24 @@ def run_tlm(args, threads, prompt, n):
     }
 
 
-def weight_bytes(path):
-    """Bytes of every tensor of a GGUF file: what one decoded token reads (the output matrix
-    in full, the embedding one row, which the sum counts in full: a tied file's one matrix is both)."""
-    import gguf
-    return sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
-
-
-def streaming_floor(build, threads, model_bytes=None):
-    """ms per token to read every weight byte once, from bench/kernels (None if absent), and
-    how it was found. bench/kernels streams SmolLM2-135M's 211 matrices; for another file
-    (model_bytes) its time is scaled by the byte ratio, the same bandwidth at both sizes
-    (both far beyond the caches)."""
+def streaming_floor(build, threads, model):
+    """ms per token to read every weight byte of `model` once, from bench/kernels --floor-file
+    (its own tensors, mapped as tlm maps them, split among the threads as the kernels split
+    them), and how it was found. Measured on the file itself, not scaled from another size:
+    a last-level cache can hold a small model (the Xeon's 480 MiB holds SmolLM2-135M), so
+    bandwidth differs between sizes."""
     exe = str(built(build, "kernels"))
-    p = subprocess.run([exe, "--rounds", "7", "--filter", "floor"], capture_output=True, text=True)
-    out, how = {}, "`bench/kernels --filter floor`"
+    p = subprocess.run([exe, "--rounds", "7", "--filter", "file floor", "--floor-file", model],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"bench/kernels --floor-file {model} failed ({p.returncode}): {p.stderr.strip()}")
+    out, how = {}, "`bench/kernels --floor-file`"
     for t in threads:
-        m = re.search(r"\| floor: read the \d+ matrices once \((\d+) MiB\)[^|]*, %d thr \| ([\d.]+) us" % t, p.stdout)
+        m = re.search(r"\| file floor: read .*'s (\d+) tensors once \((\d+) MiB\), %d thr \| ([\d.]+) us" % t, p.stdout)
         if m:
-            ms = float(m.group(2)) / 1e3
-            if model_bytes:
-                ms *= model_bytes / (int(m.group(1)) * 2**20)
-                how = (f"`bench/kernels --filter floor` ({m.group(1)} MiB of SmolLM2-135M's matrices) scaled to this "
-                       f"file's {model_bytes / 2**20:.0f} MiB of tensors at the same bandwidth")
-            out[t] = ms
+            out[t] = float(m.group(3)) / 1e3
+            how = (f"`bench/kernels --floor-file` on this file: {m.group(1)} tensors, {m.group(2)} MiB, "
+                   "every tensor a token reads in full, streamed from the mapping")
     return out, how
 
 
@@ -266,8 +264,7 @@ def main():
                     res = engines[e](t, prompt(np_), n)
                     results.setdefault((e, t, name), []).append(res)
                     print(f"round {r} {e:9} threads {t} {name}: {res}", flush=True)
-    floor, floor_how = streaming_floor(args.build, threads,
-                                      None if args.config == "smollm2_135m" else weight_bytes(args.model))
+    floor, floor_how = streaming_floor(args.build, threads, args.model)
 
     med = lambda e, t, name, key: statistics.median(x[key] for x in results[(e, t, name)])
     simd = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",

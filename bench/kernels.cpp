@@ -1,6 +1,7 @@
 // Matrix-vector and matrix-matrix kernel speed on the shapes of SmolLM2-135M.
 //
 //   kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]... [--batches N,N,...]
+//           [--floor-file MODEL.gguf]
 //
 // --filter keeps only the measurements whose label contains every TEXT given.
 // --batches sets the token counts of the matmul ("prefill") rows, 64,512 by default;
@@ -11,8 +12,10 @@
 // any disturbance over all rows instead of spoiling one.
 //
 // "hot" repeats one matrix, so it is served from cache after the first pass; "cold"
-// cycles through enough copies (>= 256 MiB) that every pass reads DRAM, as decoding
-// does (the model's ~96 MB of weights do not stay in cache between tokens). The
+// cycles through enough copies (>= 256 MiB, in 4 KiB pages as a mapped model file is:
+// small_pages) that passes read from beyond the private caches, as decoding does. (A
+// last-level cache as large as the 2-vCPU Xeon's can hold part of them, and SmolLM2's
+// 91 MiB: the file floor, --floor-file, measures a model of another size.) The
 // "decode sweep" runs every matrix product of one token of SmolLM2-135M on separate
 // buffers laid out like the model. "read" is a plain streaming sum, the bandwidth
 // ceiling the memory-bound kernels are compared with.
@@ -23,7 +26,16 @@
 // decoded). No decode kernel can beat it; every sweep row is also reported as a
 // multiple of the floor at the same thread count. Kernels run in both precisions
 // (exact: float32 activations; fast: int8 activations) at every level the CPU has.
+//
+// --floor-file adds the floor of one model file ("file floor" rows): its own tensors,
+// mapped as tlm maps them, read the same way, every tensor a decoded token reads in full
+// (all but the token embedding of an untied file, of which a token reads one row). The
+// 211 synthetic matrices are no stand-in for another file: their 91 MiB stay in a large
+// last-level cache (the 2-vCPU Xeon's reports 480 MiB: 91 MiB streamed at 31-33 GB/s
+// against 21-22 GB/s for 846 MiB), so scaling their time by bytes understates the floor
+// of a file that does not fit.
 #include "machine.hpp"
+#include <tlm/format/gguf.hpp>
 #include <tlm/format/quant.hpp>
 #include <tlm/generation/sampler.hpp>
 #include <tlm/kernels.hpp>
@@ -35,17 +47,21 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
+#include <new>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <sys/mman.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -208,6 +224,29 @@ std::uint64_t read_bytes(const std::byte* p, std::size_t n) {
   return read_bytes_scalar(p, n);
 }
 
+// Memory in 4 KiB pages, as a model's weights are: they are read through the file's
+// mapping, and the page cache gives 4 KiB pages, where an anonymous buffer this large
+// gets 2 MiB pages (transparent huge pages). The hardware prefetcher stops at every
+// page boundary, so the page size changes a kernel's speed from memory (by a third for
+// a fast Q4_1 matvec on the 2-vCPU Xeon, before its rows were read as 4 streams).
+class small_pages {
+ public:
+  explicit small_pages(std::size_t bytes) : bytes_(std::max<std::size_t>(bytes, 1)) {
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    ::madvise(p, bytes_, MADV_NOHUGEPAGE);  // best effort: a kernel without THP has small pages anyway
+    data_ = static_cast<std::byte*>(p);
+  }
+  small_pages(const small_pages&) = delete;
+  small_pages& operator=(const small_pages&) = delete;
+  ~small_pages() { ::munmap(data_, bytes_); }
+  std::byte* data() { return data_; }
+
+ private:
+  std::size_t bytes_;
+  std::byte* data_ = nullptr;
+};
+
 const char* precision_name(tlm::kernels::precision p) { return p == tlm::kernels::precision::fast ? "fast" : "exact"; }
 
 }  // namespace
@@ -218,6 +257,7 @@ int main(int argc, char** argv) {
   std::string out_path;
   std::vector<std::string> filters;
   std::vector<std::size_t> batches = {64, 512};
+  std::string floor_file;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--rounds" && i + 1 < argc) {
@@ -229,6 +269,8 @@ int main(int argc, char** argv) {
       filters.push_back(argv[++i]);
     } else if (a == "--out" && i + 1 < argc) {
       out_path = argv[++i];
+    } else if (a == "--floor-file" && i + 1 < argc) {
+      floor_file = argv[++i];
     } else if (a == "--batches" && i + 1 < argc) {
       batches.clear();
       std::stringstream list(argv[++i]);
@@ -241,7 +283,8 @@ int main(int argc, char** argv) {
         batches.push_back(static_cast<std::size_t>(n));
       }
     } else {
-      std::cerr << "usage: kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]... [--batches N,N,...]\n";
+      std::cerr << "usage: kernels [--rounds N] [--quick] [--out FILE] [--filter TEXT]... [--batches N,N,...] "
+                   "[--floor-file MODEL.gguf]\n";
       return 2;
     }
   }
@@ -302,7 +345,7 @@ int main(int argc, char** argv) {
     const std::size_t mat_bytes = s.rows * rb;
     const std::size_t copies = std::max<std::size_t>(1, (cold_bytes + mat_bytes - 1) / mat_bytes);
     auto one = random_matrix(s.enc, s.rows, s.cols, rng);
-    auto cold = std::make_shared<std::vector<std::byte>>(copies * mat_bytes);
+    auto cold = std::make_shared<small_pages>(copies * mat_bytes);
     for (std::size_t c = 0; c < copies; ++c) std::memcpy(cold->data() + c * mat_bytes, one.data(), mat_bytes);
     auto x = std::make_shared<std::vector<float>>(s.cols, 0.5f);
     auto y = std::make_shared<std::vector<float>>(s.rows);
@@ -330,6 +373,54 @@ int main(int argc, char** argv) {
         }
         }
       }
+    }
+  }
+
+  // The floor of a model file: its own mapped tensors, in file order, one parallel region
+  // per matrix as the kernels split it; vectors (norms, rope_freqs) on the calling thread.
+  if (!floor_file.empty()) {
+    std::shared_ptr<const tlm::gguf::file> file;
+    try {
+      file = std::make_shared<const tlm::gguf::file>(floor_file);
+    } catch (const std::exception& e) {
+      std::cerr << "kernels: --floor-file " << floor_file << ": " << e.what() << "\n";
+      return 1;
+    }
+    const bool untied = file->find_tensor("output.weight") != nullptr;
+    auto read = std::make_shared<std::vector<const tlm::gguf::tensor_info*>>();
+    std::size_t total = 0;
+    for (const auto& t : file->tensors()) {
+      if (untied && t.name == "token_embd.weight") continue;  // a token reads one row of it
+      read->push_back(&t);
+      total += t.data.size();
+    }
+    const std::string name = std::filesystem::path(floor_file).filename().string();
+    for (std::size_t ti = 0; ti < pools.size(); ++ti) {
+      tlm::thread_pool* pool = pools[ti].get();
+      measurement m;
+      m.group = "file floor";
+      m.label = "file floor: read " + name + "'s " + std::to_string(read->size()) + " tensors once (" +
+                std::to_string(total >> 20) + " MiB), " + std::to_string(pool->size()) + " thr";
+      m.bytes = static_cast<double>(total);
+      m.threads = pool->size();
+      m.tokens = 1;
+      m.run = [=] {
+        std::atomic<std::uint64_t> sum{0};
+        for (const tlm::gguf::tensor_info* t : *read) {
+          const std::byte* base = t->data.data();
+          if (t->n_dims < 2) {
+            sum.fetch_add(read_bytes(base, t->data.size()), std::memory_order_relaxed);
+            continue;
+          }
+          const std::size_t rb = t->data.size() / t->rows();
+          k::detail::split_rows(pool, t->rows(), t->row_length(), [&](std::size_t r0, std::size_t r1) {
+            sum.fetch_add(read_bytes(base + r0 * rb, (r1 - r0) * rb), std::memory_order_relaxed);
+          });
+        }
+        sink = sink + static_cast<double>(sum.load());
+        (void)file;  // the mapping lives as long as the measurement
+      };
+      ms.push_back(std::move(m));
     }
   }
 

@@ -190,6 +190,26 @@ TEST_CASE("reference matvec on a hand-computed Q4_1 block") {
   }
 }
 
+TEST_CASE("streamed_row visits every row of a range once, as 4 streams far apart") {
+  for (std::size_t r0 : {std::size_t{0}, std::size_t{5}}) {
+    for (std::size_t n = 0; n < 70; ++n) {
+      std::vector<int> seen(n, 0);
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t r = k::detail::streamed_row(r0, r0 + n, i);
+        REQUIRE(r >= r0);
+        REQUIRE(r < r0 + n);
+        ++seen[r - r0];
+      }
+      CHECK_MESSAGE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }), "r0 " << r0 << " n " << n);
+    }
+  }
+  // 42 rows: parts of 10 rows, then the remainder 40, 41 in order.
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < 42; ++i) order.push_back(k::detail::streamed_row(3, 45, i));
+  CHECK(std::vector<std::size_t>(order.begin(), order.begin() + 6) == std::vector<std::size_t>{3, 13, 23, 33, 4, 14});
+  CHECK(std::vector<std::size_t>(order.end() - 2, order.end()) == std::vector<std::size_t>{43, 44});
+}
+
 TEST_CASE("matvec: every level and encoding against the reference, across sizes and misalignments") {
   level_guard g;
   std::mt19937 rng(1234);

@@ -288,10 +288,13 @@ TLM_AVX2_FN inline float row_dot(const std::byte* row, const float* x, std::size
 template <encoding E>
 TLM_AVX2_FN inline void matvec_rows(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                     std::size_t r0, std::size_t r1, std::size_t cols) {
-  // One row at a time: the weights are then read as one sequential stream. Two rows
-  // per pass (sharing x loads) measured up to 2x slower from DRAM for long rows, as
+  // One row at a time, in streamed_row's order (4 streams far apart). Two neighbouring
+  // rows per pass (sharing x loads) measured up to 2x slower from DRAM for long rows, as
   // two interleaved streams 1-6 KiB apart defeat the hardware prefetcher.
-  for (std::size_t r = r0; r < r1; ++r) y[r] = row_dot<E>(w + r * rb, x, cols);
+  for (std::size_t i = 0; i < r1 - r0; ++i) {
+    const std::size_t r = detail::streamed_row(r0, r1, i);
+    y[r] = row_dot<E>(w + r * rb, x, cols);
+  }
 }
 
 // ---- Fast matvec for Q4_0 / Q4_1 / Q8_0 ------------------------------------------
@@ -388,8 +391,9 @@ TLM_AVX2_FN inline void matvec_rows_q4(encoding, const std::byte* w, std::size_t
   const std::size_t blocks = cols / 32;
   const float* xp = x;          // [cols] in q4_codes order (prepare_q4_x)
   const float* xs = x + cols;   // [blocks, 4] coefficients
-  // One row at a time, one sequential stream of weights (see matvec_rows).
-  for (std::size_t r = r0; r < r1; ++r) {
+  // One row at a time, in streamed_row's order (see matvec_rows).
+  for (std::size_t i = 0; i < r1 - r0; ++i) {
+    const std::size_t r = detail::streamed_row(r0, r1, i);
     const std::byte* row = w + r * rb;
     __m256 acc = _mm256_setzero_ps();
     __m128 mins = _mm_setzero_ps();
@@ -418,7 +422,8 @@ TLM_AVX2_FN inline void matvec_rows_q8(encoding, const std::byte* w, std::size_t
                                        std::size_t r0, std::size_t r1, std::size_t cols) {
   constexpr std::size_t bb = bytes32<encoding::q8_0>();
   const std::size_t blocks = cols / 32;
-  for (std::size_t r = r0; r < r1; ++r) {
+  for (std::size_t i = 0; i < r1 - r0; ++i) {
+    const std::size_t r = detail::streamed_row(r0, r1, i);
     const std::byte* row = w + r * rb;
     __m256 acc = _mm256_setzero_ps();
     for (std::size_t b = 0; b < blocks; ++b) {
@@ -440,7 +445,8 @@ TLM_AVX2_FN inline void matvec_rows_q5(encoding, const std::byte* w, std::size_t
   constexpr std::size_t bb = bytes32<E>();
   const std::size_t blocks = cols / 32;
   const float* xsum = x + cols;  // [blocks] (Q5_1 only)
-  for (std::size_t r = r0; r < r1; ++r) {
+  for (std::size_t i = 0; i < r1 - r0; ++i) {
+    const std::size_t r = detail::streamed_row(r0, r1, i);
     const std::byte* row = w + r * rb;
     __m256 acc = _mm256_setzero_ps();
     float mins = 0;
@@ -678,7 +684,10 @@ TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks
 template <encoding E>
 TLM_AVX2_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                   std::size_t r0, std::size_t r1, std::size_t) {
-  for (std::size_t r = r0; r < r1; ++r) row_dots_q8<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+  for (std::size_t i = 0; i < r1 - r0; ++i) {
+    const std::size_t r = detail::streamed_row(r0, r1, i);
+    row_dots_q8<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+  }
 }
 
 // Every weight row of [r0, r1) against the batch, four activation rows per call of
@@ -688,7 +697,8 @@ TLM_AVX2_INLINE inline void matmul_q8_batch(const std::byte* w, std::size_t rb, 
                                             std::size_t r0, std::size_t r1, std::size_t rows) {
   const std::size_t nb = x.blocks, qs = nb * 32, dss = nb * 2;
   float out[4];
-  for (std::size_t r = r0; r < r1; ++r) {
+  for (std::size_t i = 0; i < r1 - r0; ++i) {
+    const std::size_t r = detail::streamed_row(r0, r1, i);
     const std::byte* row = w + r * rb;
     std::size_t b = 0;
     for (; b + 4 <= x.rows; b += 4) {

@@ -244,7 +244,10 @@ TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::si
 template <encoding E>
 TLM_AVX2_FN inline void matvec_rows_k(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                       std::size_t r0, std::size_t r1, std::size_t cols) {
-  for (std::size_t r = r0; r < r1; ++r) y[r] = row_dot_k<E>(w + r * rb, x, cols);
+  for (std::size_t i = 0; i < r1 - r0; ++i) {
+    const std::size_t r = detail::streamed_row(r0, r1, i);
+    y[r] = row_dot_k<E>(w + r * rb, x, cols);
+  }
 }
 
 // A whole row to float32, for the prefill GEMM (matmul_rows).
@@ -347,7 +350,10 @@ TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, std::size_t blocks,
 template <encoding E>
 TLM_AVX2_FN inline void matvec_q8_k(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                     std::size_t r0, std::size_t r1, std::size_t) {
-  for (std::size_t r = r0; r < r1; ++r) row_dots_k<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+  for (std::size_t i = 0; i < r1 - r0; ++i) {
+    const std::size_t r = detail::streamed_row(r0, r1, i);
+    row_dots_k<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+  }
 }
 
 template <encoding E>

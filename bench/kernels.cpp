@@ -408,7 +408,7 @@ int main(int argc, char** argv) {
         std::atomic<std::uint64_t> sum{0};
         for (const tlm::gguf::tensor_info* t : *read) {
           const std::byte* base = t->data.data();
-          if (t->n_dims < 2) {
+          if (t->n_dims < 2 || t->rows() == 0) {
             sum.fetch_add(read_bytes(base, t->data.size()), std::memory_order_relaxed);
             continue;
           }

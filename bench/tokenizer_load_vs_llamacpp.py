@@ -89,12 +89,20 @@ def main():
     for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
         if line.startswith("Model name:"):
             cpu = line.split(":", 1)[1].strip()
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((l for l in f if l.startswith("flags")), ":").split(":", 1)[1].split())
+    except OSError:
+        pass
+    simd = " ".join(x for x in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512vbmi",
+                                "avx512_bf16", "avx_vnni", "amx_int8") if x in flags)
     import llama_cpp
     lines = [
         "# Building the tokenizer: tlm vs llama.cpp",
         "",
         f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- CPU: {cpu}, {os.cpu_count()} logical CPUs; load average {os.getloadavg()[0]:.2f} at the end (shared machine).",
+        f"- CPU: {cpu}, {os.cpu_count()} logical CPUs ({simd}); load average {os.getloadavg()[0]:.2f} at the end (shared machine).",
         f"- tlm: `bench/tokenizer --model VOCAB`, its `tlm::tokenizer::from_gguf` time; llama.cpp: llama-cpp-python "
         f"{llama_cpp.__version__}, `Llama(VOCAB, vocab_only=True)` timed inside a fresh process (import excluded).",
         f"- {args.repeat} runs each, alternating; warm page cache. Files: llama.cpp's vocabulary-only GGUFs.",

@@ -301,6 +301,69 @@ TEST_CASE("accumulate and accumulate_q8 at every level against the double refere
   }
 }
 
+namespace {
+// SwiGLU's definitions in double: silu(g) * u, and the backward's two terms.
+double swiglu_double(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
+double swiglu_dgate_double(double a, double u, double dh) {
+  const double s = 1.0 / (1.0 + std::exp(-a));
+  return dh * u * s * (1.0 + a * (1.0 - s));
+}
+double swiglu_dup_double(double a, double dh) { return dh * a / (1.0 + std::exp(-a)); }
+}  // namespace
+
+TEST_CASE("swiglu and swiglu_backward at every level against double: n 0..140, misalignments, in place, edges") {
+  level_guard guard;
+  std::mt19937 rng(29);
+  const double eps = std::ldexp(1.0, -23);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    INFO("level " << tlm::kernel_level_name(level));
+    for (std::size_t n = 0; n <= 140; ++n) {
+      CAPTURE(n);
+      auto gate = random_floats(n, rng, 12.0f);
+      // Past the exp's edges both ways (exp(-g) overflows or flushes to 0), and zero.
+      if (n > 4) gate[1] = -100.0f, gate[2] = 100.0f, gate[3] = 0.0f, gate[4] = -1.2785f;
+      const auto up = random_floats(n, rng, 2.0f), dh = random_floats(n, rng, 3.0f);
+      const auto dgate0 = random_floats(n, rng, 1.0f), dup0 = random_floats(n, rng, 1.0f);
+      const std::size_t off = n % 5;
+      const placed<float> pg(gate, off % 4, 9.0f), pu(up, (off + 1) % 4, 9.0f), pd(dh, (off + 2) % 4, 9.0f);
+      placed<float> out(std::vector<float>(n, 0.0f), off, -777.0f);
+      k::attention().swiglu(pg.data, pu.data, out.data, n);
+      placed<float> dg(dgate0, (off + 3) % 5, -777.0f), du(dup0, (off + 1) % 5, -777.0f);
+      k::attention().swiglu_backward(pg.data, pu.data, pd.data, dg.data, du.data, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        CAPTURE(i);
+        const double a = gate[i], u = up[i], d = dh[i];
+        const double want = swiglu_double(a, u);
+        CHECK(std::isfinite(out.data[i]));
+        CHECK(std::fabs(out.data[i] - want) <= 4 * eps * std::fabs(want) + 1e-37);
+        // The slope's 1 + a (1 - s) cancels near a = -1.28: bound by the terms' sizes.
+        const double s = 1.0 / (1.0 + std::exp(-a));
+        const double dg_want = dgate0[i] + swiglu_dgate_double(a, u, d);
+        CHECK(std::fabs(dg.data[i] - dg_want) <= 8 * eps * (std::fabs(dgate0[i]) + std::fabs(d * u * s) * (1 + std::fabs(a))) + 1e-37);
+        const double du_want = dup0[i] + swiglu_dup_double(a, d);
+        CHECK(std::fabs(du.data[i] - du_want) <= 6 * eps * (std::fabs(dup0[i]) + std::fabs(d * a * s)) + 1e-37);
+      }
+      CHECK(out.data[n] == -777.0f);  // nothing past the end
+      CHECK(dg.data[n] == -777.0f);
+      CHECK(du.data[n] == -777.0f);
+      // In place (out is up), as the inference block may call it: the same values.
+      placed<float> inplace(up, (off + 1) % 4, 9.0f);
+      k::attention().swiglu(pg.data, inplace.data, inplace.data, n);
+      for (std::size_t i = 0; i < n; ++i) CHECK(inplace.data[i] == out.data[i]);
+    }
+    // NaN in, NaN out.
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> g{1.0f, nan, 2.0f}, u{1.0f, 1.0f, 1.0f}, o(3), dgv(3, 0.0f), duv(3, 0.0f);
+    k::attention().swiglu(g.data(), u.data(), o.data(), 3);
+    CHECK(std::isnan(o[1]));
+    CHECK(o[0] == doctest::Approx(1.0 / (1.0 + std::exp(-1.0))));
+    k::attention().swiglu_backward(g.data(), u.data(), u.data(), dgv.data(), duv.data(), 3);
+    CHECK(std::isnan(dgv[1]));
+    CHECK(std::isnan(duv[1]));
+  }
+}
+
 TEST_CASE("every kernel level against stored outputs of the double references (fixture), levels named") {
   namespace f = fixture;
   level_guard guard;

@@ -1,6 +1,7 @@
 #pragma once
-// The kernels of decode-time attention (ops/attention.hpp) at the scalar level, and
-// the polynomial exp they all share.
+// The kernels of decode-time attention (ops/attention.hpp) at the scalar level, the
+// polynomial exp they all share, and the other kernel that spends its time in exp:
+// SwiGLU (ops/swiglu.hpp) and its backward.
 //
 // One block of keys (at most ops' attention_block) is handled by three calls instead
 // of a dot product and an axpy per key through the dispatch table:
@@ -45,6 +46,12 @@ struct attention_kernels {
   // out[e] = c * out[e] + sum_j (p[j] * value_scales[j]) * codes[j * E + e]     codes: [n, E]  p, value_scales: [n]
   void (*accumulate_q8)(float c, const float* p, const std::int8_t* codes, const float* value_scales, std::size_t n,
                         std::size_t E, float* out);
+  // out[i] = gate[i] / (1 + exp(-gate[i])) * up[i]     gate, up, out: [n] (out may be gate or up)
+  void (*swiglu)(const float* gate, const float* up, float* out, std::size_t n);
+  // s = 1 / (1 + exp(-gate[i])):  dgate[i] += dh[i] * up[i] * s * (1 + gate[i] * (1 - s)),
+  // dup[i] += dh[i] * gate[i] * s     all [n]
+  void (*swiglu_backward)(const float* gate, const float* up, const float* dh, float* dgate, float* dup,
+                          std::size_t n);
 };
 
 namespace exp_constants {
@@ -122,9 +129,28 @@ inline void attention_accumulate_q8_scalar(float c, const float* p, const std::i
   for (std::size_t j = 0; j < n; ++j) axpy_i8_scalar(p[j] * value_scales[j], codes + j * E, out, E);
 }
 
+// The definitions with std::exp; the SIMD levels compute the same operations with exp_poly.
+inline void swiglu_scalar(const float* gate, const float* up, float* out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+inline void swiglu_backward_scalar(const float* gate, const float* up, const float* dh, float* dgate, float* dup,
+                                   std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = gate[i];
+    const float s = 1.0f / (1.0f + std::exp(-a));
+    dgate[i] += dh[i] * up[i] * s * (1.0f + a * (1.0f - s));
+    dup[i] += dh[i] * a * s;
+  }
+}
+
 inline constexpr attention_kernels attention_scalar{&attention_scores_scalar, &attention_scores_q8_scalar,
-                                                    &attention_exp_scalar, &attention_accumulate_scalar,
-                                                    &attention_accumulate_q8_scalar};
+                                                    &attention_exp_scalar,    &attention_accumulate_scalar,
+                                                    &attention_accumulate_q8_scalar, &swiglu_scalar,
+                                                    &swiglu_backward_scalar};
 
 }  // namespace detail
 }  // namespace tlm::kernels

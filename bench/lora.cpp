@@ -58,7 +58,7 @@ int run_over(const options& o, const Base& base, double load_s, double rss_after
     const auto t0 = clock::now();
     loss = tr.forward(base, *ad, x, y);
     const auto t1 = clock::now();
-    tlm::zero(*g);
+    tlm::zero(*g, &tr.pool());
     tr.backward(base, *ad, *g);
     opt.step(*ad, *g, &tr.pool());
     const auto t2 = clock::now();

@@ -58,7 +58,7 @@ int run(const options& o) {
     const auto t0 = clock::now();
     loss = tr.forward(*p, x, y);
     const auto t1 = clock::now();
-    tlm::zero(*g);
+    tlm::zero(*g, &tr.pool());
     tr.backward(*p, *g);
     const auto t2 = clock::now();
     opt.step(*p, *g, &tr.pool());

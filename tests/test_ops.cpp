@@ -1,8 +1,11 @@
 // The block operations on their own.
 #include <doctest/doctest.h>
 
+#include <tlm/block.hpp>
 #include <tlm/ops.hpp>
+#include <tlm/thread_pool.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -75,6 +78,47 @@ TEST_CASE("silu-gated MLP activation") {
   CHECK(out[1] == doctest::Approx(2.0 / (1.0 + std::exp(-1.0))));
   CHECK(out[2] == doctest::Approx(-2.0 / (1.0 + std::exp(1.0))));
   CHECK(out[3] == doctest::Approx(20.0));
+}
+
+TEST_CASE("rmsnorm_backward_rows on 1, 2 and 3 threads is the row loop on one thread, bit for bit") {
+  // D = 200: four runs of columns for the gain's sum, the last one short.
+  constexpr std::size_t D = 200, n = 37;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  tlm::rows<D, float> x, dy;
+  x.resize(n);
+  dy.resize(n);
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < D; ++j) x.row(i)[j] = normal(rng), dy.row(i)[j] = normal(rng);
+  std::vector<float> gain(D);
+  for (auto& g : gain) g = 1.0f + 0.1f * normal(rng);
+  const std::span<const float, D> gs(gain.data(), D);
+  // The definition: every row in order on one thread, dgain and dx accumulated from 0.5.
+  tlm::rows<D, float> want_dx;
+  want_dx.resize(n);
+  std::vector<float> want_dgain(D, 0.5f);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::fill(want_dx.row(i).begin(), want_dx.row(i).end(), 0.5f);
+    tlm::rmsnorm_backward<D, float, float>(x.row(i), gs, 1e-5f, dy.row(i), want_dx.row(i), want_dgain.data());
+  }
+  for (std::size_t threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    tlm::thread_pool pool(threads);
+    tlm::rows<D, float> dx;
+    dx.resize(n);
+    for (std::size_t i = 0; i < n; ++i) std::fill(dx.row(i).begin(), dx.row(i).end(), 0.5f);
+    std::vector<float> dgain(D, 0.5f), rms;
+    tlm::detail::rmsnorm_backward_rows<D, float, float>(x, gs, 1e-5f, dy, dx, dgain.data(), rms, &pool);
+    CHECK(dgain == want_dgain);
+    for (std::size_t i = 0; i < n; ++i) CHECK(std::equal(dx.row(i).begin(), dx.row(i).end(), want_dx.row(i).begin()));
+    // A frozen gain (LoRA): dx alone, the same.
+    std::vector<float> untouched(D, 0.5f);
+    tlm::rows<D, float> dx2;
+    dx2.resize(n);
+    for (std::size_t i = 0; i < n; ++i) std::fill(dx2.row(i).begin(), dx2.row(i).end(), 0.5f);
+    tlm::detail::rmsnorm_backward_rows<D, float, float>(x, gs, 1e-5f, dy, dx2, nullptr, rms, &pool);
+    for (std::size_t i = 0; i < n; ++i) CHECK(std::equal(dx2.row(i).begin(), dx2.row(i).end(), want_dx.row(i).begin()));
+  }
 }
 
 }  // namespace test_ops

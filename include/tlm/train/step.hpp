@@ -190,10 +190,9 @@ class training {
     logits_backward(dloss);
     matmul_backward(logits_matrix(p), xf_, dlogits_, logits_matrix(grads), dxf_, pool);
     dx_.resize(n_);
-    dx_.zero();
-    for (std::size_t i = 0; i < n_; ++i)
-      rmsnorm_backward<D, T, T>(x_out_.row(i), p.output_norm.values(), C::rms_eps, dxf_.row(i), dx_.row(i),
-                                grads.output_norm.data());
+    detail::zero_rows(dx_, pool);
+    detail::rmsnorm_backward_rows<D, T, T>(x_out_, p.output_norm.values(), C::rms_eps, dxf_, dx_,
+                                           grads.output_norm.data(), scratch_.rms, pool);
     const block_context<C, T> ctx = context();
     for (std::size_t l = C::layers; l-- > 0;) {
       block_activations<C, T>& a = saved(p, l, ctx, [](std::size_t) { return no_adapter{}; });
@@ -216,11 +215,10 @@ class training {
     logits_backward(dloss);
     matmul_backward_input(logits_matrix(base), dlogits_, dxf_, pool);
     dx_.resize(n_);
-    dx_.zero();
+    detail::zero_rows(dx_, pool);
     const auto gf = detail::gain_values(base.output_norm);
-    for (std::size_t i = 0; i < n_; ++i)
-      rmsnorm_backward<D, T, typename decltype(gf)::value_type>(x_out_.row(i), gf, C::rms_eps, dxf_.row(i),
-                                                                 dx_.row(i), nullptr);
+    detail::rmsnorm_backward_rows<D, T, typename decltype(gf)::value_type>(x_out_, gf, C::rms_eps, dxf_, dx_, nullptr,
+                                                                         scratch_.rms, pool);
     const block_context<C, T> ctx = context();
     const std::span<T> u(lora_u_.data(), n_ * A::rank), du(lora_du_.data(), n_ * A::rank);
     const T scale = static_cast<T>(ad.scale());
@@ -346,11 +344,11 @@ class training {
     if (!forwarded_) throw error("training::backward: call forward() first; backward uses its saved activations");
     thread_pool* pool = pool_.get();
     dlogits_.resize(n_);
-    dlogits_.zero();
+    detail::zero_rows(dlogits_, pool);
     cross_entropy_backward(logits_, std::span<const std::int32_t>(targets_), std::span<const T>(lse_), dloss, dlogits_,
                            pool);
     dxf_.resize(n_);
-    dxf_.zero();
+    detail::zero_rows(dxf_, pool);
   }
 
   // The adapter's [n, r] scratch, grown on the first adapter step (its rank is the

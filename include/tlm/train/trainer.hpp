@@ -341,7 +341,7 @@ class trainer {
     // rank its share of those: the step sees the windows one batch of accumulate * batch
     // would, in the same order.
     fill(data_.train, [&](std::size_t k, std::size_t b) { return order_->at(st_.data_position + k * o_.batch + grp.rank * local_ + b); });
-    zero(*g_);
+    zero(*g_, &run_->pool());
     double loss = forward_backward(true);
     if (grp.ranks > 1) {
       const double counted = static_cast<double>(std::count_if(y_.begin(), y_.end(), [](std::int32_t t) { return t != ignore_target; }));

@@ -2,6 +2,7 @@
 // Trainable weights: an owned copy of a loaded (mapped, possibly quantized) model,
 // or fresh weights from a seeded initialisation. Both are one walk over the
 // weight structs.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <tlm/format/quant.hpp>
 #include <tlm/ops/rope.hpp>
 #include <tlm/shape.hpp>
+#include <tlm/thread_pool.hpp>
 #include <tlm/weights.hpp>
 
 namespace tlm {
@@ -59,6 +61,24 @@ template <class W>
   requires trainable_weights<W>
 void zero(W& w) {
   for_each_tensor([](const tensor_name&, auto& t) { std::fill(t.values().begin(), t.values().end(), 0); }, w);
+}
+
+// The same on a pool's threads: a 135M model's gradients are 540 MB, and one core
+// clears them while the others wait, 1.5% of a 2-thread SmolLM2-135M step.
+template <class W>
+  requires trainable_weights<W>
+void zero(W& w, thread_pool* pool) {
+  if (pool == nullptr || pool->size() <= 1) return zero(w);
+  for_each_tensor(
+      [&](const tensor_name&, auto& t) {
+        const auto v = t.values();
+        constexpr std::size_t piece = std::size_t{1} << 16;  // values a task clears
+        pool->parallel_for((v.size() + piece - 1) / piece, 1, [&](std::size_t b, std::size_t e) {
+          std::fill(v.begin() + static_cast<std::ptrdiff_t>(b * piece),
+                    v.begin() + static_cast<std::ptrdiff_t>(std::min(v.size(), e * piece)), 0);
+        });
+      },
+      w);
 }
 
 // A small, portable normal generator (splitmix64 + Box-Muller), so that the same

@@ -261,9 +261,13 @@ inline const kernel_table& avx512_table() {
       // (tests/test_kernels.cpp) and serve CPUs with full-width 512-bit units.
       // Q5_0, Q5_1 and the K-quants keep their AVX-512 matvec on AMD too: on an EPYC
       // of family 26 (Zen 5) they measured 1.50-1.66x the AVX2 ones exact and 1.33-1.73x
-      // fast, hot and from DRAM (bench/results/kernels-kquant-avx512-epyc.md). Not
-      // measured on Zen 4, whose lane-crossing widening (vpmovsxbd, which these use)
-      // slowed the Q4 kernels: if they lose there, this is the place to exclude them.
+      // fast, hot and from DRAM (bench/results/kernels-kquant-avx512-epyc.md). On Zen 4,
+      // whose lane-crossing widening (vpmovsxbd, which these use) slowed the Q4 kernels,
+      // they still win or tie but for Q6_K exact, cold, 1 thread, GB/s AVX-512 / AVX2
+      // (medians; bench/results/kernels-kquant-zen4.md): Q5_0 1536x576 exact 7.5 / 6.3,
+      // fast 10.8 / 9.0; 2048x2048 Q4_K exact 8.2 / 8.0, fast 14.1 / 12.1; Q6_K fast
+      // 11.8 / 9.4, exact 7.5 / 8.2 (the spreads overlap: 368-514 against 380-573 us),
+      // which is not worth a Zen 4 exception of its own.
       for (std::size_t i : {slot_of<encoding::q8_0>, slot_of<encoding::q4_0>, slot_of<encoding::q4_1>}) {
         k.matvec[i] = avx2_table().matvec[i];
         k.prepare[i] = avx2_table().prepare[i];

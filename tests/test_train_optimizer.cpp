@@ -1,6 +1,7 @@
 // AdamW, its schedule and its error handling; training a tiny model from scratch.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -80,6 +81,23 @@ TEST_CASE("an AdamW step split over threads is bit for bit the step on one threa
         CHECK(std::equal(a.values().begin(), a.values().end(), b.values().begin()));
       },
       *p1, *p2);
+}
+
+TEST_CASE("zero on a pool clears every value of every tensor, pieces of any size") {
+  using C = tlm::tiny_train;
+  tlm::thread_pool pool(3);
+  // 1 value a task, a piece that divides no tensor, and the default (one piece a tensor here).
+  for (std::size_t piece : {std::size_t{1}, std::size_t{997}, std::size_t{1} << 16}) {
+    CAPTURE(piece);
+    auto g = random_params<C, float>(10);
+    tlm::zero(*g, &pool, piece);
+    tlm::for_each_tensor(
+        [](const tlm::tensor_name& name, const auto& t) {
+          INFO(name.str());
+          CHECK(std::all_of(t.values().begin(), t.values().end(), [](float v) { return v == 0.0f; }));
+        },
+        *g);
+  }
 }
 
 TEST_CASE("clipping scales gradients to the global norm") {

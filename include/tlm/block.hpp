@@ -258,10 +258,7 @@ void rmsnorm_backward_rows(const rows<D, T>& x, std::span<const G, D> gain, floa
                            rows<D, T>& dx, T* dgain, std::vector<T>& rms, thread_pool* pool) {
   const std::size_t n = x.count();
   rms.resize(n);
-  for_rows(pool, n, [&](std::size_t i) {
-    rmsnorm_backward<D, T, G>(x.row(i), gain, eps, dy.row(i), dx.row(i), nullptr);
-    rms[i] = rms_scale(x.row(i).data(), D, static_cast<double>(eps));
-  });
+  for_rows(pool, n, [&](std::size_t i) { rms[i] = rmsnorm_backward<D, T, G>(x.row(i), gain, eps, dy.row(i), dx.row(i), nullptr); });
   if (dgain == nullptr) return;
   constexpr std::size_t run = 64;  // columns per task
   for_rows(pool, (D + run - 1) / run, [&](std::size_t c) {

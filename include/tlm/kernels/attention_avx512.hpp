@@ -138,17 +138,10 @@ TLM_AVX512_FN inline void accumulate_q8(float c, const float* p, const std::int8
 // SwiGLU and its backward, as every SIMD level computes them, over exp16.
 TLM_AVX512_INLINE inline lanes::reg exp_lanes(lanes::reg x) { return exp16(x); }
 #define TLM_LANES_INLINE TLM_AVX512_INLINE
+#define TLM_LANES_FN TLM_AVX512_FN
 #include <tlm/kernels/swiglu_lanes.inc>
+#undef TLM_LANES_FN
 #undef TLM_LANES_INLINE
-
-TLM_AVX512_FN inline void swiglu(const float* gate, const float* up, float* out, std::size_t n) {
-  swiglu_rows(gate, up, out, n);
-}
-
-TLM_AVX512_FN inline void swiglu_backward(const float* gate, const float* up, const float* dh, float* dgate, float* dup,
-                                     std::size_t n) {
-  swiglu_backward_rows(gate, up, dh, dgate, dup, n);
-}
 
 inline constexpr attention_kernels table{&scores, &scores_q8, &exp, &accumulate, &accumulate_q8, &swiglu, &swiglu_backward};
 

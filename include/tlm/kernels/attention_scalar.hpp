@@ -129,28 +129,30 @@ inline void attention_accumulate_q8_scalar(float c, const float* p, const std::i
   for (std::size_t j = 0; j < n; ++j) axpy_i8_scalar(p[j] * value_scales[j], codes + j * E, out, E);
 }
 
-// The definitions with std::exp; the SIMD levels compute the same operations with exp_poly.
-inline void swiglu_scalar(const float* gate, const float* up, float* out, std::size_t n) {
+// The definitions with std::exp, for float (the scalar level) and double (ops/swiglu.hpp's
+// gradient checks); the SIMD levels compute the same operations with exp_poly.
+template <class T>
+void swiglu_definition(const T* gate, const T* up, T* out, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    const T g = gate[i];
+    out[i] = g / (T(1) + std::exp(-g)) * up[i];
   }
 }
 
-inline void swiglu_backward_scalar(const float* gate, const float* up, const float* dh, float* dgate, float* dup,
-                                   std::size_t n) {
+template <class T>
+void swiglu_backward_definition(const T* gate, const T* up, const T* dh, T* dgate, T* dup, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
-    const float a = gate[i];
-    const float s = 1.0f / (1.0f + std::exp(-a));
-    dgate[i] += dh[i] * up[i] * s * (1.0f + a * (1.0f - s));
+    const T a = gate[i];
+    const T s = T(1) / (T(1) + std::exp(-a));
+    dgate[i] += dh[i] * up[i] * s * (T(1) + a * (T(1) - s));
     dup[i] += dh[i] * a * s;
   }
 }
 
 inline constexpr attention_kernels attention_scalar{&attention_scores_scalar, &attention_scores_q8_scalar,
                                                     &attention_exp_scalar,    &attention_accumulate_scalar,
-                                                    &attention_accumulate_q8_scalar, &swiglu_scalar,
-                                                    &swiglu_backward_scalar};
+                                                    &attention_accumulate_q8_scalar, &swiglu_definition<float>,
+                                                    &swiglu_backward_definition<float>};
 
 }  // namespace detail
 }  // namespace tlm::kernels

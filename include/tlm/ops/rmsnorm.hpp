@@ -46,8 +46,9 @@ T rmsnorm(std::type_identity_t<std::span<const T, N>> x, std::type_identity_t<st
 // The forward's inputs (x, gain, eps), the output's gradient dy, then the inputs'
 // gradients, accumulated:  dgain += dy ⊙ x · r;  with u = dy ⊙ g:
 //   dx += r · u − x · r³ · (u · x) / N.                     all [N]
+// Returns r, for a caller that sums dgain over many rows itself.
 template <std::size_t N, class T = float, class G = float>
-void rmsnorm_backward(std::type_identity_t<std::span<const T, N>> x, std::type_identity_t<std::span<const G, N>> gain,
+T rmsnorm_backward(std::type_identity_t<std::span<const T, N>> x, std::type_identity_t<std::span<const G, N>> gain,
                       float eps, std::type_identity_t<std::span<const T, N>> dy, std::type_identity_t<std::span<T, N>> dx,
                       T* dgain) {
   const T r = rms_scale(x.data(), N, static_cast<double>(eps));
@@ -62,6 +63,7 @@ void rmsnorm_backward(std::type_identity_t<std::span<const T, N>> x, std::type_i
   }
   if (dgain != nullptr)
     for (std::size_t i = 0; i < N; ++i) dgain[i] += dy[i] * x[i] * r;
+  return r;
 }
 
 }  // namespace tlm

@@ -4,8 +4,7 @@
 // For float both go to the active level's kernels (kernels/attention_scalar.hpp:
 // swiglu, swiglu_backward; the SIMD levels' exp_poly instead of libm's expf, which was
 // most of their time: 47 million exps a SmolLM2-135M training step). Double (the
-// gradient checks) runs the same definitions with std::exp.
-#include <cmath>
+// gradient checks) runs the scalar level's definitions, with std::exp.
 #include <concepts>
 #include <cstddef>
 #include <span>
@@ -19,14 +18,8 @@ namespace tlm {
 template <std::size_t F, class T = float>
 void swiglu(std::type_identity_t<std::span<const T, F>> gate, std::type_identity_t<std::span<const T, F>> up,
             std::type_identity_t<std::span<T, F>> out) {
-  if constexpr (std::same_as<T, float>) {
-    kernels::attention().swiglu(gate.data(), up.data(), out.data(), F);
-  } else {
-    for (std::size_t i = 0; i < F; ++i) {
-      const T g = gate[i];
-      out[i] = g / (T(1) + std::exp(-g)) * up[i];
-    }
-  }
+  if constexpr (std::same_as<T, float>) kernels::attention().swiglu(gate.data(), up.data(), out.data(), F);
+  else kernels::detail::swiglu_definition(gate.data(), up.data(), out.data(), F);
 }
 
 // dgate += dh ⊙ b ⊙ silu'(a),  dup += dh ⊙ silu(a),  silu'(a) = σ(a)(1 + a(1 − σ(a))).   all [F]
@@ -34,16 +27,9 @@ template <std::size_t F, class T = float>
 void swiglu_backward(std::type_identity_t<std::span<const T, F>> gate, std::type_identity_t<std::span<const T, F>> up,
                      std::type_identity_t<std::span<const T, F>> dh, std::type_identity_t<std::span<T, F>> dgate,
                      std::type_identity_t<std::span<T, F>> dup) {
-  if constexpr (std::same_as<T, float>) {
+  if constexpr (std::same_as<T, float>)
     kernels::attention().swiglu_backward(gate.data(), up.data(), dh.data(), dgate.data(), dup.data(), F);
-  } else {
-    for (std::size_t i = 0; i < F; ++i) {
-      const T a = gate[i];
-      const T sig = T(1) / (T(1) + std::exp(-a));
-      dgate[i] += dh[i] * up[i] * sig * (T(1) + a * (T(1) - sig));
-      dup[i] += dh[i] * a * sig;
-    }
-  }
+  else kernels::detail::swiglu_backward_definition(gate.data(), up.data(), dh.data(), dgate.data(), dup.data(), F);
 }
 
 }  // namespace tlm

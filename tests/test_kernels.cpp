@@ -557,10 +557,12 @@ TEST_CASE("kernel level override: force_kernel_level and TLM_KERNELS") {
 //     (same IEEE operations, round to nearest even), so all levels see the same
 //     integers.
 //  2. Every level's fast kernel equals the scalar fast reference up to the order of
-//     float additions: the integer block sums are exact, and each block's float
-//     term is (d_w d_x) isum (+ m s). Tolerance 1e-6 of the sum of the absolute
-//     values of the terms' parts, bound_b = d_x sum_j |w_j - m| |q_j| + |m s|
-//     (a SIMD kernel may split a block's integer sum over lanes before scaling).
+//     float additions: the integer sums are exact, and each block's float term is
+//     (d_w d_x) isum (+ m s), or for a K-quant a super-block's (d_w D) times its
+//     integer sum (the steps k_b folded into the sub-block scales). Tolerance 1e-6 of
+//     the sum of the absolute values of the terms' parts,
+//     bound_b = d_x sum_j |w_j - m| |q_j| + |m s| (a SIMD kernel may split an integer
+//     sum over lanes before scaling).
 //  3. Fast against exact: each activation is replaced by q d with |x - q d| <= d/2,
 //     so |y_fast - y| <= sum_b (d_b / 2) sum_j |w_j| (plus float rounding, held to
 //     the exact mode's 1e-5 sum|w x|). This is the documented error bound of the mode.
@@ -586,7 +588,7 @@ struct fast_bounds {
 
 fast_bounds bounds_for(encoding enc, const std::byte* w, const float* x, std::size_t rows, std::size_t cols) {
   tlm::kernels::q8_activations q;
-  tlm::kernels::detail::quantize_scalar(x, 1, cols, q);
+  tlm::kernels::detail::quantize_scalar(x, 1, cols, tlm::kernels::activation_group(enc), q);
   const std::size_t rb = tlm::row_bytes(enc, cols), bb = tlm::traits(enc).block_bytes;
   fast_bounds out;
   std::vector<float> row(cols);
@@ -635,29 +637,79 @@ TEST_CASE("fast: every level quantizes the activations bit for bit as the scalar
   std::mt19937 rng(11);
   for (auto level : testable_levels()) {
     k::force_kernel_level(level);
-    for (std::size_t cols : {32, 64, 96, 576, 1536}) {
-      for (std::size_t rows : {1, 3}) {
-        auto x = random_floats(rows * cols, rng);
-        // Edge cases: an all-zero block (d = 0), exact ties (x * (1/d) = k + 0.5), large values.
-        std::fill(x.begin(), x.begin() + 32, 0.0f);
-        if (cols >= 64) {
-          for (std::size_t j = 0; j < 32; ++j) x[32 + j] = static_cast<float>(static_cast<int>(j) - 16) * 0.5f + 0.25f;
-          x[32] = 127.0f;
-        }
-        x.back() = 3.0e4f;
-        k::q8_activations a, b;
-        k::detail::quantize_scalar(x.data(), rows, cols, a);
-        k::detail::table().quantize(x.data(), rows, cols, b);
-        INFO(tlm::kernel_level_name(level) << " cols " << cols << " rows " << rows);
-        REQUIRE(a.q.size() == b.q.size());
-        CHECK(a.rows == b.rows);
-        CHECK(a.blocks == b.blocks);
-        CHECK(std::memcmp(a.q.data(), b.q.data(), a.q.size()) == 0);
-        CHECK(std::memcmp(a.ds.data(), b.ds.data(), a.ds.size() * sizeof(float)) == 0);
-        // |x - q d| <= d/2 (up to the rounding of x * (1/d)).
-        for (std::size_t i = 0; i < rows * cols; ++i) {
-          const double d = a.ds[2 * (i / 32)];
-          CHECK(std::fabs(x[i] - a.q[i] * d) <= d * 0.5 * (1 + 1e-6));
+    for (std::size_t group : {32, 256}) {
+      for (std::size_t cols : {32, 64, 96, 256, 576, 1536}) {
+        if (cols % group != 0) continue;
+        for (std::size_t rows : {1, 3}) {
+          auto x = random_floats(rows * cols, rng);
+          // Edge cases: an all-zero block (d = 0 when the group is one block), exact ties
+          // (x * (1/d) = k + 0.5), large values, and a group whose largest value is in its
+          // last block (every block of a group takes that one d).
+          std::fill(x.begin(), x.begin() + 32, 0.0f);
+          if (cols >= 64) {
+            for (std::size_t j = 0; j < 32; ++j) x[32 + j] = static_cast<float>(static_cast<int>(j) - 16) * 0.5f + 0.25f;
+            x[32] = 127.0f;
+          }
+          if (cols >= 256) x[255] = -300.0f;
+          x.back() = 3.0e4f;
+          k::q8_activations a, b;
+          k::detail::quantize_scalar(x.data(), rows, cols, group, a);
+          k::detail::table().quantize(x.data(), rows, cols, group, b);
+          INFO(tlm::kernel_level_name(level) << " group " << group << " cols " << cols << " rows " << rows);
+          REQUIRE(a.q.size() == b.q.size());
+          CHECK(a.rows == b.rows);
+          CHECK(a.blocks == b.blocks);
+          CHECK(a.group == group);
+          CHECK(b.group == group);
+          CHECK(std::memcmp(a.q.data(), b.q.data(), a.q.size()) == 0);
+          CHECK(std::memcmp(a.ds.data(), b.ds.data(), a.ds.size() * sizeof(float)) == 0);
+          CHECK(a.sums == b.sums);
+          CHECK(a.units == b.units);
+          CHECK(a.steps == b.steps);
+          // Block b's d: the largest |x| of the block over 127 (group 32); for a group of
+          // 256, k_b D with D = the group's largest |x| / (127 * 16) and k_b the least
+          // step whose d covers the block's largest value (at least 1, at most 16).
+          CHECK(a.units.size() == (group == 256 ? rows * cols / 256 : 0));
+          CHECK(a.steps.size() == (group == 256 ? rows * cols / 32 : 0));
+          for (std::size_t i = 0; i < rows * cols; i += group) {
+            float amax = 0;
+            for (std::size_t j = 0; j < group; ++j) amax = std::max(amax, std::fabs(x[i + j]));
+            for (std::size_t j = 0; j < group; j += 32) {
+              const std::size_t blk = (i + j) / 32;
+              float bmax = 0;
+              for (std::size_t l = 0; l < 32; ++l) bmax = std::max(bmax, std::fabs(x[i + j + l]));
+              if (group == 32) {
+                CHECK(a.ds[2 * blk] == amax / 127.0f);
+                continue;
+              }
+              const double unit = a.units[i / 256];
+              const int k = a.steps[blk];
+              CHECK(a.units[i / 256] == amax / 127.0f / 16.0f);
+              CHECK(a.ds[2 * blk] == static_cast<float>(unit * k));
+              CHECK(k >= 1);
+              CHECK(k <= 16);
+              if (amax > 0) {
+                CHECK(k * unit * 127 >= bmax * (1 - 1e-6));
+                if (k > 1) CHECK((k - 1) * unit * 127 < bmax);
+              }
+            }
+          }
+          for (std::size_t i = 0; i < rows * cols; ++i) {
+            const double d = a.ds[2 * (i / 32)];
+            CHECK(std::fabs(x[i] - a.q[i] * d) <= d * 0.5 * (1 + 1e-6));
+          }
+          for (std::size_t blk = 0; blk < rows * cols / 32; ++blk) {
+            int sum = 0;
+            for (std::size_t j = 0; j < 32; ++j) sum += a.q[32 * blk + j];
+            CHECK(a.ds[2 * blk + 1] == a.ds[2 * blk] * static_cast<float>(sum));
+          }
+          // Q8_K's sums of 16, for the K-quants' mins and offsets; none by 32.
+          CHECK(a.sums.size() == (group == 256 ? rows * cols / 16 : 0));
+          for (std::size_t h = 0; h < a.sums.size(); ++h) {
+            int sum = 0;
+            for (std::size_t j = 0; j < 16; ++j) sum += a.q[16 * h + j];
+            CHECK(a.sums[h] == sum);
+          }
         }
       }
     }
@@ -1046,7 +1098,7 @@ TEST_CASE("AVX-512 VNNI fast matvec against the scalar integer reference, called
         placed_bytes w(wsrc, (rows + cols) % 8);
         const std::size_t rb = tlm::row_bytes(enc, cols);
         k::q8_activations q;
-        k::detail::quantize_scalar(xsrc.data(), 1, cols, q);
+        k::detail::quantize_scalar(xsrc.data(), 1, cols, k::activation_group(enc), q);
         std::vector<float> y(rows), ref(rows);
         matvec_q8(enc, w.data, rb, q, y.data(), 0, rows, cols);
         k::detail::matvec_q8_scalar(enc, w.data, rb, q, ref.data(), 0, rows, cols);
@@ -1091,7 +1143,7 @@ TEST_CASE("AVX-512 VNNI fast matmul, weight rows in the lanes, against the scala
           placed_bytes w(wsrc, (rows + cols + batch) % 8);
           const std::size_t rb = tlm::row_bytes(enc, cols);
           k::q8_activations q;
-          k::detail::quantize_scalar(xsrc.data(), batch, cols, q);
+          k::detail::quantize_scalar(xsrc.data(), batch, cols, k::activation_group(enc), q);
           // y [batch, rows] and a guard after it: the masked tail must write nothing else.
           std::vector<float> y(batch * rows + 16, -777.0f), ref(batch * rows), parts(batch * rows + 16, -777.0f);
           kernel(enc, w.data, rb, q, y.data(), 0, rows, rows, cols);

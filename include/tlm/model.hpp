@@ -47,7 +47,7 @@ struct model_options {
   // whose architecture fixes the pairing (qwen2: half_split) overrides this.
   rope_pairing pairing = rope_pairing::adjacent;
   // exact: f32 activations times the decoded weights (logits within ~3e-6 of
-  // float64). fast: activations quantized to int8 per 32-value block and integer
+  // float64). fast: activations quantized to int8 (kernels/scalar.hpp) and integer
   // dot products, as llama.cpp computes (logits within 0.125 of the largest logit;
   // a product of more than a few rows, as a prefill, runs exact, which is faster
   // there: kernels::integer_matmul). The default is exact unless TLM_PRECISION=fast

@@ -585,41 +585,45 @@ TLM_AVX2_FN inline void matmul_rows(encoding enc, const std::byte* w, std::size_
 // saturate: |w| <= 128 (Q8_0, after the sign moves to q) or <= 31 (Q4, Q5), |q| <= 127,
 // so a pair is at most 2 * 128 * 127 = 32512 < 32767. The integer sums are exact.
 
-// Bit for bit detail::quantize_block_scalar (see avx512::quantize for why).
-TLM_AVX2_FN inline void quantize(const float* x, std::size_t rows, std::size_t cols, q8_activations& out) {
-  const std::size_t blocks = cols / 32;
-  out.rows = rows;
-  out.blocks = blocks;
-  out.q.resize(rows * blocks * 32);
-  out.ds.resize(rows * blocks * 2);
+// Bit for bit detail::quantize_scalar (see avx512::quantize for why).
+TLM_AVX2_FN inline void quantize(const float* x, std::size_t rows, std::size_t cols, std::size_t group,
+                                 q8_activations& out) {
+  detail::shape_activations(rows, cols, group, out);
+  const std::size_t per = group / 32;  // blocks per group
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256i lim = _mm256_set1_epi32(127), neg = _mm256_set1_epi32(-127);
-  for (std::size_t i = 0; i < rows * blocks; ++i) {
-    const float* s = x + 32 * i;
-    __m256 v[4];
-    for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(s + 8 * k);
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-                             _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float d = _mm_cvtss_f32(h) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const __m256 vid = _mm256_set1_ps(id);
-    __m256i q[4];
-    for (int k = 0; k < 4; ++k)
-      q[k] = _mm256_max_epi32(neg, _mm256_min_epi32(lim, _mm256_cvtps_epi32(_mm256_mul_ps(v[k], vid))));
-    const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
-    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
-    // packs work per 128-bit lane: the permute restores value order.
-    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-    const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + 32 * i), ordered);
-    out.ds[2 * i] = d;
-    out.ds[2 * i + 1] = d * static_cast<float>(_mm_cvtsi128_si32(t));
+  for (std::size_t g = 0; g < rows * cols / group; ++g) {
+    float bmax[8], d[8], id[8];
+    for (std::size_t b = 0; b < per; ++b) {
+      const float* xb = x + group * g + 32 * b;
+      __m256 m = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
+      for (int k = 1; k < 4; ++k) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + 8 * k), abs_mask));
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_max_ss(h, _mm_movehdup_ps(h));
+      bmax[b] = _mm_cvtss_f32(h);
+    }
+    detail::group_scales_at(out, g, bmax, d, id);
+    for (std::size_t b = 0; b < per; ++b) {
+      const std::size_t i = per * g + b;
+      const float* s = x + 32 * i;
+      const __m256 vid = _mm256_set1_ps(id[b]);
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k)
+        q[k] = _mm256_max_epi32(neg, _mm256_min_epi32(lim, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(s + 8 * k), vid))));
+      const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+      // packs work per 128-bit lane: the permute restores value order.
+      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      const __m256i ordered = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + 32 * i), ordered);
+      out.ds[2 * i] = d[b];
+      out.ds[2 * i + 1] = d[b] * static_cast<float>(_mm_cvtsi128_si32(t));
+    }
   }
+  detail::fill_half_sums(out);
 }
 
 // The 32 codes of one block in value order: Q4_1 unsigned 0..15, Q4_0 signed -8..7,
@@ -695,18 +699,17 @@ TLM_AVX2_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, 
 template <class Dots>
 TLM_AVX2_INLINE inline void matmul_q8_batch(const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                             std::size_t r0, std::size_t r1, std::size_t rows) {
-  const std::size_t nb = x.blocks, qs = nb * 32, dss = nb * 2;
   float out[4];
   for (std::size_t i = 0; i < r1 - r0; ++i) {
     const std::size_t r = detail::streamed_row(r0, r1, i);
     const std::byte* row = w + r * rb;
     std::size_t b = 0;
     for (; b + 4 <= x.rows; b += 4) {
-      Dots::template run<4>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
+      Dots::template run<4>(row, x, b, out);
       for (std::size_t j = 0; j < 4; ++j) y[(b + j) * rows + r] = out[j];
     }
     for (; b < x.rows; ++b) {
-      Dots::template run<1>(row, nb, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
+      Dots::template run<1>(row, x, b, out);
       y[b * rows + r] = out[0];
     }
   }
@@ -715,9 +718,9 @@ TLM_AVX2_INLINE inline void matmul_q8_batch(const std::byte* w, std::size_t rb, 
 template <encoding E>
 struct q8_dots {
   template <int NB>
-  TLM_AVX2_INLINE static void run(const std::byte* row, std::size_t blocks, const std::int8_t* q, std::size_t qstride,
-                                  const float* ds, std::size_t dstride, float* out) {
-    row_dots_q8<E, NB>(row, blocks, q, qstride, ds, dstride, out);
+  TLM_AVX2_INLINE static void run(const std::byte* row, const q8_activations& x, std::size_t b, float* out) {
+    const std::size_t qs = x.blocks * 32, dss = x.blocks * 2;
+    row_dots_q8<E, NB>(row, x.blocks, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
   }
 };
 

@@ -7,8 +7,8 @@
 // Exact mode decodes each sub-block to float32 bit for bit as dequantize_row does
 // (d*sc and dmin*m are exact products of a half and a 6-bit integer, so one FMA with
 // the code rounds once, as the reference's add does) and sums float32 products.
-// Fast mode takes the activations quantized per block of 32 (kernels/scalar.hpp), one
-// block per sub-block of 32, and sums integer products (maddubs, as avx2.hpp).
+// Fast mode takes the activations quantized by groups of 256 (Q8_K, kernels/scalar.hpp),
+// one group per super-block, and sums a super-block's integer products in integers.
 #include <tlm/kernels/avx2.hpp>
 
 #ifdef TLM_HAVE_AVX2_KERNELS
@@ -106,19 +106,23 @@ TLM_AVX2_INLINE inline void decode_k32(const std::byte* p, int s, __m256 (&w)[4]
 // it has no min; its two 16-value halves take their own scale. The same sum in another
 // order than dequantize_row's (within the tolerance of tests/test_kernels.cpp).
 
-// The 8 sub-block scales d*sc and mins dmin*m of a Q4_K / Q5_K super-block (exact: a
-// half times a 6-bit integer). The 6-bit fields unpacked four at a time from the three
-// little-endian words of `scales` (layout: detail::k_scale_min).
-TLM_AVX2_INLINE inline void k_scales8(const std::byte* p, __m256& dsc, __m256& dmn) {
+// The 8 6-bit scales and mins of a Q4_K / Q5_K super-block as bytes, unpacked four at a
+// time from the three little-endian words of `scales` (layout: detail::k_scale_min);
+// k_scales8: as floats, d*sc and dmin*m (exact: a half times a 6-bit integer).
+TLM_AVX2_INLINE inline void k_scale_bytes(const std::byte* p, __m128i& sc, __m128i& m) {
   std::uint32_t a, b, c;
   std::memcpy(&a, p + 4, 4);
   std::memcpy(&b, p + 8, 4);
   std::memcpy(&c, p + 12, 4);
-  const std::uint32_t sc_lo = a & 0x3f3f3f3fu, m_lo = b & 0x3f3f3f3fu;
   const std::uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
   const std::uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
-  const __m128i sc = _mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), 0, 0);
-  const __m128i m = _mm_setr_epi32(static_cast<int>(m_lo), static_cast<int>(m_hi), 0, 0);
+  sc = _mm_setr_epi32(static_cast<int>(a & 0x3f3f3f3fu), static_cast<int>(sc_hi), 0, 0);
+  m = _mm_setr_epi32(static_cast<int>(b & 0x3f3f3f3fu), static_cast<int>(m_hi), 0, 0);
+}
+
+TLM_AVX2_INLINE inline void k_scales8(const std::byte* p, __m256& dsc, __m256& dmn) {
+  __m128i sc, m;
+  k_scale_bytes(p, sc, m);
   dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)), _mm256_set1_ps(_cvtsh_ss(load_u16(p))));
   dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)), _mm256_set1_ps(_cvtsh_ss(load_u16(p + 2))));
 }
@@ -134,11 +138,16 @@ TLM_AVX2_INLINE inline void q6_scales16(const std::byte* p, float (&out)[16]) {
 // The codes (-32..31) of sub-block 4h + t of a Q6_K super-block, from the half's two
 // 32-byte rows of low bits (ql0, ql1: nibble t/2 of row t%2) and its row of high bits
 // (qh: bits 2t, 2t+1). t is a constant once the callers' loops are unrolled.
-TLM_AVX2_INLINE inline __m256i q6_codes(__m256i ql0, __m256i ql1, __m256i qh, int t) {
+// q6_stored: the codes as stored, 0..63.
+TLM_AVX2_INLINE inline __m256i q6_stored(__m256i ql0, __m256i ql1, __m256i qh, int t) {
   const __m256i ql = t % 2 ? ql1 : ql0;
   const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t / 2))), _mm256_set1_epi8(0x0f));
   const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
-  return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+}
+
+TLM_AVX2_INLINE inline __m256i q6_codes(__m256i ql0, __m256i ql1, __m256i qh, int t) {
+  return _mm256_sub_epi8(q6_stored(ql0, ql1, qh, t), _mm256_set1_epi8(32));
 }
 
 // The codes of sub-blocks 2i and 2i+1 of a Q4_K / Q5_K super-block (values in order).
@@ -267,45 +276,73 @@ TLM_AVX2_FN inline void decode_row_k(encoding, const std::byte* row, float* out,
 
 // ---- Fast mode --------------------------------------------------------------------
 //
-// One weight row against NB quantized activation rows; each sub-block's codes are
-// unpacked once for all of them. Q4_K / Q5_K: unsigned codes times q, the block term
-// (d sc d_x) isum - (dmin m) s_x. Q6_K: signed codes (the sign moves to q, as for
-// Q8_0), and the two 16-value halves of a block of 32 are lanes 0-3 and 4-7 of the
-// widened sums, so one vector [sc_a x4, sc_b x4] applies both scales.
-// No int16 pair saturates: |code| <= 32, |q| <= 127.
-// Sub-block codes c against activation block b of each of the NB rows:
-// acc[j] += (isum lanes) * scale * d_x.
-template <encoding E, int NB>
-TLM_AVX2_INLINE inline void k_add(__m256 (&acc)[NB], __m256i c, std::size_t b, __m256 scale, const std::int8_t* q,
-                                  std::size_t qstride, const float* ds, std::size_t dstride) {
-  const __m256i cabs = E == encoding::q6_k ? _mm256_abs_epi8(c) : c;
-#pragma GCC unroll 4
-  for (int j = 0; j < NB; ++j) {
-    const float dx = ds[static_cast<std::size_t>(j) * dstride + 2 * b];
-    __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + static_cast<std::size_t>(j) * qstride + 32 * b));
-    if constexpr (E == encoding::q6_k) qv = _mm256_sign_epi8(qv, c);
-    const __m256i sum = _mm256_madd_epi16(_mm256_maddubs_epi16(cabs, qv), _mm256_set1_epi16(1));
-    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(dx)), acc[j]);
-  }
+// The activations come grouped by 256 (kernels/scalar.hpp): block s of a super-block has
+// d_x = k_s D, so a super-block's sum is one integer, summed as llama.cpp's AVX2 kernel
+// sums its Q8_K products: codes times q into int16 pairs (vpmaddubsw: codes <= 63
+// unsigned, |q| <= 127, so a pair is at most 16,002 and cannot saturate), pairs times
+// their sub-block's scale sc_s k_s (at most 63 x 16, or 128 x 16 for Q6_K) into int32
+// (vpmaddwd), added; one conversion and one FMA with d D per super-block. The mins
+// (Q4_K, Q5_K) and Q6_K's code offset of 32 come from the activations' sums of 16
+// (q8_activations::sums). One weight row against NB activation rows from row b of x;
+// the codes are unpacked once for all of them, the scales formed per row (their steps
+// differ). No software prefetch, unlike the exact kernels: decoding the 1B-shaped
+// Q4_K_M file (llama32_1b) on Zen 4 at this level, 1 thread, measured 42.0-42.3 ms/token
+// without it and 46.1-46.7 with each super-block's lines fetched 1 KiB ahead.
+
+// Every int16 lane holds word k of each 128-bit half of `words` (k_lo in the low half,
+// k_hi in the high): a sub-block's scale spread over its products.
+TLM_AVX2_INLINE inline __m256i spread_words(__m256i words, int k_lo, int k_hi) {
+  const char a0 = static_cast<char>(2 * k_lo), a1 = static_cast<char>(2 * k_lo + 1);
+  const char b0 = static_cast<char>(2 * k_hi), b1 = static_cast<char>(2 * k_hi + 1);
+  const __m256i pick = _mm256_setr_epi8(a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1, a0, a1,
+                                        b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1);
+  return _mm256_shuffle_epi8(words, pick);
+}
+
+// The sum of c q over 32 values, each pair of products times its word of `scale`.
+TLM_AVX2_INLINE inline __m256i k_products(__m256i c, const std::int8_t* q, __m256i scale) {
+  const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(c, qv), scale);
+}
+
+// Each word of a [8] twice, in order: [a0 a0 a1 a1 ... a7 a7].
+TLM_AVX2_INLINE inline __m256i doubled_words(__m128i a) {
+  return _mm256_set_m128i(_mm_unpackhi_epi16(a, a), _mm_unpacklo_epi16(a, a));
 }
 
 template <encoding E, int NB>
-TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, std::size_t blocks, const std::int8_t* q,
-                                       std::size_t qstride, const float* ds, std::size_t dstride, float* out) {
-  __m256 acc[NB];
-  float mins[NB];
+TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, const q8_activations& x, std::size_t b, float* out) {
+  const std::size_t nb = x.blocks, stride = nb * 32, pairs = nb * 2;  // per activation row: q, sums
+  const std::int8_t* q = x.q.data() + b * stride;
+  const std::int16_t* sums = x.sums.data() + b * pairs;
+  const std::uint8_t* steps = x.steps.data() + b * nb;
+  const float* units = x.units.data() + b * (nb / 8);
+  __m256 acc[NB], mins[NB];
 #pragma GCC unroll 4
-  for (int j = 0; j < NB; ++j) {
-    acc[j] = _mm256_setzero_ps();
-    mins[j] = 0;
-  }
-  for (std::size_t sb = 0; sb < blocks / 8; ++sb) {
+  for (int j = 0; j < NB; ++j) acc[j] = mins[j] = _mm256_setzero_ps();
+  for (std::size_t sb = 0; sb < nb / 8; ++sb) {
     const std::byte* p = row + sb * k_block_bytes<E>;
-    prefetch_superblock<E>(p);
-    const std::size_t b0 = 8 * sb;
+    const std::int8_t* qs = q + 256 * sb;
+    __m256i isum[NB], scales[NB];  // scales: per row j, the sub-blocks' sc k as int16
+    float unit[NB];
+    __m128i k8[NB];                // per row j: the 8 blocks' steps
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const std::size_t jj = static_cast<std::size_t>(j);
+      unit[j] = units[jj * (nb / 8) + sb];
+      k8[j] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(steps + jj * nb + 8 * sb));
+    }
+    float d;
     if constexpr (E == encoding::q6_k) {
-      float scales[16];
-      q6_scales16(p, scales);
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)));  // [16]
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        // Half h takes the step of block h / 2.
+        scales[j] = _mm256_mullo_epi16(sc16, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(k8[j], k8[j])));
+        // The codes' offset, 32 sum_h sc_h k_h sum_h(q), taken off first.
+        const __m256i hs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + static_cast<std::size_t>(j) * pairs + 16 * sb));
+        isum[j] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(scales[j], hs), 5));
+      }
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h));
@@ -313,23 +350,33 @@ TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, std::size_t blocks,
         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
 #pragma GCC unroll 4
         for (int t = 0; t < 4; ++t) {
-          const __m256i c = q6_codes(ql0, ql1, qh, t);
           const int s = 4 * h + t;
-          // Lanes 0-3 hold the sums of values 0-15 (scale 2s), lanes 4-7 of 16-31.
-          const __m256 scale = _mm256_set_m128(_mm_set1_ps(scales[2 * s + 1]), _mm_set1_ps(scales[2 * s]));
-          k_add<E, NB>(acc, c, b0 + static_cast<std::size_t>(s), scale, q, qstride, ds, dstride);
+          const __m256i c = q6_stored(ql0, ql1, qh, t);
+#pragma GCC unroll 4
+          for (int j = 0; j < NB; ++j) {
+            // Halves 2s, 2s + 1: words 2t, 2t + 1 of the scales' half h.
+            const __m256i half = h == 0 ? _mm256_permute2x128_si256(scales[j], scales[j], 0x00)
+                                        : _mm256_permute2x128_si256(scales[j], scales[j], 0x11);
+            isum[j] = _mm256_add_epi32(isum[j], k_products(c, qs + static_cast<std::size_t>(j) * stride + 32 * s,
+                                                           spread_words(half, 2 * t, 2 * t + 1)));
+          }
         }
       }
+      d = _cvtsh_ss(load_u16(p + 208));
     } else {
-      __m256 dsc, dmn;
-      k_scales8(p, dsc, dmn);
-      float scales[8], mn[8];
-      _mm256_storeu_ps(scales, dsc);
-      _mm256_storeu_ps(mn, dmn);
+      __m128i sc8, m8;
+      k_scale_bytes(p, sc8, m8);
+      const __m128i sc16 = _mm_cvtepu8_epi16(sc8), m16 = _mm_cvtepu8_epi16(m8);  // [8]
+      const float dmin = _cvtsh_ss(load_u16(p + 2));
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
-        const float* dj = ds + static_cast<std::size_t>(j) * dstride + 2 * b0;
-        for (int s = 0; s < 8; ++s) mins[j] += mn[s] * dj[2 * s + 1];
+        const __m128i k16 = _mm_cvtepu8_epi16(k8[j]);
+        scales[j] = _mm256_broadcastsi128_si256(_mm_mullo_epi16(sc16, k16));  // [2][8]
+        // Each min times its step against the sums of its sub-block's two halves.
+        const __m256i hs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums + static_cast<std::size_t>(j) * pairs + 16 * sb));
+        const __m256i msum = _mm256_madd_epi16(doubled_words(_mm_mullo_epi16(m16, k16)), hs);
+        mins[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * unit[j]), mins[j]);
+        isum[j] = _mm256_setzero_si256();
       }
       const __m256i qh = E == encoding::q5_k ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))
                                              : _mm256_setzero_si256();
@@ -337,14 +384,20 @@ TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, std::size_t blocks,
       for (int i = 0; i < 4; ++i) {
         __m256i lo, hi;
         k_code_pair<E>(p, i, qh, lo, hi);
-        k_add<E, NB>(acc, lo, b0 + 2 * static_cast<std::size_t>(i), _mm256_set1_ps(scales[2 * i]), q, qstride, ds, dstride);
-        k_add<E, NB>(acc, hi, b0 + 2 * static_cast<std::size_t>(i) + 1, _mm256_set1_ps(scales[2 * i + 1]), q, qstride, ds,
-                     dstride);
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; ++j) {
+          const std::int8_t* qj = qs + static_cast<std::size_t>(j) * stride + 64 * i;
+          isum[j] = _mm256_add_epi32(isum[j], k_products(lo, qj, spread_words(scales[j], 2 * i, 2 * i)));
+          isum[j] = _mm256_add_epi32(isum[j], k_products(hi, qj + 32, spread_words(scales[j], 2 * i + 1, 2 * i + 1)));
+        }
       }
+      d = _cvtsh_ss(load_u16(p));
     }
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), _mm256_set1_ps(d * unit[j]), acc[j]);
   }
 #pragma GCC unroll 4
-  for (int j = 0; j < NB; ++j) out[j] = hsum(acc[j]) - mins[j];
+  for (int j = 0; j < NB; ++j) out[j] = hsum(acc[j]) - hsum(mins[j]);
 }
 
 template <encoding E>
@@ -352,16 +405,15 @@ TLM_AVX2_FN inline void matvec_q8_k(encoding, const std::byte* w, std::size_t rb
                                     std::size_t r0, std::size_t r1, std::size_t) {
   for (std::size_t i = 0; i < r1 - r0; ++i) {
     const std::size_t r = detail::streamed_row(r0, r1, i);
-    row_dots_k<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+    row_dots_k<E, 1>(w + r * rb, x, 0, y + r);
   }
 }
 
 template <encoding E>
 struct k_dots {
   template <int NB>
-  TLM_AVX2_INLINE static void run(const std::byte* row, std::size_t blocks, const std::int8_t* q, std::size_t qstride,
-                                  const float* ds, std::size_t dstride, float* out) {
-    row_dots_k<E, NB>(row, blocks, q, qstride, ds, dstride, out);
+  TLM_AVX2_INLINE static void run(const std::byte* row, const q8_activations& x, std::size_t b, float* out) {
+    row_dots_k<E, NB>(row, x, b, out);
   }
 };
 

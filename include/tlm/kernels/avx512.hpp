@@ -476,30 +476,35 @@ TLM_AVX512_FN inline void matmul_rows(encoding enc, const std::byte* w, std::siz
 
 // ---- Fast mode: int8 activations ---------------------------------------------------
 
-// Same arithmetic as detail::quantize_block_scalar, 16 lanes at a time: the maximum is
-// exact, d and 1/d are the same scalar operations, and the conversion rounds to
+// Same arithmetic as detail::quantize_scalar, 16 lanes at a time: the maxima are exact,
+// the scales are the same scalar code (group_scales), and the conversion rounds to
 // nearest even (the default MXCSR mode), so the result is bit for bit the scalar one.
-TLM_AVX512_FN inline void quantize(const float* x, std::size_t rows, std::size_t cols, q8_activations& out) {
-  const std::size_t blocks = cols / 32;
-  out.rows = rows;
-  out.blocks = blocks;
-  out.q.resize(rows * blocks * 32);
-  out.ds.resize(rows * blocks * 2);
+TLM_AVX512_FN inline void quantize(const float* x, std::size_t rows, std::size_t cols, std::size_t group,
+                                   q8_activations& out) {
+  detail::shape_activations(rows, cols, group, out);
+  const std::size_t per = group / 32;  // blocks per group
   const __m512i lim = _mm512_set1_epi32(127), neg = _mm512_set1_epi32(-127);
-  for (std::size_t i = 0; i < rows * blocks; ++i) {
-    const __m512 a = _mm512_loadu_ps(x + 32 * i), b = _mm512_loadu_ps(x + 32 * i + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const __m512 vid = _mm512_set1_ps(id);
-    const __m512i qa = _mm512_max_epi32(neg, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(a, vid))));
-    const __m512i qb = _mm512_max_epi32(neg, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(b, vid))));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q.data() + 32 * i), _mm512_cvtepi32_epi8(qa));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q.data() + 32 * i + 16), _mm512_cvtepi32_epi8(qb));
-    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-    out.ds[2 * i] = d;
-    out.ds[2 * i + 1] = d * static_cast<float>(sum);
+  for (std::size_t g = 0; g < rows * cols / group; ++g) {
+    float bmax[8], d[8], id[8];
+    for (std::size_t b = 0; b < per; ++b) {
+      const float* xb = x + group * g + 32 * b;
+      bmax[b] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xb)), _mm512_abs_ps(_mm512_loadu_ps(xb + 16))));
+    }
+    detail::group_scales_at(out, g, bmax, d, id);
+    for (std::size_t b = 0; b < per; ++b) {
+      const std::size_t i = per * g + b;
+      const __m512 vid = _mm512_set1_ps(id[b]);
+      const __m512 a = _mm512_loadu_ps(x + 32 * i), c = _mm512_loadu_ps(x + 32 * i + 16);
+      const __m512i qa = _mm512_max_epi32(neg, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(a, vid))));
+      const __m512i qc = _mm512_max_epi32(neg, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(c, vid))));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q.data() + 32 * i), _mm512_cvtepi32_epi8(qa));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q.data() + 32 * i + 16), _mm512_cvtepi32_epi8(qc));
+      const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qc));
+      out.ds[2 * i] = d[b];
+      out.ds[2 * i + 1] = d[b] * static_cast<float>(sum);
+    }
   }
+  detail::fill_half_sums(out);
 }
 
 // The 64 weight codes of blocks p0 and p1 in value order, as bytes: Q4_1 unsigned
@@ -790,8 +795,9 @@ TLM_VBMI_FN inline void matvec_q8_vbmi(encoding, const std::byte* w, std::size_t
 // The codes are unsigned bytes: as stored, Q8_0's biased by 128. The offset (Q8_0 128,
 // Q4_0 8, Q5_0 16, Q6_K 32) returns as an integer, -offset * sum(q), that starts each
 // block's (Q6_K: each half's) sum, so a block's integer sum and its float products are
-// the scalar reference's (block_term_scalar, k_block_term_parts); only the order of the
-// adds differs.
+// the scalar reference's (block_term_scalar); a K-quant's activations come grouped by
+// 256, so the sub-block terms are the parts of the scalar super-block sum
+// (k_superblock_term_scalar) in float. Only the order of the adds differs.
 template <encoding E>
 inline constexpr int lane_code_offset = E == encoding::q8_0 ? 128 : E == encoding::q4_0 ? 8 : E == encoding::q5_0 ? 16 : 0;
 
@@ -859,8 +865,7 @@ TLM_VNNI_INLINE inline void unpack_lanes(const std::byte* p, __m512i offsets, __
 
 // Super-block sb of 16 rows of Q4_K / Q5_K as its 8 sub-blocks, each laid out as
 // unpack_lanes lays out a block: codes [8, 8, 16], and scales [8, 32] holding d sc and
-// -(dmin m) of each sub-block, both exact in float32 (a half times a 6-bit integer), the
-// two products of k_block_term_scalar.
+// -(dmin m) of each sub-block, both exact in float32 (a half times a 6-bit integer).
 template <encoding E>
 TLM_VNNI_INLINE inline void unpack_lanes_k(const std::byte* p, __m512i offsets, __mmask16 live, std::int32_t* codes,
                                            float* scales) {
@@ -916,8 +921,8 @@ TLM_VNNI_INLINE inline void unpack_lanes_k(const std::byte* p, __m512i offsets, 
 // Super-block sb of 16 rows of Q6_K as its 8 sub-blocks of 32: codes [8, 8, 16] (6-bit,
 // unsigned; the offset 32 returns through `starts`, per half), and per sub-block 48
 // values: the 16 d (float), then the int8 scales of its two halves of 16 values (int32).
-// The integer sum sc_a isum_a + sc_b isum_b and the product (d d_x) of
-// k_block_term_scalar follow.
+// The integer sum sc_a isum_a + sc_b isum_b of each sub-block and the product (d d_x)
+// follow.
 TLM_VNNI_INLINE inline void unpack_lanes_q6(const std::byte* p, __m512i offsets, __mmask16 live, std::int32_t* codes,
                                             float* scales) {
   // d is bytes 208-209, the last two of the block: read the dword ending there.
@@ -1071,108 +1076,144 @@ TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, 
 
 // ---- Fast mode of the K-quants (VNNI) ----------------------------------------------
 //
-// A super-block's 8 sub-blocks of 32 meet 8 consecutive activation blocks, so two
-// sub-blocks and their two activation blocks are one 64-byte vpdpbusd: lanes 0-7 hold
-// the first sub-block's sums, lanes 8-15 the second's. The codes come from the AVX2
-// unpacking helpers (avx2_kquant.hpp). The per-lane scale is one permute of a vector
-// formed once per super-block:
-//   Q4_K / Q5_K: (d sc_s) d_x,s for the 8 sub-blocks (unsigned codes); the mins
-//                (dmin m_s) s_x,s by one 8-lane multiply-add per super-block.
-//   Q6_K:        (d sc) of the 16 halves times d_x of their block; lanes 4k..4k+3 of a
-//                pair hold the sums of one half of 16 values. Signed codes: the sign
-//                moves to q, as dot64 does (|code| <= 32, |q| <= 127).
-// The same block terms as detail::k_block_term_scalar, added in another order.
+// The activations come grouped by 256 (kernels/scalar.hpp): block s has d_x = k_s D, so
+// a super-block's sum is one integer: each 64-byte vector of codes is multiplied with its
+// activations into int16 pairs (vpmaddubsw: unsigned codes <= 63 times |q| <= 127, a
+// pair at most 16,002, no saturation) and the pairs by their sub-block's scale times its
+// step (sc k <= 2,048) into int32 lanes (vpdpwssd). One conversion and one FMA with d D
+// per super-block, where activations scaled per 32 took a conversion, a scale permute
+// and an FMA per pair of sub-blocks. The mins (Q4_K, Q5_K) and Q6_K's code offset of 32
+// come from the activations' sums of 16 (q8_activations::sums) by one vpmaddwd per
+// super-block.
+//
+// Q4_K / Q5_K keep sub-blocks 4j and 4j+2 in the low nibbles of 64 bytes of qs and 4j+1,
+// 4j+3 in the high ones; the kernel copies the activations once per call with each
+// super-block's blocks of 32 in the order 0 2 1 3 4 6 5 7, so that one 64-byte load
+// of codes and two of activations meet. Q6_K's low bits are in value order already.
 
-// Lanes 0-7 of the result: the d_x (even floats) of 8 activation blocks whose [d, s]
-// pairs start at ds; lanes 8-15 unused. `sums` gets the s_x.
-TLM_VNNI_INLINE inline __m256 block_scales8(const float* ds, __m256& sums) {
-  const __m512 v = _mm512_loadu_ps(ds);
-  sums = _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15), v));
-  return _mm512_castps512_ps256(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14), v));
+// 64 bytes of weights as two 32-byte loads. A super-block of 210 bytes puts most 64-byte
+// loads across two cache lines, and from memory on Zen 4 such a load measured far slower
+// than two halves: Q6_K 2048x2048 cold, 1 thread, 16 against 25 GB/s (29-31 GB/s hot
+// either way). Q4_K's 144 bytes measured the same cold either way and 7% slower hot
+// with halves, so it loads whole.
+TLM_VNNI_INLINE inline __m512i load_halves(const std::byte* p) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)), 1);
 }
 
-TLM_VNNI_INLINE inline __m512i join(__m256i lo, __m256i hi) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+// 16-bit shift counts: a in the low 256 bits, b in the high.
+TLM_VNNI_INLINE inline __m512i half_counts(short a, short b) {
+  return _mm512_inserti64x4(_mm512_set1_epi16(a), _mm256_set1_epi16(b), 1);
 }
 
-template <encoding E, int NB>
-TLM_VNNI_INLINE inline void row_dots_k_vnni(const std::byte* row, std::size_t blocks, const std::int8_t* q,
-                                            std::size_t qstride, const float* ds, std::size_t dstride, float* out) {
+// int32 lanes holding an int16 scale in both halves, the form vpdpwssd multiplies pairs by.
+TLM_VNNI_INLINE inline __m512i scale_pairs(__m512i s32) {
+  return _mm512_or_si512(_mm512_and_si512(s32, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(s32, 16));
+}
+
+template <encoding E>
+TLM_VNNI_INLINE inline float row_dot_q8k(const std::byte* row, const std::int8_t* q, const q8_activations& x) {
   constexpr std::size_t bb = traits(E).block_bytes;
-  __m512 acc[NB] = {};   // zeros
-  __m256 mins[NB] = {};
-  for (std::size_t sb = 0; sb < blocks / 8; ++sb) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  __m512 acc = _mm512_setzero_ps();
+  __m256 mins = _mm256_setzero_ps();
+  for (std::size_t sb = 0; sb < x.blocks / 8; ++sb) {
     const std::byte* p = row + sb * bb;
     for (std::size_t at = 0; at < bb; at += 64) _mm_prefetch(reinterpret_cast<const char*>(p + at + prefetch_ahead), _MM_HINT_T0);
-    const std::size_t b0 = 8 * sb;
-    __m256i codes[8];
-    avx2::k_codes8<E>(p, codes);
-    // [NB] per-lane scale sources, formed once per super-block.
-    __m512 scale[NB];
+    const std::int8_t* qs = q + 256 * sb;
+    const __m256i half_sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums.data() + 16 * sb));  // [16]
+    const __m128i k8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(x.steps.data() + 8 * sb));           // [8]
+    const float unit = x.units[sb];
+    __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
     if constexpr (E == encoding::q6_k) {
-      // d sc of the 16 halves (exact: a half times an 8-bit integer).
-      const __m512 sc16 = _mm512_mul_ps(
-          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192)))),
-          _mm512_set1_ps(half_at(p + 208)));
-#pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) {
-        __m256 unused;
-        scale[j] = _mm512_castps256_ps512(block_scales8(ds + static_cast<std::size_t>(j) * dstride + 2 * b0, unused));
+      // sc_h k_h of the 16 halves (half h takes the step of block h / 2).
+      const __m512i sck = _mm512_mullo_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192))),
+                                             _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(k8, k8)));
+      const __m512i sc = scale_pairs(sck);
+      // The codes' offset: 32 sum_h sc_h k_h sum_h(q), taken off the sum below.
+      const __m256i offset = _mm256_madd_epi16(_mm512_cvtepi32_epi16(sck), half_sums);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i ql = load_halves(p + 64 * h);
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h)));
+        // Values 128h + 0..63 (low nibbles; high bits 0-1, 2-3 of qh) and 64..127 (high
+        // nibbles; bits 4-5, 6-7), the high bits moved to bits 4-5 of each byte.
+        const __m512i mask = _mm512_set1_epi8(0x30);
+        const __m512i ca = _mm512_or_si512(_mm512_and_si512(ql, low4),
+                                           _mm512_and_si512(_mm512_sllv_epi16(qh, half_counts(4, 2)), mask));
+        const __m512i cb = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                           _mm512_and_si512(_mm512_srlv_epi16(qh, half_counts(0, 2)), mask));
+        const __m512i pa = _mm512_maddubs_epi16(ca, _mm512_loadu_si512(qs + 128 * h));
+        const __m512i pb = _mm512_maddubs_epi16(cb, _mm512_loadu_si512(qs + 128 * h + 64));
+        // Lane l of the 64 values starting at 64v belongs to half 4v + l/4.
+        const int v = 2 * h;
+        const __m512i ia = _mm512_setr_epi32(4 * v, 4 * v, 4 * v, 4 * v, 4 * v + 1, 4 * v + 1, 4 * v + 1, 4 * v + 1,
+                                             4 * v + 2, 4 * v + 2, 4 * v + 2, 4 * v + 2, 4 * v + 3, 4 * v + 3, 4 * v + 3, 4 * v + 3);
+        const __m512i ib = _mm512_add_epi32(ia, _mm512_set1_epi32(4));
+        i0 = _mm512_dpwssd_epi32(i0, pa, _mm512_permutexvar_epi32(ia, sc));
+        i1 = _mm512_dpwssd_epi32(i1, pb, _mm512_permutexvar_epi32(ib, sc));
       }
-#pragma GCC unroll 4
-      for (int s = 0; s < 8; s += 2) {  // sub-blocks s, s + 1
-        const __m512i c = join(codes[s], codes[s + 1]);
-        const __mmask64 neg = _mm512_movepi8_mask(c);
-        const __m512i cabs = _mm512_abs_epi8(c);
-        // Lane l: half 2s + l/4 and activation block s + l/8.
-        const __m512 wsc = _mm512_permutexvar_ps(
-            _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(2 * s)),
-            sc16);
-        const __m512i pick = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                              _mm512_set1_epi32(s));
-#pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j) {
-          __m512i qv = _mm512_loadu_si512(q + static_cast<std::size_t>(j) * qstride + 32 * (b0 + static_cast<std::size_t>(s)));
-          qv = _mm512_mask_sub_epi8(qv, neg, _mm512_setzero_si512(), qv);
-          const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), cabs, qv);
-          const __m512 sc = _mm512_mul_ps(wsc, _mm512_permutexvar_ps(pick, scale[j]));
-          acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[j]);
-        }
-      }
+      i0 = _mm512_sub_epi32(i0, _mm512_zextsi256_si512(_mm256_slli_epi32(offset, 5)));
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), _mm512_set1_ps(half_at(p + 208) * unit), acc);
     } else {
-      __m256 dsc, dmn;
-      avx2::k_scales8(p, dsc, dmn);
-#pragma GCC unroll 4
-      for (int j = 0; j < NB; ++j) {
-        __m256 sx;
-        const __m256 dx = block_scales8(ds + static_cast<std::size_t>(j) * dstride + 2 * b0, sx);
-        scale[j] = _mm512_castps256_ps512(_mm256_mul_ps(dsc, dx));
-        mins[j] = _mm256_fmadd_ps(dmn, sx, mins[j]);
-      }
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const __m512i c = join(codes[2 * i], codes[2 * i + 1]);
-        const __m512i pick = _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                              _mm512_set1_epi32(2 * i));
-#pragma GCC unroll 4
-        for (int j = 0; j < NB; ++j) {
-          const __m512i qv = _mm512_loadu_si512(q + static_cast<std::size_t>(j) * qstride + 32 * (b0 + 2 * static_cast<std::size_t>(i)));
-          const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, qv);
-          acc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_permutexvar_ps(pick, scale[j]), acc[j]);
+      constexpr std::size_t qs_at = E == encoding::q5_k ? 48 : 16;
+      __m128i sc8, m8;
+      avx2::k_scale_bytes(p, sc8, m8);
+      const __m128i k16 = _mm_cvtepu8_epi16(k8);
+      const __m512i sc = scale_pairs(_mm512_cvtepu16_epi32(_mm256_castsi128_si256(_mm_mullo_epi16(_mm_cvtepu8_epi16(sc8), k16))));
+      // sum_s m_s k_s qsum_s, each min against the sums of its two halves.
+      const __m256i msum = _mm256_madd_epi16(avx2::doubled_words(_mm_mullo_epi16(_mm_cvtepu8_epi16(m8), k16)), half_sums);
+      mins = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(half_at(p + 2) * unit), mins);
+      [[maybe_unused]] const __m512i qh =
+          _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
+#pragma GCC unroll 2
+      for (int j = 0; j < 2; ++j) {
+        const __m512i v = _mm512_loadu_si512(p + qs_at + 64 * j);
+        __m512i lo = _mm512_and_si512(v, low4);                         // sub-blocks 4j, 4j+2
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);  // 4j+1, 4j+3
+        if constexpr (E == encoding::q5_k) {
+          // Bit s of qh is sub-block s's fifth bit: moved to bit 4.
+          const __m512i bit4 = _mm512_set1_epi8(0x10);
+          const __m512i lo_bits = j == 0 ? _mm512_sllv_epi16(qh, half_counts(4, 2))
+                                         : _mm512_srlv_epi16(qh, half_counts(0, 2));
+          const __m512i hi_bits = j == 0 ? _mm512_sllv_epi16(qh, half_counts(3, 1))
+                                         : _mm512_srlv_epi16(qh, half_counts(1, 3));
+          lo = _mm512_or_si512(lo, _mm512_and_si512(lo_bits, bit4));
+          hi = _mm512_or_si512(hi, _mm512_and_si512(hi_bits, bit4));
         }
+        const __m512i pa = _mm512_maddubs_epi16(lo, _mm512_loadu_si512(qs + 128 * j));
+        const __m512i pb = _mm512_maddubs_epi16(hi, _mm512_loadu_si512(qs + 128 * j + 64));
+        const int s = 4 * j;
+        const __m512i ia = _mm512_setr_epi32(s, s, s, s, s, s, s, s, s + 2, s + 2, s + 2, s + 2, s + 2, s + 2, s + 2, s + 2);
+        const __m512i ib = _mm512_add_epi32(ia, _mm512_set1_epi32(1));
+        i0 = _mm512_dpwssd_epi32(i0, pa, _mm512_permutexvar_epi32(ia, sc));
+        i1 = _mm512_dpwssd_epi32(i1, pb, _mm512_permutexvar_epi32(ib, sc));
       }
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1)), _mm512_set1_ps(half_at(p) * unit), acc);
     }
   }
-#pragma GCC unroll 4
-  for (int j = 0; j < NB; ++j) out[j] = hsum(acc[j]) - avx2::hsum(mins[j]);
+  return hsum(acc) - avx2::hsum(mins);
 }
 
 template <encoding E>
 TLM_VNNI_FN inline void matvec_q8_k(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                     std::size_t r0, std::size_t r1, std::size_t) {
+  const std::size_t superblocks = x.blocks / 8;
+  const std::int8_t* q = x.q.data();
+  if constexpr (E != encoding::q6_k) {
+    // Per calling thread, reused: a decode step allocates nothing.
+    thread_local std::vector<std::int8_t> order;  // [superblocks, 8, 32], blocks 0 2 1 3 4 6 5 7
+    order.resize(256 * superblocks);
+    constexpr int from[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    for (std::size_t sb = 0; sb < superblocks; ++sb)
+      for (int k = 0; k < 8; ++k)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(order.data() + 256 * sb + 32 * k),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 256 * sb + 32 * from[k])));
+    q = order.data();
+  }
   for (std::size_t i = 0; i < r1 - r0; ++i) {
     const std::size_t r = detail::streamed_row(r0, r1, i);
-    row_dots_k_vnni<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+    y[r] = row_dot_q8k<E>(w + r * rb, q, x);
   }
 }
 

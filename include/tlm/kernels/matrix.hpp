@@ -10,10 +10,11 @@
 //
 // Precision (kernels/scalar.hpp): `exact` computes in float32 from float32
 // activations at every level; levels differ only in summation order. `fast`
-// quantizes the activations per 32-block to int8 for quantized weights and sums
-// integer products (a K-quant's sub-blocks of 32 against the same 32-blocks of x,
-// finer than llama.cpp's Q8_K of 256); the integer sums are the same at every level, so levels
-// again differ only in the order the per-block float terms are added; a fast prefill
+// quantizes the activations to int8 for quantized weights (a scale per 32 values; for
+// the K-quants a unit per 256 values times a small step per 32, so that a super-block
+// sums in integers as with llama.cpp's Q8_K) and sums integer products; the integer
+// sums are the same at every level, so levels again differ only in the order the float
+// terms are added; a fast product of many rows may run exactly (integer_matmul).
 //
 // Dispatch: the function table of the active kernel level (kernels/levels.hpp), chosen
 // at first use from the CPU and TLM_KERNELS; force_kernel_level() switches it for tests
@@ -91,10 +92,11 @@ inline void split_rows(thread_pool* pool, std::size_t rows, std::size_t cols, F&
 }
 
 // The activations of the fast mode, quantized once per call before the rows are split;
-// one buffer per calling thread, reused, so a decode step allocates nothing.
-inline q8_activations& quantized_x() {
-  thread_local q8_activations q;
-  return q;
+// one buffer per grouping (32, 256) and calling thread, reused, so a decode step
+// allocates nothing, and a group of products of both kinds quantizes x once for each.
+inline q8_activations& quantized_x(std::size_t group) {
+  thread_local q8_activations by_32, by_256;
+  return group == 256 ? by_256 : by_32;
 }
 
 }  // namespace detail
@@ -168,8 +170,8 @@ inline void matvec(encoding enc, const std::byte* w, const float* x, float* y, s
   const auto& t = detail::table();
   const std::size_t rb = row_bytes(enc, cols);
   if (p == precision::fast && t.matvec_q8[s] != nullptr) {
-    auto& qx = detail::quantized_x();
-    t.quantize(x, 1, cols, qx);
+    auto& qx = detail::quantized_x(activation_group(enc));
+    t.quantize(x, 1, cols, activation_group(enc), qx);
     const auto fq = t.matvec_q8[s];
     detail::split_rows(pool, rows, cols, [&](std::size_t r0, std::size_t r1) { fq(enc, w, rb, qx, y, r0, r1, cols); });
     return;
@@ -213,14 +215,16 @@ inline void matvec_group(const std::array<shared_input_product, N>& group, const
   // encoding, or x itself. One buffer per encoding and calling thread, reused.
   thread_local std::array<std::vector<float>, detail::table_size> prepared;
   std::array<bool, detail::table_size> is_prepared{};
-  bool quantized = false;
+  // x quantized once for each grouping its integer products take (activation_group).
+  std::array<bool, 2> quantized{};  // by 32, by 256
   std::array<const float*, N> inputs{};
   std::array<bool, N> integer{};
   for (std::size_t i = 0; i < N; ++i) {
     const std::size_t s = slots[i];
     if (p == precision::fast && t.matvec_q8[s] != nullptr) {
-      if (!quantized) t.quantize(x, 1, cols, detail::quantized_x());
-      quantized = integer[i] = true;
+      const std::size_t q = activation_group(group[i].enc);
+      if (!quantized[q == 256]) t.quantize(x, 1, cols, q, detail::quantized_x(q));
+      quantized[q == 256] = integer[i] = true;
     } else if (t.prepare[s] != nullptr) {
       if (!is_prepared[s]) t.prepare[s](x, cols, prepared[s]);
       is_prepared[s] = true;
@@ -229,7 +233,9 @@ inline void matvec_group(const std::array<shared_input_product, N>& group, const
       inputs[i] = x;
     }
   }
-  const auto& qx = detail::quantized_x();
+  // The calling thread's buffers: the pool's threads have their own, empty.
+  const q8_activations& by_32 = detail::quantized_x(32);
+  const q8_activations& by_256 = detail::quantized_x(256);
   // Product i covers row groups [first[i], first[i + 1]).
   std::array<std::size_t, N + 1> first{};
   for (std::size_t i = 0; i < N; ++i) first[i + 1] = first[i] + (group[i].rows + detail::row_group - 1) / detail::row_group;
@@ -240,7 +246,7 @@ inline void matvec_group(const std::array<shared_input_product, N>& group, const
       const auto& g = group[i];
       const std::size_t r0 = (b - first[i]) * detail::row_group, r1 = std::min(g.rows, (e - first[i]) * detail::row_group);
       const std::size_t rb = row_bytes(g.enc, cols);
-      if (integer[i]) t.matvec_q8[slots[i]](g.enc, g.w, rb, qx, g.y, r0, r1, cols);
+      if (integer[i]) t.matvec_q8[slots[i]](g.enc, g.w, rb, activation_group(g.enc) == 256 ? by_256 : by_32, g.y, r0, r1, cols);
       else t.matvec[slots[i]](g.enc, g.w, rb, inputs[i], g.y, r0, r1, cols);
     }
   };
@@ -278,8 +284,8 @@ inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, s
   const auto& t = detail::table();
   const std::size_t rb = row_bytes(enc, cols);
   if (p == precision::fast && t.matmul_q8[s] != nullptr && integer_matmul(enc, batch)) {
-    auto& qx = detail::quantized_x();
-    t.quantize(x, batch, cols, qx);
+    auto& qx = detail::quantized_x(activation_group(enc));
+    t.quantize(x, batch, cols, activation_group(enc), qx);
     const auto fq = t.matmul_q8[s];
     detail::split_rows(pool, rows, cols,
                        [&](std::size_t r0, std::size_t r1) { fq(enc, w, rb, qx, y, r0, r1, rows, cols); });
@@ -330,7 +336,7 @@ inline void matvec_fast_reference(encoding enc, const std::byte* w, const float*
   detail::check_args("matvec_fast_reference", enc, w, x, y, rows, cols);
   if (!has_fast_kernel(enc)) return matvec_reference(enc, w, x, y, rows, cols, pool);
   q8_activations qx;
-  detail::quantize_scalar(x, 1, cols, qx);
+  detail::quantize_scalar(x, 1, cols, activation_group(enc), qx);
   detail::matvec_q8_scalar(enc, w, row_bytes(enc, cols), qx, y, 0, rows, cols);
 }
 
@@ -339,7 +345,7 @@ inline void matmul_fast_reference(encoding enc, const std::byte* w, const float*
   detail::check_args("matmul_fast_reference", enc, w, x, y, rows, cols);
   if (!has_fast_kernel(enc)) return matmul_reference(enc, w, x, y, rows, cols, batch, pool);
   q8_activations qx;
-  detail::quantize_scalar(x, batch, cols, qx);
+  detail::quantize_scalar(x, batch, cols, activation_group(enc), qx);
   detail::matmul_q8_scalar(enc, w, row_bytes(enc, cols), qx, y, 0, rows, rows, cols);
 }
 

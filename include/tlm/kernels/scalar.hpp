@@ -19,21 +19,47 @@ namespace tlm::kernels {
 //   exact: float32 activations, float32 sums of the dequantized weights (the
 //          fidelity the model's logits are checked at: 2e-6 against float64).
 //   fast:  for quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K),
-//          each 32-value block of the activations is quantized to int8 with its own
-//          scale (as llama.cpp's Q8_0 / Q8_1), and the block dot products are exact
-//          integer sums (VNNI where the CPU has it). Float weights compute as `exact`.
+//          the activations are quantized to int8 and the dot products are exact
+//          integer sums (VNNI where the CPU has it), as llama.cpp does: one scale per
+//          32 values for the 32-value encodings (its Q8_0 / Q8_1), one per 256-value
+//          super-block for the K-quants (its Q8_K), so that a super-block's whole sum
+//          is one integer and takes one float multiply. Float weights compute as `exact`.
 enum class precision { exact, fast };
 
-// Activation rows quantized per block of 32 for the fast kernels: value j of block b
-// of row i is about q[(i*blocks + b)*32 + j] * d, with d = ds[2*(i*blocks + b)] and
+// Activation rows quantized for the fast kernels: value j of block b of row i is
+// about q[(i*blocks + b)*32 + j] * d, with d = ds[2*(i*blocks + b)] and
 // ds[2*(i*blocks + b) + 1] = d * sum_j q (Q8_1's s, which a Q4_1 block's min m
 // multiplies: sum_j (c_j d_w + m) x_j = d_w d sum_j c_j q_j + m s).
+// `group` is 32 (each block of 32 its own d, as llama.cpp's Q8_0 / Q8_1), or 256 for
+// the K-quants (activation_group): then a super-block's 8 blocks share one unit
+// D = max|x| / (127 * 16) of its 256 values, and block b's d is D times a small integer
+// step k_b (1..16, the least that covers the block's largest value). A K-quant kernel
+// folds k_b into its sub-block's integer scale, so the super-block's whole sum stays one
+// integer, as with llama.cpp's Q8_K (one d per 256), while a block of small values keeps
+// a fine step: on SmolLM2-135M's Q4_K_M file the fast logits' worst error is about half
+// Q8_K's (bench/results, tests/reference/check_kquant.py). `sums` holds the integer sums
+// of q over each 16 values (Q8_K's bsums), which a Q4_K sub-block's min and a Q6_K
+// half's code offset multiply. A kernel for 32-value blocks reads d per block, so it
+// takes either grouping.
+inline constexpr int max_step = 16;
+
 struct q8_activations {
   std::size_t rows = 0;
-  std::size_t blocks = 0;     // per row
-  std::vector<std::int8_t> q; // [rows, blocks, 32]
-  std::vector<float> ds;      // [rows, blocks, 2]: d, d * sum(q)
+  std::size_t blocks = 0;            // per row
+  std::size_t group = 32;            // 32 or 256
+  std::vector<std::int8_t> q;        // [rows, blocks, 32]
+  std::vector<float> ds;             // [rows, blocks, 2]: d, d * sum(q)
+  std::vector<float> units;          // [rows, blocks / 8]: D (group 256)
+  std::vector<std::uint8_t> steps;   // [rows, blocks]: k, d = k D (group 256)
+  std::vector<std::int16_t> sums;    // [rows, blocks, 2]: sum of q over each 16 values (group 256)
 };
+
+constexpr bool is_k_quant(encoding enc) {
+  return enc == encoding::q4_k || enc == encoding::q5_k || enc == encoding::q6_k;
+}
+
+// The activations' grouping a fast product of weights in `enc` takes (q8_activations).
+constexpr std::size_t activation_group(encoding enc) { return is_k_quant(enc) ? 256 : 32; }
 
 }  // namespace tlm::kernels
 
@@ -70,10 +96,12 @@ inline std::size_t streamed_row(std::size_t r0, std::size_t r1, std::size_t i) {
 using prepare_x_fn = void (*)(const float* x, std::size_t cols, std::vector<float>& prepared);
 
 // Fast-mode kernels (precision::fast), same row split as above.
-//   quantize: x [rows, cols] -> out (cols a multiple of 32)
+//   quantize: x [rows, cols] -> out, one d per `group` values (32 or 256; cols a
+//             multiple of it)
 //   matvec:   W [rows, cols] times the one quantized row of x -> y [rows]
 //   matmul:   W times every row of x -> y [x.rows, rows]
-using quantize_fn = void (*)(const float* x, std::size_t rows, std::size_t cols, q8_activations& out);
+using quantize_fn = void (*)(const float* x, std::size_t rows, std::size_t cols, std::size_t group,
+                             q8_activations& out);
 using matvec_q8_fn = void (*)(encoding enc, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                               std::size_t r0, std::size_t r1, std::size_t cols);
 using matmul_q8_fn = void (*)(encoding enc, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
@@ -162,10 +190,11 @@ inline void matmul_rows_scalar(encoding enc, const std::byte* w, std::size_t rb,
 
 // ---- Fast mode: the scalar integer reference ---------------------------------------
 //
-// Quantizing a block: d = max|x| / 127 and q = round(x / d) to nearest, ties to even,
+// Quantizing a block of 32 with its d: q = round(x / d) to nearest, ties to even,
 // computed as x * (1/d), as every SIMD level does too (same IEEE operations in the same
-// order, and the SIMD conversions round to nearest even), so every level quantizes
-// bit for bit alike and the fast kernels of all levels see the same integers.
+// order, and the SIMD conversions round to nearest even), so every level quantizes bit
+// for bit alike and the fast kernels of all levels see the same integers. d comes from
+// the blocks' largest magnitudes through group_scales, scalar code every level calls.
 // |x - q d| <= d/2 (plus the rounding of x * (1/d), far below it): that is the error
 // bound the tests hold the fast mode to.
 
@@ -177,11 +206,43 @@ inline float round_even(float v) {
   return (v + m) - m;
 }
 
-inline void quantize_block_scalar(const float* x, std::int8_t* q, float* ds) {
+// The scales of one group from its blocks' largest magnitudes bmax [per] (per = group /
+// 32): d [per] and 1/d [per]; for a group of 256 also its unit D and steps k [per].
+//   group 32:  d = max / 127
+//   group 256: D = max / 127 / 16, k = the least integer >= 16 bmax / max (at least 1),
+//              d = k D
+inline void group_scales(const float* bmax, std::size_t per, float* d, float* id, float* unit, std::uint8_t* steps) {
   float amax = 0;
-  for (std::size_t j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
-  const float d = amax / 127.0f;
-  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (std::size_t b = 0; b < per; ++b) amax = std::max(amax, bmax[b]);
+  const float dmax = amax / 127.0f;
+  if (per == 1) {
+    d[0] = dmax;
+    id[0] = dmax != 0.0f ? 1.0f / dmax : 0.0f;
+    return;
+  }
+  const float u = dmax * (1.0f / static_cast<float>(max_step));  // exact: a power of two
+  *unit = u;
+  for (std::size_t b = 0; b < per; ++b) {
+    // NaN or infinite activations leave t unordered: the step stays 16 (and q is as
+    // undefined as for a block of 32), without casting a NaN to int.
+    int k = max_step;
+    if (amax != 0.0f) {
+      const float t = bmax[b] / amax * static_cast<float>(max_step);  // <= 16
+      if (t <= 1.0f) {
+        k = 1;
+      } else if (t < static_cast<float>(max_step)) {
+        k = static_cast<int>(t);
+        if (static_cast<float>(k) < t) ++k;
+      }
+    }
+    steps[b] = static_cast<std::uint8_t>(k);
+    d[b] = u * static_cast<float>(k);
+    id[b] = d[b] != 0.0f ? 1.0f / d[b] : 0.0f;
+  }
+}
+
+// One block of 32 with the group's d and 1/d.
+inline void quantize_block_scalar(const float* x, float d, float id, std::int8_t* q, float* ds) {
   int sum = 0;
   for (std::size_t j = 0; j < 32; ++j) {
     const float r = std::clamp(round_even(x[j] * id), -127.0f, 127.0f);
@@ -192,13 +253,53 @@ inline void quantize_block_scalar(const float* x, std::int8_t* q, float* ds) {
   ds[1] = d * static_cast<float>(sum);
 }
 
-inline void quantize_scalar(const float* x, std::size_t rows, std::size_t cols, q8_activations& out) {
-  const std::size_t blocks = cols / 32;
+// q8_activations::sums of a quantized buffer (group 256); plain integer adds, so every
+// level calls this one.
+inline void fill_half_sums(q8_activations& out) {
+  if (out.group != 256) {
+    out.sums.clear();
+    return;
+  }
+  out.sums.resize(out.q.size() / 16);
+  for (std::size_t h = 0; h < out.sums.size(); ++h) {
+    int s = 0;
+    for (std::size_t j = 0; j < 16; ++j) s += out.q[16 * h + j];
+    out.sums[h] = static_cast<std::int16_t>(s);  // |s| <= 16 * 127
+  }
+}
+
+// Sizes `out` for x [rows, cols] quantized by groups of `group`; the levels share it.
+inline void shape_activations(std::size_t rows, std::size_t cols, std::size_t group, q8_activations& out) {
   out.rows = rows;
-  out.blocks = blocks;
-  out.q.resize(rows * blocks * 32);
-  out.ds.resize(rows * blocks * 2);
-  for (std::size_t i = 0; i < rows * blocks; ++i) quantize_block_scalar(x + 32 * i, out.q.data() + 32 * i, out.ds.data() + 2 * i);
+  out.blocks = cols / 32;
+  out.group = group;
+  out.q.resize(rows * out.blocks * 32);
+  out.ds.resize(rows * out.blocks * 2);
+  out.units.resize(group == 256 ? rows * out.blocks / 8 : 0);
+  out.steps.resize(group == 256 ? rows * out.blocks : 0);
+}
+
+// Group g's scales from its blocks' maxima, for block b0 = g * per onwards.
+inline void group_scales_at(q8_activations& out, std::size_t g, const float* bmax, float* d, float* id) {
+  const std::size_t per = out.group / 32;
+  group_scales(bmax, per, d, id, per == 1 ? nullptr : out.units.data() + g,
+               per == 1 ? nullptr : out.steps.data() + g * per);
+}
+
+inline void quantize_scalar(const float* x, std::size_t rows, std::size_t cols, std::size_t group, q8_activations& out) {
+  shape_activations(rows, cols, group, out);
+  const std::size_t per = group / 32;  // blocks per group
+  for (std::size_t g = 0; g < rows * cols / group; ++g) {
+    float bmax[8] = {}, d[8], id[8];
+    for (std::size_t b = 0; b < per; ++b)
+      for (std::size_t j = 0; j < 32; ++j) bmax[b] = std::max(bmax[b], std::fabs(x[group * g + 32 * b + j]));
+    group_scales_at(out, g, bmax, d, id);
+    for (std::size_t b = 0; b < per; ++b) {
+      const std::size_t i = per * g + b;
+      quantize_block_scalar(x + 32 * i, d[b], id[b], out.q.data() + 32 * i, out.ds.data() + 2 * i);
+    }
+  }
+  fill_half_sums(out);
 }
 
 // The integer dot of one weight block with one quantized activation block, and the
@@ -230,79 +331,71 @@ inline float block_term_scalar(encoding enc, const std::byte* p, const std::int8
   return scale * static_cast<float>(isum) + m_term;
 }
 
-// K-quants against the same per-32 activation blocks (finer than llama.cpp's Q8_K,
-// whose one scale covers 256 values): the 256 values of a super-block are 8 activation
-// blocks. Per block of 32, the term is
-//   Q4_K / Q5_K: (d sc) d_x isum - (dmin m) s_x        (sub-block scale sc, min m)
-//   Q6_K:        (d d_x) (sc_a isum_a + sc_b isum_b)   (two 16-value sub-blocks)
-// with d sc and dmin m exact in float32 (a half times a 6-bit integer) and the integer
-// sums exact; SIMD levels form the same terms and differ only in the order of the adds.
-inline void k_block_term_parts(encoding enc, const std::byte* p, int s, const std::int8_t* q, std::int32_t& isum,
-                               float& dscale, float& mscale) {
+// K-quants against activations grouped by 256: block s of the super-block has
+// d_x = k_s D, so with each sub-block's integer scale times its step the whole sum is an
+// integer:
+//   Q4_K / Q5_K: (d D) sum_s sc_s k_s isum_s - (dmin D) sum_s m_s k_s qsum_s
+//                (sub-block s of 32: scale sc, min m, isum = sum c q, qsum = sum q)
+//   Q6_K:        (d D) sum_h sc_h k_h isum_h  (16-value halves h, codes c - 32, k_h the
+//                step of the block of 32 holding h)
+// Both integers are exact here (64-bit); SIMD levels sum them in 32-bit lanes (at most
+// 8 x 2 x 16,002 x 2,048 per lane, far from overflow), convert the lanes and add them in
+// another order.
+inline float k_superblock_term_scalar(encoding enc, const std::byte* p, const std::int8_t* q, const std::uint8_t* k,
+                                      float unit) {
   const auto* u = reinterpret_cast<const std::uint8_t*>(p);
-  isum = 0;
+  std::int64_t isum = 0, msum = 0;
   if (enc == encoding::q6_k) {
     block_q6_k blk;
     std::memcpy(&blk, p, sizeof blk);
-    const int h = s / 4, t = s % 4;
-    std::int32_t part[2] = {0, 0};
-    for (int l = 0; l < 32; ++l) {
+    for (int v = 0; v < 256; ++v) {
+      const int h = v / 128, t = (v % 128) / 32, l = v % 32;
       const int lo = (blk.ql[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 15;
       const int hi = (blk.qh[32 * h + l] >> (2 * t)) & 3;
-      part[l / 16] += ((lo | (hi << 4)) - 32) * q[l];
+      isum += blk.scales[v / 16] * k[v / 32] * ((lo | (hi << 4)) - 32) * q[v];
     }
-    isum = blk.scales[2 * s] * part[0] + blk.scales[2 * s + 1] * part[1];
-    dscale = fp16_to_f32(blk.d);
-    mscale = 0;
-    return;
+    return (fp16_to_f32(blk.d) * unit) * static_cast<float>(isum);
   }
-  std::uint8_t sc, m;
-  tlm::detail::k_scale_min(u + 4, s, sc, m);
   const bool five = enc == encoding::q5_k;
   const std::uint8_t* qs = u + (five ? 48 : 16);
-  for (int l = 0; l < 32; ++l) {
-    int c = (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 15;
-    if (five) c |= ((u[16 + l] >> s) & 1) << 4;
-    isum += c * q[l];
+  for (int s = 0; s < 8; ++s) {
+    std::uint8_t sc, m;
+    tlm::detail::k_scale_min(u + 4, s, sc, m);
+    for (int l = 0; l < 32; ++l) {
+      int c = (qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 15;
+      if (five) c |= ((u[16 + l] >> s) & 1) << 4;
+      isum += sc * k[s] * c * q[32 * s + l];
+      msum += m * k[s] * q[32 * s + l];
+    }
   }
-  dscale = fp16_to_f32(load_u16(p)) * static_cast<float>(sc);
-  mscale = fp16_to_f32(load_u16(p + 2)) * static_cast<float>(m);
+  return (fp16_to_f32(load_u16(p)) * unit) * static_cast<float>(isum) -
+         (fp16_to_f32(load_u16(p + 2)) * unit) * static_cast<float>(msum);
 }
 
-inline float k_block_term_scalar(encoding enc, const std::byte* p, int s, const std::int8_t* q, const float* ds) {
-  std::int32_t isum;
-  float dscale, mscale;
-  k_block_term_parts(enc, p, s, q, isum, dscale, mscale);
-  return (dscale * ds[0]) * static_cast<float>(isum) - mscale * ds[1];
-}
-
-constexpr bool is_k_quant(encoding enc) {
-  return enc == encoding::q4_k || enc == encoding::q5_k || enc == encoding::q6_k;
-}
-
-inline float row_dot_q8_scalar(encoding enc, const std::byte* row, const std::int8_t* q, const float* ds,
-                               std::size_t blocks) {
-  const std::size_t bb = traits(enc).block_bytes;
+// One weight row against activation row b of x.
+inline float row_dot_q8_scalar(encoding enc, const std::byte* row, const q8_activations& x, std::size_t b) {
+  const std::size_t bb = traits(enc).block_bytes, nb = x.blocks;
+  const std::int8_t* q = x.q.data() + b * nb * 32;
   float s = 0;
   if (is_k_quant(enc)) {
-    for (std::size_t b = 0; b < blocks; ++b) s += k_block_term_scalar(enc, row + b / 8 * bb, static_cast<int>(b % 8), q + 32 * b, ds + 2 * b);
+    for (std::size_t sb = 0; sb < nb / 8; ++sb)
+      s += k_superblock_term_scalar(enc, row + sb * bb, q + 256 * sb, x.steps.data() + b * nb + 8 * sb, x.units[b * nb / 8 + sb]);
     return s;
   }
-  for (std::size_t b = 0; b < blocks; ++b) s += block_term_scalar(enc, row + b * bb, q + 32 * b, ds + 2 * b);
+  const float* ds = x.ds.data() + b * nb * 2;
+  for (std::size_t i = 0; i < nb; ++i) s += block_term_scalar(enc, row + i * bb, q + 32 * i, ds + 2 * i);
   return s;
 }
 
 inline void matvec_q8_scalar(encoding enc, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                              std::size_t r0, std::size_t r1, std::size_t) {
-  for (std::size_t r = r0; r < r1; ++r) y[r] = row_dot_q8_scalar(enc, w + r * rb, x.q.data(), x.ds.data(), x.blocks);
+  for (std::size_t r = r0; r < r1; ++r) y[r] = row_dot_q8_scalar(enc, w + r * rb, x, 0);
 }
 
 inline void matmul_q8_scalar(encoding enc, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                              std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
-  const std::size_t nb = x.blocks;
   for (std::size_t r = r0; r < r1; ++r) {
-    for (std::size_t b = 0; b < x.rows; ++b)
-      y[b * rows + r] = row_dot_q8_scalar(enc, w + r * rb, x.q.data() + b * nb * 32, x.ds.data() + b * nb * 2, nb);
+    for (std::size_t b = 0; b < x.rows; ++b) y[b * rows + r] = row_dot_q8_scalar(enc, w + r * rb, x, b);
   }
 }
 

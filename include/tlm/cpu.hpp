@@ -22,6 +22,7 @@ namespace tlm {
 
 struct cpu_features {
   bool amd = false;  // vendor AuthenticAMD: Zen 4 runs 512-bit operations as two 256-bit halves
+  unsigned family = 0;  // CPUID's display family: 25 (0x19) is AMD Zen 3 and Zen 4, 26 Zen 5
   bool sse42 = false;
   bool avx = false;
   bool avx2 = false;
@@ -58,7 +59,11 @@ inline const cpu_features& cpu() {
       // Clang 14 has no "f16c" for __builtin_cpu_supports: read CPUID leaf 1, ECX bit
       // 29. F16C instructions are VEX-encoded, so they also need the OS's AVX support.
       unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-      f.f16c = f.avx && __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && ((ecx >> 29) & 1u) != 0;
+      const bool leaf1 = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0;
+      f.f16c = f.avx && leaf1 && ((ecx >> 29) & 1u) != 0;
+      // The base family, plus the extended family when the base is 15.
+      const unsigned base = (eax >> 8) & 0xfu;
+      f.family = !leaf1 ? 0 : base == 0xfu ? base + ((eax >> 20) & 0xffu) : base;
     }
     f.avx512f = __builtin_cpu_supports("avx512f");
     f.avx512bw = __builtin_cpu_supports("avx512bw");

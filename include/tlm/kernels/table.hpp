@@ -297,6 +297,16 @@ inline const kernel_table& avx512_table() {
       set_avx512_fast_k<encoding::q4_k>(k);
       set_avx512_fast_k<encoding::q5_k>(k);
       set_avx512_fast_k<encoding::q6_k>(k);
+      if (cpu().amd && cpu().family == 0x19) {
+        // Zen 4 decodes the K-quants faster with the AVX2 fast matvec (256-bit halves,
+        // no 64-byte loads across cache lines): the llama32_1b-shaped Q4_K_M file, fast,
+        // ms/token, AVX-512 kernel 44.0-47.9 at 1 thread, AVX2 kernel 42.0-43.4 (2
+        // threads: 23.5-28.4 and 24.0-26.9; bench/results/kernels-kquant-steps-zen4.md).
+        // Hot, in bench/kernels, the AVX-512 one is as fast or faster (Q6_K 29 against
+        // 28 GB/s), so CPUs with full-width 512-bit units (Intel, Zen 5) keep it.
+        for (std::size_t i : {slot_of<encoding::q4_k>, slot_of<encoding::q5_k>, slot_of<encoding::q6_k>})
+          k.matvec_q8[i] = avx2_table().matvec_q8[i];
+      }
     }
     // Decode with byte permutes where the CPU has them (4 Q4 blocks per step; for
     // Q8_0 the permute measured slower than two 32-byte loads, 29.5 against 37 GB/s).

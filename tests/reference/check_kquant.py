@@ -17,9 +17,12 @@ Checks, per file:
      fixtures against the float64 reference of the same file's dequantized weights:
      max|ours - ref| / max|ref| <= 3.5e-6 at every position over the full vocabulary,
      and the same argmax;
-  3. fast mode (int8 activations): the same logits within 0.125 of the largest
-     logit (the bound the Q4_1 file is held to in tests/test_model_logits.cpp) and the
-     argmax equal on at least 90% of the positions;
+  3. fast mode (int8 activations): the same logits within 0.1 of the largest logit
+     (tighter than the 0.125 the Q4_1 file is held to in tests/test_model_logits.cpp:
+     with a step per block of 32 the K-quants' activations measured 0.056-0.077 here,
+     where one scale per 256, llama.cpp's Q8_K, measured 0.128-0.150; see
+     bench/results/kernels-kquant-steps-zen4.md) and the argmax equal on at least 90% of
+     the positions;
   4. greedy: 32 tokens on 3 prompts identical to the float64 reference's; llama.cpp on
      the same file is run beside it. Where its greedy tokens part from the reference's
      (its int8 activations flip near-ties), its logits at that step, teacher-forced on the
@@ -60,7 +63,7 @@ from llamacpp_ref import llama_greedy, llama_logits  # noqa: E402
 
 FIXTURES = HERE.parent / "fixtures" / "forward"
 REL_TOL = 3.5e-6
-FAST_TOL = 0.125
+FAST_TOL = 0.1
 FAST_ARGMAX = 0.9  # share of positions whose fast-mode argmax is the reference's
 N_PROMPTS = 3
 N_GREEDY = 32

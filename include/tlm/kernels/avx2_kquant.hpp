@@ -285,9 +285,11 @@ TLM_AVX2_FN inline void decode_row_k(encoding, const std::byte* row, float* out,
 // (Q4_K, Q5_K) and Q6_K's code offset of 32 come from the activations' sums of 16
 // (q8_activations::sums). One weight row against NB activation rows from row b of x;
 // the codes are unpacked once for all of them, the scales formed per row (their steps
-// differ). No software prefetch, unlike the exact kernels: decoding the 1B-shaped
-// Q4_K_M file (llama32_1b) on Zen 4 at this level, 1 thread, measured 42.0-42.3 ms/token
-// without it and 46.1-46.7 with each super-block's lines fetched 1 KiB ahead.
+// differ). Prefetch: each super-block's lines 1 KiB ahead, as the exact kernels, or
+// none (the table's choice on AMD): decoding the 1B-shaped Q4_K_M file (llama32_1b) on
+// Zen 4 at this level, 1 thread, measured 42.0-42.3 ms/token without it and 46.1-46.7
+// with it; on the Intel Xeon the K-quant kernels streamed from DRAM 2-3x faster with it
+// (prefetch_ahead, avx2.hpp).
 
 // Every int16 lane holds word k of each 128-bit half of `words` (k_lo in the low half,
 // k_hi in the high): a sub-block's scale spread over its products.
@@ -310,7 +312,7 @@ TLM_AVX2_INLINE inline __m256i doubled_words(__m128i a) {
   return _mm256_set_m128i(_mm_unpackhi_epi16(a, a), _mm_unpacklo_epi16(a, a));
 }
 
-template <encoding E, int NB>
+template <encoding E, int NB, bool Prefetch = true>
 TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, const q8_activations& x, std::size_t b, float* out) {
   const std::size_t nb = x.blocks, stride = nb * 32, pairs = nb * 2;  // per activation row: q, sums
   const std::int8_t* q = x.q.data() + b * stride;
@@ -322,6 +324,7 @@ TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, const q8_activation
   for (int j = 0; j < NB; ++j) acc[j] = mins[j] = _mm256_setzero_ps();
   for (std::size_t sb = 0; sb < nb / 8; ++sb) {
     const std::byte* p = row + sb * k_block_bytes<E>;
+    if constexpr (Prefetch) prefetch_superblock<E>(p);
     const std::int8_t* qs = q + 256 * sb;
     __m256i isum[NB], scales[NB];  // scales: per row j, the sub-blocks' sc k as int16
     float unit[NB];
@@ -400,12 +403,12 @@ TLM_AVX2_INLINE inline void row_dots_k(const std::byte* row, const q8_activation
   for (int j = 0; j < NB; ++j) out[j] = hsum(acc[j]) - hsum(mins[j]);
 }
 
-template <encoding E>
+template <encoding E, bool Prefetch = true>
 TLM_AVX2_FN inline void matvec_q8_k(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                     std::size_t r0, std::size_t r1, std::size_t) {
   for (std::size_t i = 0; i < r1 - r0; ++i) {
     const std::size_t r = detail::streamed_row(r0, r1, i);
-    row_dots_k<E, 1>(w + r * rb, x, 0, y + r);
+    row_dots_k<E, 1, Prefetch>(w + r * rb, x, 0, y + r);
   }
 }
 

@@ -21,9 +21,10 @@ namespace tlm::kernels {
 //   fast:  for quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K),
 //          the activations are quantized to int8 and the dot products are exact
 //          integer sums (VNNI where the CPU has it), as llama.cpp does: one scale per
-//          32 values for the 32-value encodings (its Q8_0 / Q8_1), one per 256-value
-//          super-block for the K-quants (its Q8_K), so that a super-block's whole sum
-//          is one integer and takes one float multiply. Float weights compute as `exact`.
+//          32 values for the 32-value encodings (its Q8_0 / Q8_1); for the K-quants a
+//          unit per 256-value super-block times a small integer step per 32
+//          (q8_activations), so that a super-block's whole sum is one integer and takes
+//          one float multiply, as with its Q8_K. Float weights compute as `exact`.
 enum class precision { exact, fast };
 
 // Activation rows quantized for the fast kernels: value j of block b of row i is
@@ -36,8 +37,10 @@ enum class precision { exact, fast };
 // step k_b (1..16, the least that covers the block's largest value). A K-quant kernel
 // folds k_b into its sub-block's integer scale, so the super-block's whole sum stays one
 // integer, as with llama.cpp's Q8_K (one d per 256), while a block of small values keeps
-// a fine step: on SmolLM2-135M's Q4_K_M file the fast logits' worst error is about half
-// Q8_K's (bench/results, tests/reference/check_kquant.py). `sums` holds the integer sums
+// a fine step: on SmolLM2-135M's Q4_K_M file the fast logits' worst error is 0.067 of
+// the largest logit, as with a d per 32 (0.065), where Q8_K's measured 0.150
+// (bench/results/kernels-kquant-steps-zen4.md; tests/reference/check_kquant.py holds
+// it to 0.1). `sums` holds the integer sums
 // of q over each 16 values (Q8_K's bsums), which a Q4_K sub-block's min and a Q6_K
 // half's code offset multiply. A kernel for 32-value blocks reads d per block, so it
 // takes either grouping.
@@ -220,7 +223,7 @@ inline void group_scales(const float* bmax, std::size_t per, float* d, float* id
     id[0] = dmax != 0.0f ? 1.0f / dmax : 0.0f;
     return;
   }
-  const float u = dmax * (1.0f / static_cast<float>(max_step));  // exact: a power of two
+  const float u = dmax * (1.0f / static_cast<float>(max_step));  // exact (a power of two) but for subnormals
   *unit = u;
   for (std::size_t b = 0; b < per; ++b) {
     // NaN or infinite activations leave t unordered: the step stays 16 (and q is as

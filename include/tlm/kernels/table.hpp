@@ -187,6 +187,13 @@ inline const kernel_table& avx2_table() {
     set_avx2_k<encoding::q4_k>(k);
     set_avx2_k<encoding::q5_k>(k);
     set_avx2_k<encoding::q6_k>(k);
+    if (cpu().amd) {
+      // The fast K-quant matvec without software prefetch (avx2_kquant.hpp, row_dots_k:
+      // measured on Zen 4; Intel keeps it).
+      k.matvec_q8[slot_of<encoding::q4_k>] = &avx2::matvec_q8_k<encoding::q4_k, false>;
+      k.matvec_q8[slot_of<encoding::q5_k>] = &avx2::matvec_q8_k<encoding::q5_k, false>;
+      k.matvec_q8[slot_of<encoding::q6_k>] = &avx2::matvec_q8_k<encoding::q6_k, false>;
+    }
     k.dot = &avx2::dot;
     k.axpy = &avx2::axpy;
     k.dot_i8 = &avx2::dot_i8;

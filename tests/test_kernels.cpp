@@ -768,6 +768,32 @@ TEST_CASE("fast: matvec at every level against the scalar integer reference, and
   CHECK(cases > 300);
 }
 
+// A block of NaN activations (a model whose weights hold a NaN: its norms spread it over
+// whole rows) must come out as NaN, never as finite numbers: the generator refuses
+// non-finite logits, and a finite answer would hide the fault.
+TEST_CASE("fast: a block of NaN activations gives NaN outputs at every level and grouping") {
+  level_guard g;
+  std::mt19937 rng(404);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    for (encoding enc : fast_encodings) {
+      const std::size_t rows = 21, cols = 512;
+      const auto w = random_rows(enc, rows, cols, rng);
+      for (std::size_t nan_block : {std::size_t{0}, std::size_t{9}, std::size_t{15}}) {
+        auto x = random_floats(cols, rng);
+        std::fill(x.begin() + static_cast<std::ptrdiff_t>(32 * nan_block),
+                  x.begin() + static_cast<std::ptrdiff_t>(32 * nan_block + 32), std::numeric_limits<float>::quiet_NaN());
+        std::vector<float> y(rows, 0.0f), ref(rows, 0.0f);
+        k::matvec(enc, w.data(), x.data(), y.data(), rows, cols, nullptr, k::precision::fast);
+        k::matvec_fast_reference(enc, w.data(), x.data(), ref.data(), rows, cols);
+        INFO(describe(level, enc, rows, cols) << " NaN block " << nan_block);
+        CHECK(std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); }));
+        CHECK(std::all_of(ref.begin(), ref.end(), [](float v) { return std::isnan(v); }));
+      }
+    }
+  }
+}
+
 TEST_CASE("fast: matmul at every level against the scalar integer reference, and row b equals matvec of row b") {
   level_guard g;
   // The integer kernels, also on CPUs whose automatic choice is the float32 GEMM.

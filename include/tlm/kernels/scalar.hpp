@@ -214,9 +214,12 @@ inline float round_even(float v) {
 //   group 32:  d = max / 127
 //   group 256: D = max / 127 / 16, k = the least integer >= 16 bmax / max (at least 1),
 //              d = k D
+// A NaN maximum makes d NaN, so that NaN activations give NaN outputs, never finite
+// ones: the generator's check for non-finite logits depends on it.
 inline void group_scales(const float* bmax, std::size_t per, float* d, float* id, float* unit, std::uint8_t* steps) {
-  float amax = 0;
-  for (std::size_t b = 0; b < per; ++b) amax = std::max(amax, bmax[b]);
+  float amax = bmax[0];
+  for (std::size_t b = 1; b < per; ++b)
+    if (bmax[b] > amax || std::isnan(bmax[b])) amax = std::isnan(amax) ? amax : bmax[b];
   const float dmax = amax / 127.0f;
   if (per == 1) {
     d[0] = dmax;
@@ -249,7 +252,9 @@ inline void quantize_block_scalar(const float* x, float d, float id, std::int8_t
   int sum = 0;
   for (std::size_t j = 0; j < 32; ++j) {
     const float r = std::clamp(round_even(x[j] * id), -127.0f, 127.0f);
-    q[j] = static_cast<std::int8_t>(r);
+    // NaN (a NaN x or d) converts to -127, as the SIMD conversions' clamped INT_MIN does,
+    // instead of casting a NaN to int.
+    q[j] = r == r ? static_cast<std::int8_t>(r) : std::int8_t{-127};
     sum += q[j];
   }
   ds[0] = d;
@@ -294,8 +299,12 @@ inline void quantize_scalar(const float* x, std::size_t rows, std::size_t cols, 
   const std::size_t per = group / 32;  // blocks per group
   for (std::size_t g = 0; g < rows * cols / group; ++g) {
     float bmax[8] = {}, d[8], id[8];
-    for (std::size_t b = 0; b < per; ++b)
-      for (std::size_t j = 0; j < 32; ++j) bmax[b] = std::max(bmax[b], std::fabs(x[group * g + 32 * b + j]));
+    for (std::size_t b = 0; b < per; ++b) {
+      for (std::size_t j = 0; j < 32; ++j) {
+        const float a = std::fabs(x[group * g + 32 * b + j]);
+        if (a > bmax[b] || std::isnan(a)) bmax[b] = std::isnan(bmax[b]) ? bmax[b] : a;  // NaN stays
+      }
+    }
     group_scales_at(out, g, bmax, d, id);
     for (std::size_t b = 0; b < per; ++b) {
       const std::size_t i = per * g + b;

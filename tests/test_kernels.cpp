@@ -1070,9 +1070,12 @@ TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the ta
   check(encoding::q4_1, a5::matvec_rows<encoding::q4_1>, a5::prepare_q4_x<encoding::q4_1>);
   check(encoding::q5_0, a5::matvec_rows<encoding::q5_0>, copy);
   check(encoding::q5_1, a5::matvec_rows<encoding::q5_1>, a5::prepare_q4_x<encoding::q5_1>);
-  check(encoding::q4_k, a5::matvec_rows<encoding::q4_k>, tlm::kernels::avx2::prepare_block_sums);
-  check(encoding::q5_k, a5::matvec_rows<encoding::q5_k>, tlm::kernels::avx2::prepare_block_sums);
-  check(encoding::q6_k, a5::matvec_rows<encoding::q6_k>, copy);
+  check(encoding::q4_k, a5::matvec_rows<encoding::q4_k>, a5::prepare_k_x<encoding::q4_k>);
+  check(encoding::q5_k, a5::matvec_rows<encoding::q5_k>, a5::prepare_k_x<encoding::q5_k>);
+  check(encoding::q6_k, a5::matvec_rows<encoding::q6_k>, a5::prepare_k_x<encoding::q6_k>);
+  check(encoding::q4_k, a5::matvec_rows<encoding::q4_k, false>, a5::prepare_k_x<encoding::q4_k>);
+  check(encoding::q5_k, a5::matvec_rows<encoding::q5_k, false>, a5::prepare_k_x<encoding::q5_k>);
+  check(encoding::q6_k, a5::matvec_rows<encoding::q6_k, false>, a5::prepare_k_x<encoding::q6_k>);
   check(encoding::f32, a5::matvec_rows<encoding::f32>, copy);
   check(encoding::f16, a5::matvec_rows<encoding::f16>, copy);
   check(encoding::bf16, a5::matvec_rows<encoding::bf16>, copy);

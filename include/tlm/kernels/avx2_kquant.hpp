@@ -22,6 +22,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -101,10 +102,11 @@ TLM_AVX2_INLINE inline void decode_k32(const std::byte* p, int s, __m256 (&w)[4]
 //
 // As avx2.hpp's Q4 matvec, the scales are factored out of each sub-block's sum instead
 // of decoding every weight: sum_l (dsc c_l - dmn) x_l = dsc (c . x) - dmn sum(x), with
-// sum(x) of every block of 32 computed once per matvec (prepare_block_sums), and the mins of a
-// super-block applied by one 8-lane multiply-add. Q6_K's codes are centred (c - 32), so
-// it has no min; its two 16-value halves take their own scale. The same sum in another
-// order than dequantize_row's (within the tolerance of tests/test_kernels.cpp).
+// sum(x) of every block of 32 computed once per matvec (prepare_k_x), and the mins of a
+// super-block applied by one 8-lane multiply-add. Q6_K takes its codes as stored
+// (c + 32 for the signed c) and subtracts 32 d sc sum(x) per 16 values the same way;
+// its two 16-value halves take their own scale. The same sum in another order than
+// dequantize_row's (within the tolerance of tests/test_kernels.cpp).
 
 // The 8 6-bit scales and mins of a Q4_K / Q5_K super-block as bytes, unpacked four at a
 // time from the three little-endian words of `scales` (layout: detail::k_scale_min);
@@ -191,19 +193,74 @@ TLM_AVX2_INLINE inline void k_codes8(const std::byte* p, __m256i (&c)[8]) {
   }
 }
 
-// sum_l c_l x_l over the 32 codes of a sub-block, in 8 lanes: the first half (values
-// 0-15) in `a`, the second (16-31) in `b` (Q6_K scales the halves apart).
-TLM_AVX2_INLINE inline void codes_times_x(__m256i c, const float* x, __m256& a, __m256& b) {
-  __m256i wide[4];
-  widen32(c, wide);
-  a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[1]), load8(x + 8), _mm256_mul_ps(_mm256_cvtepi32_ps(wide[0]), load8(x)));
-  b = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[3]), load8(x + 24), _mm256_mul_ps(_mm256_cvtepi32_ps(wide[2]), load8(x + 16)));
+// The codes are widened from bytes to int32 by in-lane byte shuffles (vpshufb: dword j
+// of a 16-byte lane takes byte 4j + m, m = 0..3), not in value order by vpmovsxbd, which
+// crosses lanes; x is permuted once per matvec to meet them (prepare_k_x). One 32-byte
+// row of codes is one sub-block (Q6_K: one sub-block of 32, two scales of 16).
+
+// Which value of a sub-block lane d of widened vector m meets (p = 8m + d): byte
+// 16(d/4) + 4(d%4) + m of the row.
+constexpr std::size_t k_lane_value(std::size_t p) {
+  const std::size_t m = p / 8, d = p % 8;
+  return 16 * (d / 4) + 4 * (d % 4) + m;
+}
+
+inline constexpr auto k_lane_order = [] {
+  std::array<std::uint8_t, 256> order{};
+  for (std::size_t p = 0; p < 256; ++p) order[p] = static_cast<std::uint8_t>(32 * (p / 32) + k_lane_value(p % 32));
+  return order;
+}();
+
+// Values per sum of x that a K-quant matvec takes: a sub-block (Q4_K, Q5_K: times its
+// min), a scale's 16 values (Q6_K: times 32 d sc, the code offset of the stored codes).
+template <encoding E>
+inline constexpr std::size_t k_sum_values = E == encoding::q6_k ? 16 : 32;
+
+// x [cols] -> [cols] in `order` per super-block of 256, then the sums of each
+// k_sum_values values in value order [cols / k_sum_values] (both levels' K-quant
+// matvecs; the order is the level's).
+template <encoding E>
+inline void prepare_permuted_x(const float* x, std::size_t cols, std::vector<float>& prepared,
+                               const std::array<std::uint8_t, 256>& order) {
+  constexpr std::size_t n = k_sum_values<E>;
+  prepared.resize(cols + cols / n);
+  for (std::size_t sb = 0; sb < cols / 256; ++sb)
+    for (std::size_t p = 0; p < 256; ++p) prepared[256 * sb + p] = x[256 * sb + order[p]];
+  for (std::size_t b = 0; b < cols / n; ++b) {
+    float t = 0;
+    for (std::size_t i = 0; i < n; ++i) t += x[n * b + i];
+    prepared[cols + b] = t;
+  }
+}
+
+template <encoding E>
+inline void prepare_k_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
+  prepare_permuted_x<E>(x, cols, prepared, k_lane_order);
+}
+
+// Dword j of every 16-byte lane of v <- byte 4j + M of the lane (control bytes 0x80
+// give zero), as float32.
+template <int M>
+TLM_AVX2_INLINE inline __m256 widen_lane_bytes(__m256i v) {
+  const __m256i pick = _mm256_add_epi32(_mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12),
+                                        _mm256_set1_epi32(static_cast<int>(0x80808000u) + M));
+  return _mm256_cvtepi32_ps(_mm256_shuffle_epi8(v, pick));
+}
+
+// sum of codes times x over a row of 32 codes (x in k_lane_order), in 8 lanes: lanes
+// 0-3 hold values 0-15 of the row, 4-7 values 16-31.
+TLM_AVX2_INLINE inline __m256 row_times_x(__m256i codes, const float* x) {
+  __m256 acc = _mm256_mul_ps(widen_lane_bytes<0>(codes), load8(x));
+  acc = _mm256_fmadd_ps(widen_lane_bytes<1>(codes), load8(x + 8), acc);
+  acc = _mm256_fmadd_ps(widen_lane_bytes<2>(codes), load8(x + 16), acc);
+  return _mm256_fmadd_ps(widen_lane_bytes<3>(codes), load8(x + 24), acc);
 }
 
 template <encoding E>
 TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::size_t cols) {
-  __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
-  const float* xsum = x + cols;  // [cols / 32] (prepare_block_sums; unused for Q6_K)
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  __m256 corrections = _mm256_setzero_ps();
+  const float* xsum = x + cols;  // [cols / k_sum_values<E>] (prepare_k_x)
   for (std::size_t sb = 0; sb < cols / 256; ++sb) {
     const std::byte* p = row + sb * k_block_bytes<E>;
     prefetch_superblock<E>(p);
@@ -211,6 +268,8 @@ TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::si
     if constexpr (E == encoding::q6_k) {
       float scales[16];
       q6_scales16(p, scales);
+      corrections = _mm256_fmadd_ps(_mm256_loadu_ps(scales), load8(xsum + 16 * sb), corrections);
+      corrections = _mm256_fmadd_ps(_mm256_loadu_ps(scales + 8), load8(xsum + 16 * sb + 8), corrections);
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * h));
@@ -218,18 +277,16 @@ TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::si
         const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h));
 #pragma GCC unroll 4
         for (int t = 0; t < 4; ++t) {
-          const __m256i c = q6_codes(ql0, ql1, qh, t);
           const int s = 4 * h + t;
-          __m256 ta, tb;
-          codes_times_x(c, xs + 32 * s, ta, tb);
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * s]), ta, acc);
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * s + 1]), tb, acc);
+          // Lanes 0-3: the sub-block's first 16 values, scale 2s; 4-7: scale 2s + 1.
+          const __m256 lane_scales = _mm256_setr_m128(_mm_set1_ps(scales[2 * s]), _mm_set1_ps(scales[2 * s + 1]));
+          acc[t % 2] = _mm256_fmadd_ps(lane_scales, row_times_x(q6_stored(ql0, ql1, qh, t), xs + 32 * s), acc[t % 2]);
         }
       }
     } else {
       __m256 dsc, dmn;
       k_scales8(p, dsc, dmn);
-      mins = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xsum + 8 * sb), mins);
+      corrections = _mm256_fmadd_ps(dmn, load8(xsum + 8 * sb), corrections);
       float scales[8];
       _mm256_storeu_ps(scales, dsc);
       const __m256i qh = E == encoding::q5_k ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))
@@ -238,18 +295,17 @@ TLM_AVX2_FN inline float row_dot_k(const std::byte* row, const float* x, std::si
       for (int i = 0; i < 4; ++i) {
         __m256i lo, hi;
         k_code_pair<E>(p, i, qh, lo, hi);
-        __m256 va, vb, ua, ub;
-        codes_times_x(lo, xs + 64 * i, va, vb);
-        codes_times_x(hi, xs + 64 * i + 32, ua, ub);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * i]), _mm256_add_ps(va, vb), acc);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * i + 1]), _mm256_add_ps(ua, ub), acc);
+        acc[0] = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * i]), row_times_x(lo, xs + 64 * i), acc[0]);
+        acc[1] = _mm256_fmadd_ps(_mm256_set1_ps(scales[2 * i + 1]), row_times_x(hi, xs + 64 * i + 32), acc[1]);
       }
     }
   }
-  return hsum(acc) - hsum(mins);
+  // Less the mins times their sub-block sums (Q4_K, Q5_K) or 32 times the scales times
+  // their 16 values' sums (Q6_K: the stored codes are the signed ones plus 32).
+  return hsum(_mm256_add_ps(acc[0], acc[1])) - (E == encoding::q6_k ? 32.0f : 1.0f) * hsum(corrections);
 }
 
-// x: prepare_block_sums's output for Q4_K / Q5_K, x itself for Q6_K.
+// x: prepare_k_x's output.
 template <encoding E>
 TLM_AVX2_FN inline void matvec_rows_k(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                       std::size_t r0, std::size_t r1, std::size_t cols) {

@@ -8,8 +8,10 @@
 //   matvec: one row at a time, the block scale factored out of the block's sum (as
 //           avx2.hpp does), 16 lanes = half a block, so a Q4 block is two multiplies
 //           with no permutation of x; two accumulators; software prefetch ahead of
-//           the weight stream. Q5_x and the K-quants unpack their codes with the
-//           AVX2 helpers (32 bytes per block or sub-block) and widen them 16 at a time.
+//           the weight stream. Q5_x unpack their codes with the AVX2 helpers (32
+//           bytes per block) and widen them 16 at a time; the K-quants assemble 64
+//           code bytes at a time and widen them inside 128-bit lanes, x permuted to
+//           match.
 //   matmul: a register-blocked outer-product micro-kernel. Weight rows are decoded
 //           once per slice of the batch into a float32 panel [rt, cols]; the slice of
 //           activations is transposed once into [cols, 16] columns, so each
@@ -36,6 +38,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -294,67 +297,189 @@ TLM_AVX512_FN inline float row_dot_float(const std::byte* row, const float* x, s
 
 // ---- Exact matvec of the K-quants ---------------------------------------------------
 //
-// As avx2_kquant.hpp: the sub-block scales factored out of each sub-block's sum, the
-// codes unpacked by the same AVX2 helpers (32 bytes per sub-block, in value order),
-// then widened 16 at a time, so a sub-block of 32 is two 16-lane products against x.
-// Q4_K / Q5_K: sub-blocks 2i and 2i+1 go to two accumulators; the mins are applied per
-// super-block by one 8-lane multiply-add with the block sums of x (prepare_block_sums).
-// Q6_K: the two 16-value halves of a sub-block take their own scale.
+// The codes of a 64-byte chunk of a super-block (128 values) are assembled as bytes
+// where they lie, two vectors of 64 (the low nibbles' codes and the high nibbles',
+// with Q5_K's fifth bit or Q6_K's two high bits put on top), then widened to int32 by
+// in-lane byte shuffles (vpshufb: dword j of a 16-byte lane takes byte 4j + m) and
+// converted; x is permuted once per matvec to meet them (prepare_k_x, k_lane_value).
+// Every step stays inside its 128-bit lane: widening in value order (vpmovsxbd, which
+// the previous kernel used) crosses lanes, and on Zen 4, which runs a 512-bit
+// operation as two 256-bit halves, that bound it. Zen 4, 2048x2048, 1 thread, hot, µs,
+// vpmovsxbd / in-lane: Q4_K 249 / 219, Q5_K 287 / 260, Q6_K 332 / 248
+// (bench/results/kernels-kquant-exact-zen4.md, with a version decoding 32-bit lanes).
+// The lanes of one vector belong to different sub-blocks, so each sub-block's c . x
+// gathers in lanes and is scaled once by a vector of the lanes' scales. Q4_K / Q5_K
+// mins and Q6_K's code offset of 32 are applied per super-block with sums of x.
 
-// The 16-lane products c_l x_l of values 0-15 (lo) and 16-31 (hi) of a sub-block.
-TLM_AVX512_INLINE inline void codes_times_x(__m256i c, const float* x, __m512& lo, __m512& hi) {
-  lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c))), _mm512_loadu_ps(x));
-  hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(c, 1))), _mm512_loadu_ps(x + 16));
+// Which value of a super-block lane l of widened vector k of 64-byte chunk c holds
+// (p = 128c + 16k + l): byte b = 16(l/4) + 4(l%4) + k%4 of the chunk, from the low
+// nibbles' codes (k < 4) or the high nibbles' (k >= 4).
+// Q4_K / Q5_K: chunk c is rows 2c and 2c+1 of qs (32 bytes each); row i holds
+// sub-block 2i in its low nibbles and 2i+1 in its high.
+// Q6_K: chunk c is half c of the super-block, whose two 32-byte rows of low bits hold
+// sub-block r of the half in row r's low nibbles and r+2 in its high.
+template <encoding E>
+constexpr std::size_t k_lane_value(std::size_t p) {
+  const std::size_t c = p / 128, k = p / 16 % 8, l = p % 16;
+  const std::size_t b = 16 * (l / 4) + 4 * (l % 4) + k % 4, high = k / 4;
+  if constexpr (E == encoding::q6_k) return 128 * c + 32 * (b / 32 + 2 * high) + b % 32;
+  return 32 * (2 * (2 * c + b / 32) + high) + b % 32;
 }
 
 template <encoding E>
+inline constexpr auto k_lane_order = [] {
+  std::array<std::uint8_t, 256> order{};
+  for (std::size_t p = 0; p < 256; ++p) order[p] = static_cast<std::uint8_t>(k_lane_value<E>(p));
+  return order;
+}();
+
+template <encoding E>
+constexpr bool is_permutation_of_256() {
+  std::array<bool, 256> seen{};
+  for (std::uint8_t v : k_lane_order<E>) {
+    if (seen[v]) return false;
+    seen[v] = true;
+  }
+  return true;
+}
+static_assert(is_permutation_of_256<encoding::q4_k>() && is_permutation_of_256<encoding::q6_k>(),
+              "every value of a super-block meets exactly one lane");
+
+// x [cols] -> [cols] in k_lane_order per super-block, then the sums of x that the
+// mins (Q4_K, Q5_K) or Q6_K's code offset multiply (avx2::prepare_permuted_x).
+template <encoding E>
+inline void prepare_k_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
+  avx2::prepare_permuted_x<E>(x, cols, prepared, k_lane_order<E>);
+}
+
+// Bytes 32-63 of a register shifted down by `by` bits as 16-bit words, bytes 0-31 not.
+TLM_AVX512_INLINE inline __m512i shift_upper_down(__m512i v, short by) {
+  const __m512i counts = _mm512_mask_blend_epi64(0xf0, _mm512_setzero_si512(), _mm512_set1_epi16(by));
+  return _mm512_srlv_epi16(v, counts);
+}
+
+// vpternlogd 0xE4: c ? a : b, bitwise.
+TLM_AVX512_INLINE inline __m512i select_bits(__m512i mask, __m512i if_set, __m512i if_clear) {
+  return _mm512_ternarylogic_epi32(if_set, if_clear, mask, 0xE4);
+}
+
+// The codes of chunk c of a super-block as bytes: low[b] of the low nibbles, high[b]
+// of the high (k_lane_value). Q4_K 0..15, Q5_K 0..31, Q6_K 0..63 (stored, +32).
+// The high bits are masked before any 16-bit shift, so no bit crosses into the next
+// byte; bytes 32-63 (the chunk's second row) are shifted apart first where their bits
+// lie elsewhere in the shared byte of high bits.
+template <encoding E>
+TLM_AVX512_INLINE inline void k_chunk_codes(const std::byte* p, int c, __m512i& low, __m512i& high) {
+  const __m512i low4 = _mm512_set1_epi8(0x0f);
+  if constexpr (E == encoding::q6_k) {
+    // Sub-block t's two bits at bit 2t of qh (32 bytes per half, broadcast): row 0
+    // meets t = 0 (low) and 2 (high), row 1 t = 1 and 3; brought to bits 4-5.
+    const __m512i ql = _mm512_loadu_si512(p + 64 * c);
+    const __m512i qh = shift_upper_down(
+        _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * c))), 2);
+    low = select_bits(low4, ql, _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x03)), 4));
+    high = select_bits(low4, _mm512_srli_epi16(ql, 4), _mm512_and_si512(qh, _mm512_set1_epi8(0x30)));
+  } else {
+    constexpr std::size_t qs_at = E == encoding::q5_k ? 48 : 16;
+    const __m512i q = _mm512_loadu_si512(p + qs_at + 64 * c);
+    if constexpr (E == encoding::q5_k) {
+      // Sub-block s's fifth bit at bit s of qh (32 bytes, broadcast): chunk c's row 0
+      // meets s = 4c (low) and 4c+1 (high), row 1 s = 4c+2 and 4c+3; brought to bit 4.
+      const __m512i bit4 = _mm512_set1_epi8(0x10);
+      const __m512i qh = shift_upper_down(
+          _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))), 2);
+      const __m512i ha = c == 0 ? _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x01)), 4)
+                                : _mm512_and_si512(qh, bit4);
+      const __m512i hb = c == 0 ? _mm512_slli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x02)), 3)
+                                : _mm512_srli_epi16(_mm512_and_si512(qh, _mm512_set1_epi8(0x20)), 1);
+      low = select_bits(low4, q, ha);
+      high = select_bits(low4, _mm512_srli_epi16(q, 4), hb);
+    } else {
+      low = _mm512_and_si512(q, low4);
+      high = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
+    }
+  }
+}
+
+// Dword j of every 16-byte lane of v <- byte 4j + M of the lane (control bytes 0x80
+// give zero), as float32.
+template <int M>
+TLM_AVX512_INLINE inline __m512 widen_lane_bytes(__m512i v) {
+  const __m512i pick = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12),
+                                        _mm512_set1_epi32(static_cast<int>(0x80808000u) + M));
+  return _mm512_cvtepi32_ps(_mm512_shuffle_epi8(v, pick));
+}
+
+// sum of codes times x over the 64 codes of one vector of bytes, in 16 lanes.
+TLM_AVX512_INLINE inline __m512 bytes_times_x(__m512i codes, const float* x) {
+  __m512 acc = _mm512_mul_ps(widen_lane_bytes<0>(codes), _mm512_loadu_ps(x));
+  acc = _mm512_fmadd_ps(widen_lane_bytes<1>(codes), _mm512_loadu_ps(x + 16), acc);
+  acc = _mm512_fmadd_ps(widen_lane_bytes<2>(codes), _mm512_loadu_ps(x + 32), acc);
+  return _mm512_fmadd_ps(widen_lane_bytes<3>(codes), _mm512_loadu_ps(x + 48), acc);
+}
+
+template <encoding E>
+TLM_AVX512_INLINE inline void prefetch_superblock(const std::byte* p) {
+  for (std::size_t at = 0; at < traits(E).block_bytes; at += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + at + prefetch_ahead), _MM_HINT_T0);
+}
+
+template <encoding E, bool Prefetch>
 TLM_AVX512_FN inline float row_dot_k(const std::byte* row, const float* x, std::size_t cols) {
   constexpr std::size_t bb = traits(E).block_bytes;
-  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-  __m256 mins = _mm256_setzero_ps();
-  const float* xsum = x + cols;  // [cols / 32] (prepare_block_sums; unused for Q6_K)
+  __m512 total[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 corrections = _mm512_setzero_ps();
+  const float* xsum = x + cols;  // [cols / avx2::k_sum_values<E>] (prepare_k_x)
   for (std::size_t sb = 0; sb < cols / 256; ++sb) {
     const std::byte* p = row + sb * bb;
-    for (std::size_t at = 0; at < bb; at += 64) _mm_prefetch(reinterpret_cast<const char*>(p + at + prefetch_ahead), _MM_HINT_T0);
+    if constexpr (Prefetch) prefetch_superblock<E>(p);
     const float* xs = x + 256 * sb;
-    __m256i c[8];
-    avx2::k_codes8<E>(p, c);
+    // Lane scales: byte b of a chunk's codes (lanes 4(b/16)..) has the scale of
+    // Q4_K / Q5_K: sub-block 2(2c + b/32) + n, where n = 1 for the high nibbles;
+    // Q6_K: the 16 values 8c + 4n + b/16.
+    __m512 scales;
+    __m512i lane_scale[2][2];
     if constexpr (E == encoding::q6_k) {
-      float scales[16];
-      avx2::q6_scales16(p, scales);
-#pragma GCC unroll 8
-      for (int s = 0; s < 8; ++s) {
-        __m512 lo, hi;
-        codes_times_x(c[s], xs + 32 * s, lo, hi);
-        acc[0] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * s]), lo, acc[0]);
-        acc[1] = _mm512_fmadd_ps(_mm512_set1_ps(scales[2 * s + 1]), hi, acc[1]);
-      }
+      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+      scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), _mm512_set1_ps(_cvtsh_ss(load_u16(p + 208))));
+      corrections = _mm512_fmadd_ps(scales, _mm512_loadu_ps(xsum + 16 * sb), corrections);
+      const __m512i by_16 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+      for (int c = 0; c < 2; ++c)
+        for (int n = 0; n < 2; ++n) lane_scale[c][n] = _mm512_add_epi32(_mm512_set1_epi32(8 * c + 4 * n), by_16);
     } else {
       __m256 dsc, dmn;
       avx2::k_scales8(p, dsc, dmn);
-      mins = _mm256_fmadd_ps(dmn, _mm256_loadu_ps(xsum + 8 * sb), mins);
-      float scales[8];
-      _mm256_storeu_ps(scales, dsc);
-#pragma GCC unroll 8
-      for (int s = 0; s < 8; ++s) {
-        __m512 lo, hi;
-        codes_times_x(c[s], xs + 32 * s, lo, hi);
-        acc[s % 2] = _mm512_fmadd_ps(_mm512_set1_ps(scales[s]), _mm512_add_ps(lo, hi), acc[s % 2]);
-      }
+      corrections = _mm512_fmadd_ps(_mm512_zextps256_ps512(dmn), _mm512_zextps256_ps512(_mm256_loadu_ps(xsum + 8 * sb)), corrections);
+      scales = _mm512_castps256_ps512(dsc);
+      const __m512i by_32 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+      for (int c = 0; c < 2; ++c)
+        for (int n = 0; n < 2; ++n) lane_scale[c][n] = _mm512_add_epi32(_mm512_set1_epi32(4 * c + n), by_32);
+    }
+#pragma GCC unroll 2
+    for (int c = 0; c < 2; ++c) {
+      __m512i codes[2];
+      k_chunk_codes<E>(p, c, codes[0], codes[1]);
+#pragma GCC unroll 2
+      for (int n = 0; n < 2; ++n)
+        total[n] = _mm512_fmadd_ps(bytes_times_x(codes[n], xs + 128 * c + 64 * n),
+                                   _mm512_permutexvar_ps(lane_scale[c][n], scales), total[n]);
     }
   }
-  return hsum(_mm512_add_ps(acc[0], acc[1])) - avx2::hsum(mins);
+  // Less the mins times their sub-block sums (Q4_K, Q5_K) or 32 times the scales times
+  // their 16 values' sums (Q6_K: the codes as stored are 32 over the signed ones).
+  return hsum(_mm512_add_ps(total[0], total[1])) - (E == encoding::q6_k ? 32.0f : 1.0f) * hsum(corrections);
 }
 
-// x: for Q4_x / Q5_x the output of prepare_q4_x, for Q4_K / Q5_K that of
-// avx2::prepare_block_sums; otherwise x itself.
-template <encoding E>
+// x: for Q4_x / Q5_x the output of prepare_q4_x, for the K-quants that of
+// prepare_k_x; otherwise x itself. Prefetch: the K-quants' software prefetch (the
+// other encodings always prefetch).
+template <encoding E, bool Prefetch = true>
 TLM_AVX512_FN inline void matvec_rows(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                       std::size_t r0, std::size_t r1, std::size_t cols) {
   for (std::size_t i = 0; i < r1 - r0; ++i) {
     const std::size_t r = detail::streamed_row(r0, r1, i);
     if constexpr (E == encoding::q4_k || E == encoding::q5_k || E == encoding::q6_k) {
-      y[r] = row_dot_k<E>(w + r * rb, x, cols);
+      y[r] = row_dot_k<E, Prefetch>(w + r * rb, x, cols);
     } else if constexpr (traits(E).block_values == 32) {
       y[r] = row_dot_quant<E>(w + r * rb, x, x + cols, cols / 32);
     } else {

@@ -139,7 +139,7 @@ constexpr void set_avx2_fast(kernel_table& k) {
 template <encoding E>
 constexpr void set_avx2_k(kernel_table& k) {
   k.matvec[slot_of<E>] = &avx2::matvec_rows_k<E>;
-  k.prepare[slot_of<E>] = E == encoding::q6_k ? nullptr : &avx2::prepare_block_sums;
+  k.prepare[slot_of<E>] = &avx2::prepare_k_x<E>;
   k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row_k<E>>;
   k.matvec_q8[slot_of<E>] = &avx2::matvec_q8_k<E>;
   k.matmul_q8[slot_of<E>] = &avx2::matmul_q8_k<E>;
@@ -226,7 +226,7 @@ constexpr void set_avx512(kernel_table& k) {
 template <encoding E>
 constexpr void set_avx512_k(kernel_table& k) {
   k.matvec[slot_of<E>] = &avx512::matvec_rows<E>;
-  k.prepare[slot_of<E>] = E == encoding::q6_k ? nullptr : &avx2::prepare_block_sums;
+  k.prepare[slot_of<E>] = &avx512::prepare_k_x<E>;
   k.matmul[slot_of<E>] = &avx512::matmul_rows<&avx2::decode_row_k<E>>;
 }
 
@@ -268,13 +268,12 @@ inline const kernel_table& avx512_table() {
       // (tests/test_kernels.cpp) and serve CPUs with full-width 512-bit units.
       // Q5_0, Q5_1 and the K-quants keep their AVX-512 matvec on AMD too: on an EPYC
       // of family 26 (Zen 5) they measured 1.50-1.66x the AVX2 ones exact and 1.33-1.73x
-      // fast, hot and from DRAM (bench/results/kernels-kquant-avx512-epyc.md). On Zen 4,
-      // whose lane-crossing widening (vpmovsxbd, which these use) slowed the Q4 kernels,
-      // they still win or tie but for Q6_K exact, cold, 1 thread, GB/s AVX-512 / AVX2
-      // (medians; bench/results/kernels-kquant-zen4.md): Q5_0 1536x576 exact 7.5 / 6.3,
-      // fast 10.8 / 9.0; 2048x2048 Q4_K exact 8.2 / 8.0, fast 14.1 / 12.1; Q6_K fast
-      // 11.8 / 9.4, exact 7.5 / 8.2 (the spreads overlap: 368-514 against 380-573 us),
-      // which is not worth a Zen 4 exception of its own.
+      // fast, hot and from DRAM (bench/results/kernels-kquant-avx512-epyc.md). On Zen 4
+      // they win too, cold, 1 thread, GB/s AVX-512 / AVX2 (medians): Q5_0 1536x576
+      // exact 7.5 / 6.3, fast 10.8 / 9.0 (bench/results/kernels-kquant-zen4.md);
+      // 2048x2048 exact, the K-quants' codes widened in 128-bit lanes at both levels,
+      // Q4_K 10.0 / 9.4, Q5_K 10.0 / 9.2, Q6_K 10.8 / 10.0
+      // (bench/results/kernels-kquant-exact-zen4.md).
       for (std::size_t i : {slot_of<encoding::q8_0>, slot_of<encoding::q4_0>, slot_of<encoding::q4_1>}) {
         k.matvec[i] = avx2_table().matvec[i];
         k.prepare[i] = avx2_table().prepare[i];

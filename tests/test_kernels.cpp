@@ -1068,7 +1068,7 @@ TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the ta
   check(encoding::q8_0, a5::matvec_rows<encoding::q8_0>, copy);
   check(encoding::q4_0, a5::matvec_rows<encoding::q4_0>, a5::prepare_q4_x<encoding::q4_0>);
   check(encoding::q4_1, a5::matvec_rows<encoding::q4_1>, a5::prepare_q4_x<encoding::q4_1>);
-  check(encoding::q5_0, a5::matvec_rows<encoding::q5_0>, copy);
+  check(encoding::q5_0, a5::matvec_rows<encoding::q5_0>, a5::prepare_q4_x<encoding::q5_0>);
   check(encoding::q5_1, a5::matvec_rows<encoding::q5_1>, a5::prepare_q4_x<encoding::q5_1>);
   check(encoding::q4_k, a5::matvec_rows<encoding::q4_k>, a5::prepare_k_x<encoding::q4_k>);
   check(encoding::q5_k, a5::matvec_rows<encoding::q5_k>, a5::prepare_k_x<encoding::q5_k>);

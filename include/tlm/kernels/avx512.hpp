@@ -8,10 +8,9 @@
 //   matvec: one row at a time, the block scale factored out of the block's sum (as
 //           avx2.hpp does), 16 lanes = half a block, so a Q4 block is two multiplies
 //           with no permutation of x; two accumulators; software prefetch ahead of
-//           the weight stream. Q5_x unpack their codes with the AVX2 helpers (32
-//           bytes per block) and widen them 16 at a time; the K-quants assemble 64
-//           code bytes at a time and widen them inside 128-bit lanes, x permuted to
-//           match.
+//           the weight stream. Q5_x (a pair of blocks) and the K-quants (128 values)
+//           assemble 64 code bytes at a time and widen them inside 128-bit lanes,
+//           x permuted to match.
 //   matmul: a register-blocked outer-product micro-kernel. Weight rows are decoded
 //           once per slice of the batch into a float32 panel [rt, cols]; the slice of
 //           activations is transposed once into [cols, 16] columns, so each
@@ -147,6 +146,70 @@ TLM_AVX512_FN inline void axpy_i8(float a, const std::int8_t* x, float* y, std::
   }
 }
 
+// ---- Codes widened inside 128-bit lanes ---------------------------------------------
+//
+// Byte codes widened to int32 in value order (vpmovsxbd) cross 128-bit lanes, which
+// Zen 4 runs as two dependent 256-bit halves; byte shuffles inside each lane do not.
+// They take 64 code bytes to four vectors of 16 dwords, dword j of each 16-byte lane
+// from byte 4j + m (m = 0..3), so a vector's values are not consecutive and x is
+// permuted once per matvec to meet them: position p = 16m + d of 64 meets byte
+// widened_byte(p).
+
+constexpr std::size_t widened_byte(std::size_t p) { return 16 * (p % 16 / 4) + 4 * (p % 4) + p / 16; }
+
+// Dword j of every 16-byte lane of v <- byte 4j + M of the lane, as float32: zero-
+// extended (control bytes 0x80 give zero), or (Signed) put at the top of the dword and
+// brought down with its sign by an arithmetic shift.
+template <int M, bool Signed>
+TLM_AVX512_INLINE inline __m512 widen_lane_bytes(__m512i v) {
+  const __m512i j4 = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+  if constexpr (Signed) {
+    const __m512i pick = _mm512_add_epi32(_mm512_slli_epi32(j4, 24), _mm512_set1_epi32(0x00808080 + (M << 24)));
+    return _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_shuffle_epi8(v, pick), 24));
+  } else {
+    const __m512i pick = _mm512_add_epi32(j4, _mm512_set1_epi32(static_cast<int>(0x80808000u) + M));
+    return _mm512_cvtepi32_ps(_mm512_shuffle_epi8(v, pick));
+  }
+}
+
+// sum of codes times x over the 64 codes of one vector of bytes, in 16 lanes (lanes
+// 4L..4L+3 from bytes 16L..16L+15), x in widened_byte order.
+template <bool Signed = false>
+TLM_AVX512_INLINE inline __m512 bytes_times_x(__m512i codes, const float* x) {
+  __m512 acc = _mm512_mul_ps(widen_lane_bytes<0, Signed>(codes), _mm512_loadu_ps(x));
+  acc = _mm512_fmadd_ps(widen_lane_bytes<1, Signed>(codes), _mm512_loadu_ps(x + 16), acc);
+  acc = _mm512_fmadd_ps(widen_lane_bytes<2, Signed>(codes), _mm512_loadu_ps(x + 32), acc);
+  return _mm512_fmadd_ps(widen_lane_bytes<3, Signed>(codes), _mm512_loadu_ps(x + 48), acc);
+}
+
+// The 64 codes of two Q5_0 / Q5_1 blocks as unsigned bytes 0..31, each block's in
+// value order: the nibbles as for Q4 (the 16 bytes twice, the second copy shifted to
+// the high nibbles), plus 16 where a fifth bit is set, the two blocks' 32-bit words of
+// fifth bits (bit j for value j) being one 64-bit mask, bit i for byte i.
+template <encoding E>
+TLM_AVX512_INLINE inline __m512i q5_codes64(const std::byte* p0, const std::byte* p1) {
+  constexpr std::size_t qh_at = E == encoding::q5_1 ? 4 : 2;
+  std::uint32_t h0, h1;
+  std::memcpy(&h0, p0 + qh_at, 4);
+  std::memcpy(&h1, p1 + qh_at, 4);
+  const __mmask64 fifth = _cvtu64_mask64(h0 | (std::uint64_t{h1} << 32));
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + qh_at + 4));
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p1 + qh_at + 4));
+  __m512i z = _mm512_castsi256_si512(_mm256_set_m128i(b, a));
+  z = _mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(1, 1, 0, 0));  // [a, a, b, b]
+  z = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0f));
+  return _mm512_mask_add_epi8(z, fifth, z, _mm512_set1_epi8(16));
+}
+
+// Two Q5 blocks' codes . x in 16 lanes, lanes 0-7 the first block's, 8-15 the second's
+// (x permuted per pair of blocks, widened_byte); Q5_0's codes centred (c - 16).
+template <encoding E>
+TLM_AVX512_INLINE inline __m512 q5_pair_dot(const std::byte* p0, const std::byte* p1, const float* x) {
+  const __m512i c = q5_codes64<E>(p0, p1);
+  if constexpr (E == encoding::q5_0) return bytes_times_x<true>(_mm512_sub_epi8(c, _mm512_set1_epi8(16)), x);
+  return bytes_times_x(c, x);
+}
+
 // ---- Exact matvec -------------------------------------------------------------------
 //
 // Q4 blocks: the 16 code bytes are broadcast to the four 128-bit lanes, the upper two
@@ -170,7 +233,7 @@ template <encoding E>
 inline void prepare_q4_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
   constexpr bool permute = E == encoding::q4_0 || E == encoding::q4_1;
   const std::size_t blocks = cols / 32;
-  prepared.resize(cols + 2 * blocks);  // [cols] x (permuted for Q4), then [blocks, 2]
+  prepared.resize(cols + 2 * blocks);  // [cols] x (permuted), then [blocks, 2]
   for (std::size_t b = 0; b < blocks; ++b) {
     float t = 0;
     for (std::size_t i = 0; i < 32; ++i) {
@@ -179,6 +242,12 @@ inline void prepare_q4_x(const float* x, std::size_t cols, std::vector<float>& p
     }
     prepared[cols + 2 * b] = 0.0f;
     prepared[cols + 2 * b + 1] = t;
+  }
+  // Q5_x: each whole pair of blocks in widened_byte order (q5_pair_dot); the last
+  // block of an odd count stays in value order (block_codes_dot).
+  if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
+    for (std::size_t b = 0; b + 2 <= blocks; b += 2)
+      for (std::size_t p = 0; p < 64; ++p) prepared[32 * b + p] = x[32 * b + widened_byte(p)];
   }
 }
 
@@ -255,10 +324,17 @@ TLM_AVX512_FN inline float row_dot_quant(const std::byte* row, const float* x, c
     const std::byte* p = row + b * bb;
     _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_ahead), _MM_HINT_T0);
     const __m128 dm = scale_pair<E>(p, p + bb);
-    const __m512 t0 = block_codes_dot<E>(p, x + 32 * b);
-    const __m512 t1 = block_codes_dot<E>(p + bb, x + 32 * b + 32);
-    acc0 = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t0, acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_broadcastss_ps(_mm_movehl_ps(dm, dm)), t1, acc1);
+    if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
+      // Lanes 0-7 take d of the first block, 8-15 of the second.
+      const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+      const __m512 d = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(dm));
+      acc0 = _mm512_fmadd_ps(d, q5_pair_dot<E>(p, p + bb, x + 32 * b), acc0);
+    } else {
+      const __m512 t0 = block_codes_dot<E>(p, x + 32 * b);
+      const __m512 t1 = block_codes_dot<E>(p + bb, x + 32 * b + 32);
+      acc0 = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t0, acc0);
+      acc1 = _mm512_fmadd_ps(_mm512_broadcastss_ps(_mm_movehl_ps(dm, dm)), t1, acc1);
+    }
     if constexpr (has_min<E>) mins = _mm_fmadd_ps(dm, _mm_loadu_ps(xsum + 2 * b), mins);
   }
   if (b < blocks) {
@@ -321,7 +397,7 @@ TLM_AVX512_FN inline float row_dot_float(const std::byte* row, const float* x, s
 template <encoding E>
 constexpr std::size_t k_lane_value(std::size_t p) {
   const std::size_t c = p / 128, k = p / 16 % 8, l = p % 16;
-  const std::size_t b = 16 * (l / 4) + 4 * (l % 4) + k % 4, high = k / 4;
+  const std::size_t b = widened_byte(16 * (k % 4) + l), high = k / 4;
   if constexpr (E == encoding::q6_k) return 128 * c + 32 * (b / 32 + 2 * high) + b % 32;
   return 32 * (2 * (2 * c + b / 32) + high) + b % 32;
 }
@@ -399,23 +475,6 @@ TLM_AVX512_INLINE inline void k_chunk_codes(const std::byte* p, int c, __m512i& 
       high = _mm512_and_si512(_mm512_srli_epi16(q, 4), low4);
     }
   }
-}
-
-// Dword j of every 16-byte lane of v <- byte 4j + M of the lane (control bytes 0x80
-// give zero), as float32.
-template <int M>
-TLM_AVX512_INLINE inline __m512 widen_lane_bytes(__m512i v) {
-  const __m512i pick = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12),
-                                        _mm512_set1_epi32(static_cast<int>(0x80808000u) + M));
-  return _mm512_cvtepi32_ps(_mm512_shuffle_epi8(v, pick));
-}
-
-// sum of codes times x over the 64 codes of one vector of bytes, in 16 lanes.
-TLM_AVX512_INLINE inline __m512 bytes_times_x(__m512i codes, const float* x) {
-  __m512 acc = _mm512_mul_ps(widen_lane_bytes<0>(codes), _mm512_loadu_ps(x));
-  acc = _mm512_fmadd_ps(widen_lane_bytes<1>(codes), _mm512_loadu_ps(x + 16), acc);
-  acc = _mm512_fmadd_ps(widen_lane_bytes<2>(codes), _mm512_loadu_ps(x + 32), acc);
-  return _mm512_fmadd_ps(widen_lane_bytes<3>(codes), _mm512_loadu_ps(x + 48), acc);
 }
 
 template <encoding E>
@@ -637,7 +696,8 @@ TLM_AVX512_FN inline void quantize(const float* x, std::size_t rows, std::size_t
 template <encoding E>
 TLM_VNNI_INLINE inline __m512i codes64(const std::byte* p0, const std::byte* p1) {
   if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(avx2::codes32<E>(p0)), avx2::codes32<E>(p1), 1);
+    const __m512i c = q5_codes64<E>(p0, p1);
+    return E == encoding::q5_0 ? _mm512_sub_epi8(c, _mm512_set1_epi8(16)) : c;
   } else if constexpr (E == encoding::q8_0) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p0 + 2));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p1 + 2));

@@ -217,7 +217,8 @@ template <encoding E>
 constexpr void set_avx512(kernel_table& k) {
   k.matvec[slot_of<E>] = &avx512::matvec_rows<E>;
   k.prepare[slot_of<E>] =
-      E == encoding::q4_1 || E == encoding::q4_0 || E == encoding::q5_1 ? &avx512::prepare_q4_x<E> : nullptr;
+      E == encoding::q4_1 || E == encoding::q4_0 || E == encoding::q5_0 || E == encoding::q5_1 ? &avx512::prepare_q4_x<E>
+                                                                                                : nullptr;
   k.matmul[slot_of<E>] = &avx512::matmul_rows<&avx2::decode_row<E>>;
 }
 

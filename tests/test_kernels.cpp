@@ -150,22 +150,6 @@ struct placed_floats : tlm_test::placed<float> {
   placed_floats(const std::vector<float>& src, std::size_t offset) : placed(src, offset, -777.0f) {}
 };
 
-#ifdef TLM_HAVE_AVX2_KERNELS
-// Whether the codes of the 8 sub-blocks of the K-quant super-block at p come out alike
-// from k_codes8 (the unpacking the AVX-512 kernels take: k_code_pair, q6_codes) and from
-// k_codes32 (the AVX2 decoder's, checked against dequantize_row).
-template <encoding E>
-TLM_AVX2_FN bool k_codes_agree(const std::byte* p) {
-  namespace a2 = tlm::kernels::avx2;
-  __m256i got[8];
-  a2::k_codes8<E>(p, got);
-  for (int s = 0; s < 8; ++s) {
-    const __m256i want = a2::k_codes32<E>(p, s);
-    if (std::memcmp(&got[s], &want, 32) != 0) return false;
-  }
-  return true;
-}
-#endif
 
 }  // namespace
 
@@ -439,17 +423,6 @@ TEST_CASE("SIMD decoders are bit for bit dequantize_row") {
   check(encoding::q4_k, a2::decode_row_k<encoding::q4_k>);
   check(encoding::q5_k, a2::decode_row_k<encoding::q5_k>);
   check(encoding::q6_k, a2::decode_row_k<encoding::q6_k>);
-  // The unpacking the AVX-512 K-quant kernels share (k_codes8) against the decoder's.
-  auto codes_agree = [&](encoding enc, auto agree) {
-    const auto w = random_rows(enc, 1, 1024, rng);
-    for (std::size_t sb = 0; sb < 4; ++sb) {
-      INFO(tlm::name(enc) << " super-block " << sb);
-      CHECK(agree(w.data() + sb * tlm::traits(enc).block_bytes));
-    }
-  };
-  codes_agree(encoding::q4_k, k_codes_agree<encoding::q4_k>);
-  codes_agree(encoding::q5_k, k_codes_agree<encoding::q5_k>);
-  codes_agree(encoding::q6_k, k_codes_agree<encoding::q6_k>);
 #else
   CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx2), tlm::error);
 #endif
@@ -1073,9 +1046,6 @@ TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the ta
   check(encoding::q4_k, a5::matvec_rows<encoding::q4_k>, a5::prepare_k_x<encoding::q4_k>);
   check(encoding::q5_k, a5::matvec_rows<encoding::q5_k>, a5::prepare_k_x<encoding::q5_k>);
   check(encoding::q6_k, a5::matvec_rows<encoding::q6_k>, a5::prepare_k_x<encoding::q6_k>);
-  check(encoding::q4_k, a5::matvec_rows<encoding::q4_k, false>, a5::prepare_k_x<encoding::q4_k>);
-  check(encoding::q5_k, a5::matvec_rows<encoding::q5_k, false>, a5::prepare_k_x<encoding::q5_k>);
-  check(encoding::q6_k, a5::matvec_rows<encoding::q6_k, false>, a5::prepare_k_x<encoding::q6_k>);
   check(encoding::f32, a5::matvec_rows<encoding::f32>, copy);
   check(encoding::f16, a5::matvec_rows<encoding::f16>, copy);
   check(encoding::bf16, a5::matvec_rows<encoding::bf16>, copy);

@@ -137,19 +137,15 @@ TLM_AVX2_INLINE inline void q6_scales16(const std::byte* p, float (&out)[16]) {
   _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(sc, sc))), d));
 }
 
-// The codes (-32..31) of sub-block 4h + t of a Q6_K super-block, from the half's two
-// 32-byte rows of low bits (ql0, ql1: nibble t/2 of row t%2) and its row of high bits
-// (qh: bits 2t, 2t+1). t is a constant once the callers' loops are unrolled.
-// q6_stored: the codes as stored, 0..63.
+// The codes as stored (0..63, the signed code plus 32) of sub-block 4h + t of a Q6_K
+// super-block, from the half's two 32-byte rows of low bits (ql0, ql1: nibble t/2 of row
+// t%2) and its row of high bits (qh: bits 2t, 2t+1). t is a constant once the callers'
+// loops are unrolled.
 TLM_AVX2_INLINE inline __m256i q6_stored(__m256i ql0, __m256i ql1, __m256i qh, int t) {
   const __m256i ql = t % 2 ? ql1 : ql0;
   const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(ql, _mm_cvtsi32_si128(4 * (t / 2))), _mm256_set1_epi8(0x0f));
   const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(3));
   return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-}
-
-TLM_AVX2_INLINE inline __m256i q6_codes(__m256i ql0, __m256i ql1, __m256i qh, int t) {
-  return _mm256_sub_epi8(q6_stored(ql0, ql1, qh, t), _mm256_set1_epi8(32));
 }
 
 // The codes of sub-blocks 2i and 2i+1 of a Q4_K / Q5_K super-block (values in order).
@@ -168,29 +164,6 @@ TLM_AVX2_INLINE inline void k_code_pair(const std::byte* p, int i, __m256i qh, _
     hi = _mm256_or_si256(hi, _mm256_slli_epi16(b1, 4));
   }
   (void)qh;
-}
-
-// The codes of all 8 sub-blocks of a super-block, c[s] = values 32s..32s+31 in order
-// (the pairwise unpacking above): what the AVX-512 kernels take, whose 32 registers hold
-// them all, and which pair sub-blocks 2i, 2i+1 in one 512-bit register.
-template <encoding E>
-TLM_AVX2_INLINE inline void k_codes8(const std::byte* p, __m256i (&c)[8]) {
-  const auto* v = reinterpret_cast<const __m256i*>(p);
-  if constexpr (E == encoding::q6_k) {
-    // Half h: low bits in rows 2h, 2h+1 of 32 bytes, high bits in row 4+h.
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      const __m256i ql0 = _mm256_loadu_si256(v + 2 * h), ql1 = _mm256_loadu_si256(v + 2 * h + 1);
-      const __m256i qh = _mm256_loadu_si256(v + 4 + h);
-#pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) c[4 * h + t] = q6_codes(ql0, ql1, qh, t);
-    }
-  } else {
-    const __m256i qh = E == encoding::q5_k ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))
-                                           : _mm256_setzero_si256();
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) k_code_pair<E>(p, i, qh, c[2 * i], c[2 * i + 1]);
-  }
 }
 
 // The codes are widened from bytes to int32 by in-lane byte shuffles (vpshufb: dword j

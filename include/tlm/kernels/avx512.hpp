@@ -227,27 +227,26 @@ inline constexpr std::size_t q4_order[32] = {0, 1, 2,  3,  4,  5,  6,  7,  16, 1
 template <encoding E>
 inline constexpr bool has_min = E == encoding::q4_1 || E == encoding::q5_1;
 
-// x [cols] -> [cols] in q4_order per block (Q4_0, Q4_1; Q5_0 and Q5_1 keep the value
-// order, as their codes are unpacked in order), then [blocks, 2] = {0, sum of the block}.
+// x [cols] -> [cols] in the order each block's codes are widened, then [blocks, 2] =
+// {0, sum of the block}. Q4_0, Q4_1: q4_order per block. Q5_0, Q5_1: each whole pair of
+// blocks in widened_byte order (q5_pair_dot); the last block of an odd count stays in
+// value order (block_codes_dot).
 template <encoding E>
 inline void prepare_q4_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
-  constexpr bool permute = E == encoding::q4_0 || E == encoding::q4_1;
+  constexpr bool pairs = E == encoding::q5_0 || E == encoding::q5_1;
   const std::size_t blocks = cols / 32;
   prepared.resize(cols + 2 * blocks);  // [cols] x (permuted), then [blocks, 2]
   for (std::size_t b = 0; b < blocks; ++b) {
+    const bool paired = pairs && (b ^ 1) < blocks;  // b and its partner b ^ 1 form a whole pair
+    const std::size_t base = paired ? 32 * (b & ~std::size_t{1}) : 32 * b;
     float t = 0;
     for (std::size_t i = 0; i < 32; ++i) {
-      prepared[32 * b + i] = x[32 * b + (permute ? q4_order[i] : i)];
-      t += x[32 * b + i];
+      const std::size_t at = 32 * b + i;
+      prepared[at] = paired ? x[base + widened_byte(at - base)] : x[base + (pairs ? i : q4_order[i])];
+      t += x[at];
     }
     prepared[cols + 2 * b] = 0.0f;
     prepared[cols + 2 * b + 1] = t;
-  }
-  // Q5_x: each whole pair of blocks in widened_byte order (q5_pair_dot); the last
-  // block of an odd count stays in value order (block_codes_dot).
-  if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
-    for (std::size_t b = 0; b + 2 <= blocks; b += 2)
-      for (std::size_t p = 0; p < 64; ++p) prepared[32 * b + p] = x[32 * b + widened_byte(p)];
   }
 }
 
@@ -483,7 +482,7 @@ TLM_AVX512_INLINE inline void prefetch_superblock(const std::byte* p) {
     _mm_prefetch(reinterpret_cast<const char*>(p + at + prefetch_ahead), _MM_HINT_T0);
 }
 
-template <encoding E, bool Prefetch>
+template <encoding E>
 TLM_AVX512_FN inline float row_dot_k(const std::byte* row, const float* x, std::size_t cols) {
   constexpr std::size_t bb = traits(E).block_bytes;
   __m512 total[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -491,7 +490,7 @@ TLM_AVX512_FN inline float row_dot_k(const std::byte* row, const float* x, std::
   const float* xsum = x + cols;  // [cols / avx2::k_sum_values<E>] (prepare_k_x)
   for (std::size_t sb = 0; sb < cols / 256; ++sb) {
     const std::byte* p = row + sb * bb;
-    if constexpr (Prefetch) prefetch_superblock<E>(p);
+    prefetch_superblock<E>(p);
     const float* xs = x + 256 * sb;
     // Lane scales: byte b of a chunk's codes (lanes 4(b/16)..) has the scale of
     // Q4_K / Q5_K: sub-block 2(2c + b/32) + n, where n = 1 for the high nibbles;
@@ -530,15 +529,14 @@ TLM_AVX512_FN inline float row_dot_k(const std::byte* row, const float* x, std::
 }
 
 // x: for Q4_x / Q5_x the output of prepare_q4_x, for the K-quants that of
-// prepare_k_x; otherwise x itself. Prefetch: the K-quants' software prefetch (the
-// other encodings always prefetch).
-template <encoding E, bool Prefetch = true>
+// prepare_k_x; otherwise x itself.
+template <encoding E>
 TLM_AVX512_FN inline void matvec_rows(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                       std::size_t r0, std::size_t r1, std::size_t cols) {
   for (std::size_t i = 0; i < r1 - r0; ++i) {
     const std::size_t r = detail::streamed_row(r0, r1, i);
     if constexpr (E == encoding::q4_k || E == encoding::q5_k || E == encoding::q6_k) {
-      y[r] = row_dot_k<E, Prefetch>(w + r * rb, x, cols);
+      y[r] = row_dot_k<E>(w + r * rb, x, cols);
     } else if constexpr (traits(E).block_values == 32) {
       y[r] = row_dot_quant<E>(w + r * rb, x, x + cols, cols / 32);
     } else {

@@ -1,10 +1,13 @@
-// The block's attention (online softmax over key blocks, backward from the saved
-// log-sum-exp) against the plain T x T definition, forward and backward.
+// The block's attention (online softmax over key blocks, per row for inference and a
+// tile of rows at a time for training; backward from the saved log-sum-exp) against the
+// plain T x T definition, forward and backward.
 #include <doctest/doctest.h>
 
 #include <tlm/ops.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <random>
 #include <span>
 #include <vector>
@@ -103,6 +106,10 @@ double blockwise_error(const case_data& c) {
   auto cast = [](const std::vector<double>& x) { return std::vector<T>(x.begin(), x.end()); };
   const auto q = cast(c.q), k = cast(c.k), v = cast(c.v), d_o = cast(c.d_o);
   std::vector<T> o(L * W), lse(L * c.group), dq(L * W, T(0)), dk(L * E, T(0)), dv(L * E, T(0));
+  std::vector<T> o2(L * W), lse2(L * c.group);  // the tiled forward's
+  // The backward's products use the GEMM's per-thread packing buffers, which a
+  // training step reserves up front on each thread (reserve_gemm_scratch); so here.
+  tlm::kernels::reserve_gemm_scratch();
   const std::size_t before = tlm_test::allocations.load();
   for (std::size_t i = 0; i < L; ++i)
     for (std::size_t hh = 0; hh < c.group; ++hh)
@@ -110,13 +117,26 @@ double blockwise_error(const case_data& c) {
                                                      o.data() + i * W + hh * E);
   tlm::attention_backward<T>(L, E, c.group, s, q.data(), o.data(), d_o.data(), dq.data(), W, k.data(), v.data(),
                              dk.data(), dv.data(), E, lse.data(), c.group);
-  // No heap memory at all: the forward keeps one block of scores on the stack and the
-  // backward recomputes probabilities from the saved log-sum-exp.
+  // Training's tiled forward (attention_forward), its rows cut into runs of 1 to
+  // attention_tile rows that start anywhere in a tile, as packed segments cut them.
+  const std::size_t runs[] = {1, 17, tlm::attention_tile, 30, 2, tlm::attention_tile - 1, 45};
+  for (std::size_t i0 = 0, u = 0; i0 < L; ++u) {
+    const std::size_t ni = std::min(runs[u % std::size(runs)], L - i0);
+    tlm::attention_forward<T>(i0, ni, E, c.group, s, q.data(), o2.data(), W, k.data(), v.data(), E, lse2.data(),
+                              c.group);
+    i0 += ni;
+  }
+  // No heap memory beyond that: the forwards keep one block of scores on the stack and
+  // the backward one tile of probabilities, recomputed from the saved log-sum-exp.
   CHECK(tlm_test::allocations.load() == before);
+  CHECK_THROWS_AS(tlm::attention_forward<T>(0, tlm::attention_tile + 1, E, c.group, s, q.data(), o2.data(), W,
+                                            k.data(), v.data(), E, lse2.data(), c.group),
+                  tlm::shape_error);
   std::vector<double> po, pdq, pdk, pdv;
   plain(c, po, pdq, pdk, pdv);
   auto widen = [](const std::vector<T>& x) { return std::vector<double>(x.begin(), x.end()); };
-  return std::max({rel(widen(o), po), rel(widen(dq), pdq), rel(widen(dk), pdk), rel(widen(dv), pdv)});
+  return std::max({rel(widen(o), po), rel(widen(o2), po), rel(widen(lse2), widen(lse)), rel(widen(dq), pdq),
+                   rel(widen(dk), pdk), rel(widen(dv), pdv)});
 }
 
 }  // namespace

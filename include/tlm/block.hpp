@@ -280,6 +280,43 @@ struct no_adapter {
   void add(const rows<N, T>&, rows<M, T>&) const {}
 };
 
+namespace detail {
+
+// Training's forward attention (kv_in_batch, block_forward): one task per (sequence,
+// tile of attention_tile rows, kv head), each writing its rows' o and lse for the kv
+// head's query heads. A tile that spans packed segments is cut at their edges, each
+// part attending within its own segment.
+template <LlamaConfig C, Element T>
+void attend_in_batch(block_activations<C, T>& a, const batch_layout& b, const std::uint32_t* segment_start, T scale,
+                     thread_pool* pool) {
+  constexpr std::size_t D = dim<C>, H = heads<C>, E = head_dim<C>, K = kv_dim<C>, G = C::kv_heads;
+  const std::size_t tiles = (b.length + attention_tile - 1) / attention_tile;
+  auto segment_of = [&](std::size_t seq, std::size_t r) -> std::size_t {
+    return segment_start ? segment_start[seq * b.length + r] : 0;
+  };
+  auto run = [&](std::size_t t0, std::size_t t1) {
+    for (std::size_t t = t0; t < t1; ++t) {
+      const std::size_t seq = t / (tiles * G), tile = t / G % tiles, g = t % G, h0 = first_query_of<C>(g);
+      const std::size_t end = std::min(b.length, (tile + 1) * attention_tile);
+      for (std::size_t r = tile * attention_tile; r < end;) {
+        const std::size_t s0 = segment_of(seq, r);  // rows [r, r1) lie in the segment starting at row s0
+        std::size_t r1 = r + 1;
+        while (r1 < end && segment_of(seq, r1) == s0) ++r1;
+        const std::size_t base = seq * b.length + s0;  // the segment's first row in the batch
+        attention_forward<T>(r - s0, r1 - r, E, C::group, scale, a.q.data() + base * D + h0 * E,
+                             a.o.data() + base * D + h0 * E, D, a.k.data() + base * K + g * E,
+                             a.v.data() + base * K + g * E, K, a.lse.data() + base * H + h0, H);
+        r = r1;
+      }
+    }
+  };
+  const std::size_t tasks = b.sequences * tiles * G;
+  if (pool) pool->parallel_for(tasks, 1, run);
+  else run(0, tasks);
+}
+
+}  // namespace detail
+
 // The forward pass of one block. a.x holds the n input rows; `out` receives the
 // block's output rows (it may be a.x itself). Every other member
 // of `a` is written. `ad.add<t>(x, y)` adds an adapter's low-rank path to the
@@ -326,24 +363,33 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
   a.lse.resize(n);
   if (ctx.entropy) ctx.entropy->resize(n);
   const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(E)));
-  // The query heads of one kv head attend together, reading each block of keys and
-  // values once for all of them (attention_heads), unless that leaves too few units
-  // for the threads: decoding one row gives kv_heads units, and 3 units on 2 threads
-  // would leave one thread idle a third of the time, which costs more than the
-  // shared reads save.
-  const bool grouped = pool == nullptr || pool->size() == 1 || n * C::kv_heads >= 4 * pool->size();
-  const std::size_t nq = grouped ? C::group : 1;
-  auto attend_rows = [&](std::size_t b, std::size_t e) {
-    for (std::size_t u = b; u < e; ++u) {
-      const std::size_t i = u * nq / H, h = u * nq % H, g = kv_head_of<C>(h);
-      const std::size_t first = ctx.segment_start ? ctx.segment_start[i] : 0;
-      const std::size_t seq = i / period, visible = ctx.layout.start(seq) + i % period + 1 - first;
-      kv.attend(a, seq, first, g, a.q.data() + i * D + h * E, nq, visible, scale, a.o.data() + i * D + h * E,
-                a.lse.data() + i * H + h, ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
-    }
-  };
-  if (pool) pool->parallel_for(n * H / nq, 1, attend_rows);
-  else attend_rows(0, n * H / nq);
+  // A training batch, untraced: every sequence's keys are at hand, so its rows attend a
+  // tile at a time (attention_forward), not one row at a time.
+  bool tiled = false;
+  if constexpr (KV::takes_segments) {
+    tiled = ctx.entropy == nullptr && ctx.layout.starts == nullptr && ctx.layout.pos0 == 0;
+    if (tiled) detail::attend_in_batch<C, T>(a, ctx.layout, ctx.segment_start, scale, pool);
+  }
+  if (!tiled) {
+    // The query heads of one kv head attend together, reading each block of keys and
+    // values once for all of them (attention_heads), unless that leaves too few units
+    // for the threads: decoding one row gives kv_heads units, and 3 units on 2 threads
+    // would leave one thread idle a third of the time, which costs more than the
+    // shared reads save.
+    const bool grouped = pool == nullptr || pool->size() == 1 || n * C::kv_heads >= 4 * pool->size();
+    const std::size_t nq = grouped ? C::group : 1;
+    auto attend_rows = [&](std::size_t b, std::size_t e) {
+      for (std::size_t u = b; u < e; ++u) {
+        const std::size_t i = u * nq / H, h = u * nq % H, g = kv_head_of<C>(h);
+        const std::size_t first = ctx.segment_start ? ctx.segment_start[i] : 0;
+        const std::size_t seq = i / period, visible = ctx.layout.start(seq) + i % period + 1 - first;
+        kv.attend(a, seq, first, g, a.q.data() + i * D + h * E, nq, visible, scale, a.o.data() + i * D + h * E,
+                  a.lse.data() + i * H + h, ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
+      }
+    };
+    if (pool) pool->parallel_for(n * H / nq, 1, attend_rows);
+    else attend_rows(0, n * H / nq);
+  }
 
   matmul(w.attn_output, a.o, a.x_mid, pool, ctx.precision);
   ad.template add<lora_target::o>(a.o, a.x_mid);

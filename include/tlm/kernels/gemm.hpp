@@ -35,6 +35,7 @@
 #include <tlm/thread_pool.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <new>
@@ -174,6 +175,15 @@ void gemm_reference(transpose ta, transpose tb, std::size_t m, std::size_t n, st
       out = static_cast<T>(accumulate ? static_cast<double>(out) + s : s);
     }
   }
+}
+
+// The product for an element type chosen by a template: gemm for float, gemm_reference
+// for double (the training code's gradient checks run it in double).
+template <class T>
+void gemm_any(transpose ta, transpose tb, std::size_t m, std::size_t n, std::size_t k, const T* a, std::size_t lda,
+              const T* b, std::size_t ldb, T* c, std::size_t ldc, bool accumulate, thread_pool* pool = nullptr) {
+  if constexpr (std::same_as<T, float>) gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate, pool);
+  else gemm_reference<T>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
 }
 
 }  // namespace tlm::kernels

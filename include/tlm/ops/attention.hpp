@@ -1,15 +1,19 @@
 #pragma once
 // Causal attention of query heads over the positions of their kv head.
 //
-// Two forms:
-//   attend           the plain definition: all T scores, a softmax, the weighted sum.
-//                    Kept as the reference the block's form is tested against.
-//   attention_heads  what the block runs: keys in blocks of `attention_block` with a
-//                    running maximum and sum (online softmax), returning each row's
-//                    log-sum-exp. Memory is O(block), never O(T), and the backward
-//                    recomputes the probabilities from the saved log-sum-exp, so
-//                    training never holds a T x T matrix. attention_row and
-//                    attention_row_q8 are its one-head forms.
+// Three forms:
+//   attend             the plain definition: all T scores, a softmax, the weighted sum.
+//                      Kept as the reference the block's forms are tested against.
+//   attention_heads    what the block runs for inference: keys in blocks of
+//                      `attention_block` with a running maximum and sum (online
+//                      softmax), one query row at a time, returning each row's
+//                      log-sum-exp. attention_row and attention_row_q8 are its
+//                      one-head forms.
+//   attention_forward  the same online softmax for training, a tile of rows at a time,
+//                      each block two matrix products; attention_backward is its
+//                      backward. Memory is O(tile), never O(T): the backward recomputes
+//                      the probabilities from the saved log-sum-exp, so training never
+//                      holds a T x T matrix.
 //
 // How keys and values are read is a parameter (detail::float_rows, detail::q8_rows):
 // float rows through a stride serve the KV cache (one kv head's positions contiguous:
@@ -22,10 +26,12 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include <tlm/config.hpp>
+#include <tlm/error.hpp>
 #include <tlm/kernels.hpp>
 #include <tlm/kernels/attention.hpp>
 
@@ -265,8 +271,68 @@ inline float attention_row_q8_reference(const float* q, const std::int8_t* key_c
   return static_cast<float>(top + std::log(total));
 }
 
-// Query rows and key positions per tile of attention_backward.
-inline constexpr std::size_t attention_backward_tile = 32;
+// Query rows and key positions per tile of attention_forward and attention_backward.
+inline constexpr std::size_t attention_tile = 64;
+
+// attention_heads for rows [i0, i0 + ni) (ni <= attention_tile) of one sequence, for the
+// `group` query heads of one kv head, with the sequence's keys and values in memory:
+// training (kv_in_batch), where every row's keys are at hand at once. Row i attends to
+// positions 0..i of the sequence.
+//   q, o: row i, head hh at [i * q_stride + hh * E]   k, v: row j at [j * kv_stride]
+//   lse: row i, head hh at [i * lse_stride + hh]
+// The same online softmax over blocks of attention_tile keys as attention_heads
+// (attention_block keys), but each block is two matrix products of the whole tile of
+// rows (S = Q K^T, then O = c O + P V) instead of per-row dot products and axpys, so it
+// runs at the GEMM's rate; the upper half of the diagonal block is computed and
+// discarded. Memory: one tile of scores on the stack and the GEMM's per-thread buffers.
+template <class T>
+void attention_forward(std::size_t i0, std::size_t ni, std::size_t E, std::size_t group, T scale, const T* q, T* o,
+                       std::size_t q_stride, const T* k, const T* v, std::size_t kv_stride, T* lse,
+                       std::size_t lse_stride) {
+  using kernels::transpose;
+  constexpr std::size_t tile = attention_tile;
+  if (ni > tile) {
+    throw shape_error("attention_forward: " + std::to_string(ni) + " rows in one call; pass at most " +
+                      std::to_string(tile) + " (attention_tile) at a time");
+  }
+  T p[tile * tile];  // [rows, keys] of the block: S, then P
+  T m[tile], l[tile];  // [rows] running maximum, and sum of exp(s - m)
+  for (std::size_t hh = 0; hh < group; ++hh) {
+    const std::size_t at = i0 * q_stride + hh * E;  // the tile's first row of q and o
+    std::fill(m, m + ni, -std::numeric_limits<T>::infinity());
+    std::fill(l, l + ni, T(0));
+    for (std::size_t j0 = 0; j0 < i0 + ni; j0 += tile) {
+      const std::size_t nj = std::min(tile, i0 + ni - j0);
+      kernels::gemm_any<T>(transpose::no, transpose::yes, ni, nj, E, q + at, q_stride, k + j0 * kv_stride, kv_stride,
+                           p, tile, false);
+      for (std::size_t r = 0; r < ni; ++r) {
+        const std::size_t i = i0 + r;
+        const std::size_t n = i >= j0 ? std::min(nj, i - j0 + 1) : 0;  // keys of the block row i sees
+        T* pr = p + r * tile;
+        T* orow = o + at + r * q_stride;
+        if (n > 0) {
+          for (std::size_t c = 0; c < n; ++c) pr[c] *= scale;
+          const T m_new = std::max(m[r], *std::max_element(pr, pr + n));
+          const T c = std::exp(m[r] - m_new);  // 0 on the first block, where m = -inf
+          l[r] = l[r] * c + detail::exp_block(pr, n, m_new, pr);
+          m[r] = m_new;
+          if (j0 > 0)
+            for (std::size_t e = 0; e < E; ++e) orow[e] *= c;
+        }
+        std::fill(pr + n, pr + nj, T(0));
+      }
+      // The first block writes O (every row sees key 0); later ones add to it.
+      kernels::gemm_any<T>(transpose::no, transpose::no, ni, E, nj, p, tile, v + j0 * kv_stride, kv_stride, o + at,
+                           q_stride, j0 > 0);
+    }
+    for (std::size_t r = 0; r < ni; ++r) {
+      const T inv = T(1) / l[r];
+      T* orow = o + at + r * q_stride;
+      for (std::size_t e = 0; e < E; ++e) orow[e] *= inv;
+      lse[(i0 + r) * lse_stride + hh] = m[r] + std::log(l[r]);
+    }
+  }
+}
 
 // The backward of attention_row for every query head of one kv head over one
 // sequence of `len` rows (row i attends to positions 0..i). The forward's inputs
@@ -279,62 +345,57 @@ inline constexpr std::size_t attention_backward_tile = 32;
 // sequences may run in parallel; the `group` query heads that share this kv head
 // add into the same dk and dv here, in a fixed order.
 //
-// A tile of query rows against a tile of keys at a time, so that every product is
-// one attention kernel call over a whole tile (about 32 keys of E values) rather than
-// two dot products and three axpys of E values per (row, key) pair through the
-// dispatch table, whose call overhead was most of the time at E = 64. The tile's
-// probabilities P and score gradients dS are kept, then transposed, so that dK and dV
-// are sums over rows (a key's column) with the same kernel. The probabilities come
-// from the forward's log-sum-exp with the forward's exp kernel.
+// A tile of query rows against a tile of keys at a time, every product a matrix
+// product of the tile (kernels::gemm, single-threaded: the callers run one call per
+// task): S = Q K^T and dP = dO V^T, then P = exp(scale S - L) and dS = scale P (dP - D)
+// row by row (0 past the causal edge), then dQ += dS K, dK += dS^T Q, dV += P^T dO.
+// Per row and key this was two dot products and three axpys of E values through the
+// attention kernels (reductions across lanes for every score); as products of 64 x 64
+// tiles it runs at the GEMM's rate, at the price of computing the upper half of each
+// diagonal tile and discarding it. The probabilities come from the forward's
+// log-sum-exp with the forward's exp kernel. Memory: two tiles on the stack and the
+// GEMM's per-thread packing buffers (kernels::reserve_gemm_scratch), never O(len).
 template <class T>
 void attention_backward(std::size_t len, std::size_t E, std::size_t group, T scale, const T* q, const T* o,
                         const T* d_o, T* dq, std::size_t q_stride, const T* k, const T* v, T* dk, T* dv,
                         std::size_t kv_stride, const T* lse, std::size_t lse_stride) {
-  constexpr std::size_t tile = attention_backward_tile;
-  T p[tile * tile], ds[tile * tile];    // [rows, keys] of the tile: P and dS, 0 past the causal edge
-  T pt[tile * tile], dst[tile * tile];  // [keys, rows]: the same transposed
-  T dp[tile];                           // [keys] dO_i . v_j of one row
-  T L[tile], D[tile];                   // [rows] the row's log-sum-exp, and dO_i . O_i (the softmax's correction)
+  using kernels::transpose;
+  constexpr std::size_t tile = attention_tile;
+  T p[tile * tile];   // [rows, keys] of the tile: S, then P
+  T ds[tile * tile];  // [rows, keys]: dP, then dS
+  T L[tile], D[tile];  // [rows] the row's log-sum-exp, and dO_i . O_i (the softmax's correction)
   for (std::size_t hh = 0; hh < group; ++hh) {
     for (std::size_t i0 = 0; i0 < len; i0 += tile) {
       const std::size_t ni = std::min(tile, len - i0);
+      const std::size_t at = i0 * q_stride + hh * E;  // the tile's first row of q, o, d_o, dq
       for (std::size_t r = 0; r < ni; ++r) {
-        const std::size_t at = (i0 + r) * q_stride + hh * E;
         L[r] = lse[(i0 + r) * lse_stride + hh];
-        D[r] = detail::head_dot(d_o + at, o + at, E);
+        D[r] = detail::head_dot(d_o + at + r * q_stride, o + at + r * q_stride, E);
       }
       // Keys 0 .. i0 + ni - 1: every position a row of the tile sees.
       for (std::size_t j0 = 0; j0 < i0 + ni; j0 += tile) {
         const std::size_t nj = std::min(tile, i0 + ni - j0);
+        const T* kt = k + j0 * kv_stride;  // [nj, E] at kv_stride
+        const T* vt = v + j0 * kv_stride;
+        kernels::gemm_any<T>(transpose::no, transpose::yes, ni, nj, E, q + at, q_stride, kt, kv_stride, p, tile, false);
+        kernels::gemm_any<T>(transpose::no, transpose::yes, ni, nj, E, d_o + at, q_stride, vt, kv_stride, ds, tile,
+                             false);
         for (std::size_t r = 0; r < ni; ++r) {
-          const std::size_t i = i0 + r, at = i * q_stride + hh * E;
-          const std::size_t n = i >= j0 ? std::min(nj, i - j0 + 1) : 0;  // keys of the tile row i sees
+          const std::size_t i = i0 + r;
+          const std::size_t n = std::min(nj, i - j0 + 1);  // keys of the tile row i sees (i >= i0 >= j0)
           T* pr = p + r * tile;
           T* dsr = ds + r * tile;
-          if (n > 0) {
-            detail::dot_rows(q + at, k + j0 * kv_stride, kv_stride, n, E, scale, pr);
-            detail::exp_block(pr, n, L[r], pr);
-            detail::dot_rows(d_o + at, v + j0 * kv_stride, kv_stride, n, E, T(1), dp);
-            for (std::size_t c = 0; c < n; ++c) dsr[c] = pr[c] * (dp[c] - D[r]) * scale;
-            detail::add_rows(T(1), dsr, k + j0 * kv_stride, kv_stride, n, E, dq + at);
-          }
+          for (std::size_t c = 0; c < n; ++c) pr[c] *= scale;
+          detail::exp_block(pr, n, L[r], pr);
+          for (std::size_t c = 0; c < n; ++c) dsr[c] = pr[c] * (dsr[c] - D[r]) * scale;
           std::fill(pr + n, pr + nj, T(0));
           std::fill(dsr + n, dsr + nj, T(0));
         }
-        for (std::size_t r = 0; r < ni; ++r) {
-          for (std::size_t c = 0; c < nj; ++c) {
-            pt[c * tile + r] = p[r * tile + c];
-            dst[c * tile + r] = ds[r * tile + c];
-          }
-        }
-        for (std::size_t c = 0; c < nj; ++c) {
-          const std::size_t j = j0 + c;
-          const std::size_t r0 = j > i0 ? j - i0 : 0;  // the tile's first row that sees key j
-          if (r0 >= ni) continue;
-          const std::size_t at = (i0 + r0) * q_stride + hh * E;
-          detail::add_rows(T(1), dst + c * tile + r0, q + at, q_stride, ni - r0, E, dk + j * kv_stride);
-          detail::add_rows(T(1), pt + c * tile + r0, d_o + at, q_stride, ni - r0, E, dv + j * kv_stride);
-        }
+        kernels::gemm_any<T>(transpose::no, transpose::no, ni, E, nj, ds, tile, kt, kv_stride, dq + at, q_stride, true);
+        kernels::gemm_any<T>(transpose::yes, transpose::no, nj, E, ni, ds, tile, q + at, q_stride, dk + j0 * kv_stride,
+                             kv_stride, true);
+        kernels::gemm_any<T>(transpose::yes, transpose::no, nj, E, ni, p, tile, d_o + at, q_stride, dv + j0 * kv_stride,
+                             kv_stride, true);
       }
     }
   }

@@ -209,13 +209,6 @@ void init_lora(A& ad, std::uint64_t seed) {
 
 namespace detail {
 template <class T>
-void gemm_any(kernels::transpose ta, kernels::transpose tb, std::size_t m, std::size_t n, std::size_t k, const T* a,
-              std::size_t lda, const T* b, std::size_t ldb, T* c, std::size_t ldc, bool accumulate, thread_pool* pool) {
-  if constexpr (std::same_as<T, float>) kernels::gemm(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate, pool);
-  else kernels::gemm_reference<T>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, accumulate);
-}
-
-template <class T>
 void check_lora_scratch(std::span<T> s, std::size_t need, const char* who) {
   if (s.size() < need) {
     throw shape_error(std::string(who) + ": scratch of " + std::to_string(s.size()) + " values for " +
@@ -237,9 +230,9 @@ void lora_forward(const mat<RA, In, owned<T>>& a, const mat<Out, RB, owned<T>>& 
   detail::check_lora_scratch(u, n * RA, "lora_forward");
   if (y.count() != n) throw shape_error("lora_forward: the output has another row count than the input");
   if (n == 0) return;
-  detail::gemm_any<T>(transpose::no, transpose::yes, n, RA, In, x.data(), In, a.data(), In, u.data(), RA, false, pool);
+  kernels::gemm_any<T>(transpose::no, transpose::yes, n, RA, In, x.data(), In, a.data(), In, u.data(), RA, false, pool);
   for (std::size_t i = 0; i < n * RA; ++i) u[i] *= scale;
-  detail::gemm_any<T>(transpose::no, transpose::yes, n, Out, RA, u.data(), RA, b.data(), RA, y.data(), Out, true, pool);
+  kernels::gemm_any<T>(transpose::no, transpose::yes, n, Out, RA, u.data(), RA, b.data(), RA, y.data(), Out, true, pool);
 }
 
 // Its backward: the forward's inputs (a, b, scale, x), the output's gradient dy,
@@ -262,13 +255,13 @@ void lora_backward(const mat<RA, In, owned<T>>& a, const mat<Out, RB, owned<T>>&
     throw shape_error("lora_backward: input, output-gradient and input-gradient rows differ; all must be the batch's");
   }
   if (n == 0) return;
-  detail::gemm_any<T>(transpose::no, transpose::yes, n, RA, In, x.data(), In, a.data(), In, u.data(), RA, false, pool);
+  kernels::gemm_any<T>(transpose::no, transpose::yes, n, RA, In, x.data(), In, a.data(), In, u.data(), RA, false, pool);
   for (std::size_t i = 0; i < n * RA; ++i) u[i] *= scale;
-  detail::gemm_any<T>(transpose::yes, transpose::no, Out, RA, n, dy.data(), Out, u.data(), RA, db.data(), RA, true, pool);
-  detail::gemm_any<T>(transpose::no, transpose::no, n, RA, Out, dy.data(), Out, b.data(), RA, du.data(), RA, false, pool);
+  kernels::gemm_any<T>(transpose::yes, transpose::no, Out, RA, n, dy.data(), Out, u.data(), RA, db.data(), RA, true, pool);
+  kernels::gemm_any<T>(transpose::no, transpose::no, n, RA, Out, dy.data(), Out, b.data(), RA, du.data(), RA, false, pool);
   for (std::size_t i = 0; i < n * RA; ++i) du[i] *= scale;
-  detail::gemm_any<T>(transpose::yes, transpose::no, RA, In, n, du.data(), RA, x.data(), In, da.data(), In, true, pool);
-  detail::gemm_any<T>(transpose::no, transpose::no, n, In, RA, du.data(), RA, a.data(), In, dx.data(), In, true, pool);
+  kernels::gemm_any<T>(transpose::yes, transpose::no, RA, In, n, du.data(), RA, x.data(), In, da.data(), In, true, pool);
+  kernels::gemm_any<T>(transpose::no, transpose::no, n, In, RA, du.data(), RA, a.data(), In, dx.data(), In, true, pool);
 }
 
 // Merges an adapter into owned weights: W += (alpha / r) · B A for each targeted
@@ -288,7 +281,7 @@ void merge_lora(model_weights<C, owned<T>>& w, const lora<C, R, Tg, T>& ad) {
         using M = std::remove_cvref_t<decltype(m)>;
         scaled.assign(b.values().begin(), b.values().end());
         for (auto& x : scaled) x = static_cast<T>(x * ad.scale());
-        detail::gemm_any<T>(kernels::transpose::no, kernels::transpose::no, M::rows, M::cols, R, scaled.data(), R, a.data(), M::cols,
+        kernels::gemm_any<T>(kernels::transpose::no, kernels::transpose::no, M::rows, M::cols, R, scaled.data(), R, a.data(), M::cols,
                             m.data(), M::cols, true, nullptr);
       }
     };

@@ -209,6 +209,10 @@ inline float round_even(float v) {
   return (v + m) - m;
 }
 
+// The larger of m and v, or NaN if either is (m's NaN if both): a running maximum that
+// a NaN reaches and stays in, where std::max(m, NaN) would keep m.
+inline float max_keeping_nan(float m, float v) { return std::isnan(m) ? m : (v > m || std::isnan(v)) ? v : m; }
+
 // The scales of one group from its blocks' largest magnitudes bmax [per] (per = group /
 // 32): d [per] and 1/d [per]; for a group of 256 also its unit D and steps k [per].
 //   group 32:  d = max / 127
@@ -218,8 +222,7 @@ inline float round_even(float v) {
 // ones: the generator's check for non-finite logits depends on it.
 inline void group_scales(const float* bmax, std::size_t per, float* d, float* id, float* unit, std::uint8_t* steps) {
   float amax = bmax[0];
-  for (std::size_t b = 1; b < per; ++b)
-    if (bmax[b] > amax || std::isnan(bmax[b])) amax = std::isnan(amax) ? amax : bmax[b];
+  for (std::size_t b = 1; b < per; ++b) amax = max_keeping_nan(amax, bmax[b]);
   const float dmax = amax / 127.0f;
   if (per == 1) {
     d[0] = dmax;
@@ -302,7 +305,7 @@ inline void quantize_scalar(const float* x, std::size_t rows, std::size_t cols, 
     for (std::size_t b = 0; b < per; ++b) {
       for (std::size_t j = 0; j < 32; ++j) {
         const float a = std::fabs(x[group * g + 32 * b + j]);
-        if (a > bmax[b] || std::isnan(a)) bmax[b] = std::isnan(bmax[b]) ? bmax[b] : a;  // NaN stays
+        bmax[b] = max_keeping_nan(bmax[b], a);
       }
     }
     group_scales_at(out, g, bmax, d, id);

@@ -231,15 +231,11 @@ constexpr void set_avx512_k(kernel_table& k) {
   k.matmul[slot_of<E>] = &avx512::matmul_rows<&avx2::decode_row_k<E>>;
 }
 
+// The K-quants' fast matvec takes groups of 256 (matvec_q8_k), the others blocks of 32.
 template <encoding E>
 constexpr void set_avx512_fast(kernel_table& k) {
-  k.matvec_q8[slot_of<E>] = &avx512::matvec_q8<E>;
-  k.matmul_q8[slot_of<E>] = &avx512::matmul_q8<E>;
-}
-
-template <encoding E>
-constexpr void set_avx512_fast_k(kernel_table& k) {
-  k.matvec_q8[slot_of<E>] = &avx512::matvec_q8_k<E>;
+  if constexpr (is_k_quant(E)) k.matvec_q8[slot_of<E>] = &avx512::matvec_q8_k<E>;
+  else k.matvec_q8[slot_of<E>] = &avx512::matvec_q8<E>;
   k.matmul_q8[slot_of<E>] = &avx512::matmul_q8<E>;
 }
 
@@ -301,9 +297,9 @@ inline const kernel_table& avx512_table() {
       set_avx512_fast<encoding::q4_1>(k);
       set_avx512_fast<encoding::q5_0>(k);
       set_avx512_fast<encoding::q5_1>(k);
-      set_avx512_fast_k<encoding::q4_k>(k);
-      set_avx512_fast_k<encoding::q5_k>(k);
-      set_avx512_fast_k<encoding::q6_k>(k);
+      set_avx512_fast<encoding::q4_k>(k);
+      set_avx512_fast<encoding::q5_k>(k);
+      set_avx512_fast<encoding::q6_k>(k);
       if (cpu().amd && cpu().family == 0x19) {
         // Zen 4 decodes the K-quants faster with the AVX2 fast matvec (256-bit halves,
         // no 64-byte loads across cache lines): the llama32_1b-shaped Q4_K_M file, fast,

@@ -54,6 +54,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -120,6 +121,18 @@ struct measurement {
   std::size_t threads = 1;
   double tokens = 0;            // tokens a call stands for (decode sweep: 1, prefill: the batch)
   bool floor = false;           // the weight-streaming floor of the sweep
+  // Builds the inputs `run` reads, once --filter has kept the measurement (the cold
+  // matrices are 256 MiB each: building every one before filtering took seconds and
+  // gigabytes). Measurements that share inputs share the builder, which builds once.
+  std::function<void()> prepare;
+};
+
+// Inputs built on first use (measurement::prepare), shared by the measurements that read them.
+template <class T>
+struct lazy_input {
+  std::function<T()> make;
+  std::optional<T> value;
+  T& get() { return value ? *value : value.emplace(make()); }
 };
 
 double thread_cpu_seconds() {
@@ -301,7 +314,8 @@ int main(int argc, char** argv) {
   const std::size_t cold_bytes = std::size_t{256} << 20;
 
   // Streaming read ceiling.
-  auto big = std::make_shared<std::vector<float>>(cold_bytes / sizeof(float), 1.0f);
+  auto big = std::make_shared<lazy_input<std::vector<float>>>();
+  big->make = [] { return std::vector<float>(cold_bytes / sizeof(float), 1.0f); };
   for (std::size_t ti = 0; ti < pools.size(); ++ti) {
     tlm::thread_pool* pool = pools[ti].get();
     measurement m;
@@ -309,11 +323,13 @@ int main(int argc, char** argv) {
     m.label = "stream read 256 MiB, " + std::to_string(pool->size()) + " thr";
     m.bytes = static_cast<double>(cold_bytes);
     m.threads = pool->size();
+    m.prepare = [big] { big->get(); };
     m.run = [big, pool] {
-      const std::size_t pages = big->size() / 4096;
+      const std::vector<float>& data = big->get();
+      const std::size_t pages = data.size() / 4096;
       std::atomic<double> total{0.0};
       pool->parallel_for(pages, 64, [&](std::size_t b, std::size_t e) {
-        total.fetch_add(read_sum(big->data() + b * 4096, (e - b) * 4096));
+        total.fetch_add(read_sum(data.data() + b * 4096, (e - b) * 4096));
       });
       sink = sink + total.load();
     };
@@ -344,9 +360,14 @@ int main(int argc, char** argv) {
     const std::size_t rb = tlm::row_bytes(s.enc, s.cols);
     const std::size_t mat_bytes = s.rows * rb;
     const std::size_t copies = std::max<std::size_t>(1, (cold_bytes + mat_bytes - 1) / mat_bytes);
-    auto one = random_matrix(s.enc, s.rows, s.cols, rng);
-    auto cold = std::make_shared<small_pages>(copies * mat_bytes);
-    for (std::size_t c = 0; c < copies; ++c) std::memcpy(cold->data() + c * mat_bytes, one.data(), mat_bytes);
+    // [copies] of one random matrix, so that a cold call reads a copy no cache holds.
+    auto cold = std::make_shared<lazy_input<std::shared_ptr<small_pages>>>();
+    cold->make = [&rng, s, copies, mat_bytes] {
+      const auto one = random_matrix(s.enc, s.rows, s.cols, rng);
+      auto pages = std::make_shared<small_pages>(copies * mat_bytes);
+      for (std::size_t c = 0; c < copies; ++c) std::memcpy(pages->data() + c * mat_bytes, one.data(), mat_bytes);
+      return pages;
+    };
     auto x = std::make_shared<std::vector<float>>(s.cols, 0.5f);
     auto y = std::make_shared<std::vector<float>>(s.rows);
     for (bool hot : {true, false}) {
@@ -364,10 +385,11 @@ int main(int argc, char** argv) {
           m.threads = pool->size();
           m.flops = 2.0 * static_cast<double>(s.rows * s.cols);
           auto next = std::make_shared<std::size_t>(0);
+          m.prepare = [cold] { cold->get(); };
           m.run = [=] {
             k::force_kernel_level(level);
             const std::size_t c = hot ? 0 : (*next = (*next + 1) % copies);
-            k::matvec(s.enc, cold->data() + c * mat_bytes, x->data(), y->data(), s.rows, s.cols, pool, prec);
+            k::matvec(s.enc, cold->get()->data() + c * mat_bytes, x->data(), y->data(), s.rows, s.cols, pool, prec);
           };
           ms.push_back(std::move(m));
         }
@@ -583,6 +605,8 @@ int main(int argc, char** argv) {
     return false;
   });
   const std::string load_before = load_average();
+  for (auto& m : ms)
+    if (m.prepare) m.prepare();
   for (auto& m : ms) calibrate(m, target);
   for (int r = 0; r < rounds; ++r) {
     for (auto& m : ms) {

@@ -108,17 +108,18 @@ TLM_AVX2_INLINE inline __m256 exp8(__m256 x) {
   return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
-TLM_AVX2_FN inline float exp(const float* s, std::size_t n, float m, float* p) {
+TLM_AVX2_FN inline float exp(const float* s, std::size_t n, float scale, float m, float* p) {
   const __m256 vm = _mm256_set1_ps(m);
+  const __m256 vscale = _mm256_set1_ps(scale);
   __m256 sum = _mm256_setzero_ps();
   std::size_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    const __m256 y = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+    const __m256 y = exp8(_mm256_fmsub_ps(vscale, _mm256_loadu_ps(s + j), vm));
     _mm256_storeu_ps(p + j, y);
     sum = _mm256_add_ps(sum, y);
   }
   float total = 0;
-  for (; j < n; ++j) total += (p[j] = exp_poly(s[j] - m));
+  for (; j < n; ++j) total += (p[j] = exp_poly(std::fma(scale, s[j], -m)));
   alignas(32) float t[8];
   _mm256_store_ps(t, sum);
   for (float x : t) total += x;

@@ -106,12 +106,13 @@ TLM_AVX512_INLINE inline __m512 exp16(__m512 x) {
   return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
 }
 
-TLM_AVX512_FN inline float exp(const float* s, std::size_t n, float m, float* p) {
+TLM_AVX512_FN inline float exp(const float* s, std::size_t n, float scale, float m, float* p) {
   const __m512 vm = _mm512_set1_ps(m);
+  const __m512 vscale = _mm512_set1_ps(scale);
   __m512 sum = _mm512_setzero_ps();
   for (std::size_t j = 0; j < n; j += 16) {
     const __mmask16 k = first(std::min<std::size_t>(16, n - j));
-    const __m512 y = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), vm));
+    const __m512 y = exp16(_mm512_fmsub_ps(vscale, _mm512_maskz_loadu_ps(k, s + j), vm));
     _mm512_mask_storeu_ps(p + j, k, y);
     sum = _mm512_mask_add_ps(sum, k, sum, y);
   }

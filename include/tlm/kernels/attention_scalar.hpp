@@ -6,7 +6,7 @@
 // One block of keys (at most ops' attention_block) is handled by three calls instead
 // of a dot product and an axpy per key through the dispatch table:
 //   scores      s[j] = scale * q . k_j          every key of the block
-//   exp         p[j] = exp(s[j] - m), sum p      the block's unnormalized weights
+//   exp         p[j] = exp(scale s[j] - m), sum p   the block's unnormalized weights
 //   accumulate  out = c * out + sum_j p[j] v_j   the online softmax's rescale and sum
 // Keys and values are f32 rows at a stride (KV cache: E; a training batch: K) or int8
 // codes with one scale per position (kv_type::q8, rows of E codes).
@@ -38,8 +38,11 @@ struct attention_kernels {
   // s[j] = scale * key_scales[j] * sum_e q[e] * codes[j * E + e]     codes: [n, E]  key_scales, s: [n]
   void (*scores_q8)(const float* q, const std::int8_t* codes, const float* key_scales, std::size_t n, std::size_t E,
                     float scale, float* s);
-  // p[j] = exp(s[j] - m); returns sum_j p[j].   s, p: [n] (p may be s)
-  float (*exp)(const float* s, std::size_t n, float m, float* p);
+  // p[j] = exp(scale * s[j] - m); returns sum_j p[j].   s, p: [n] (p may be s)
+  // The SIMD levels round scale * s[j] - m once (an FMA), the scalar level twice; with
+  // scale 1 both are exactly exp(s[j] - m). The scale is here, not in a pass of its own,
+  // for the training attention's tiles of raw scores (ops/attention.hpp).
+  float (*exp)(const float* s, std::size_t n, float scale, float m, float* p);
   // out[e] = c * out[e] + sum_j p[j] * values[j * stride + e]     p: [n]  out: [E]
   void (*accumulate)(float c, const float* p, const float* values, std::size_t stride, std::size_t n, std::size_t E,
                      float* out);
@@ -109,11 +112,12 @@ inline void attention_scores_q8_scalar(const float* q, const std::int8_t* codes,
   for (std::size_t j = 0; j < n; ++j) s[j] = dot_i8_scalar(q, codes + j * E, E) * (key_scales[j] * scale);
 }
 
-// std::exp, not exp_poly: without FMA instructions std::fma is a library routine, and
-// the polynomial measured twice as slow as libm here.
-inline float attention_exp_scalar(const float* s, std::size_t n, float m, float* p) {
+// std::exp, not exp_poly, and a separate product and difference: without FMA
+// instructions std::fma is a library routine, and the polynomial measured twice as slow
+// as libm here.
+inline float attention_exp_scalar(const float* s, std::size_t n, float scale, float m, float* p) {
   float sum = 0;
-  for (std::size_t j = 0; j < n; ++j) sum += (p[j] = std::exp(s[j] - m));
+  for (std::size_t j = 0; j < n; ++j) sum += (p[j] = std::exp(scale * s[j] - m));
   return sum;
 }
 

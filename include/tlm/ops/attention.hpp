@@ -157,16 +157,28 @@ struct q8_rows {
   }
 };
 
-// p[j] = exp(s[j] - m), returning the sum: the kernel for float, std::exp for double.
+// p[j] = exp(scale s[j] - m), returning the sum: the kernel for float, std::exp for double.
 template <class T>
-inline T exp_block(const T* s, std::size_t n, T m, T* p) {
+inline T exp_block(const T* s, std::size_t n, T scale, T m, T* p) {
   if constexpr (std::same_as<T, float>) {
-    return kernels::attention().exp(s, n, m, p);
+    return kernels::attention().exp(s, n, scale, m, p);
   } else {
     T sum = 0;
-    for (std::size_t j = 0; j < n; ++j) sum += (p[j] = std::exp(s[j] - m));
+    for (std::size_t j = 0; j < n; ++j) sum += (p[j] = std::exp(scale * s[j] - m));
     return sum;
   }
+}
+
+// One row of a tile of raw scores against a block of nj keys, of which the row sees the
+// first n (the causal edge): those become exp(scale s - m), the rest 0, so the product
+// with the block's values or keys that follows weighs nothing past the edge. Returns the
+// sum of the row. The tiled forward and backward share it, so their probabilities agree.
+//   row: [nj]
+template <class T>
+inline T causal_exp_row(T* row, std::size_t n, std::size_t nj, T scale, T m) {
+  const T sum = n > 0 ? exp_block(row, n, scale, m, row) : T(0);
+  std::fill(row + n, row + nj, T(0));
+  return sum;
 }
 
 // Query heads attended together at most, for the per-head running state on the stack.
@@ -205,7 +217,7 @@ void attention_heads(const Rows& kv, const T* q, std::size_t nq, std::size_t len
       kv.scores(q + h * E, j0, nb, E, scale, s);
       const T m_new = std::max(m[h], *std::max_element(s, s + nb));
       const T c = std::exp(m[h] - m_new);  // 0 on the first block, where m = -inf
-      l[h] = l[h] * c + detail::exp_block(s, nb, m_new, p);
+      l[h] = l[h] * c + detail::exp_block(s, nb, T(1), m_new, p);
       if (entropy != nullptr) {
         T sp = 0;
         if constexpr (std::same_as<T, float>) sp = kernels::dot(p, s, nb);
@@ -310,16 +322,16 @@ void attention_forward(std::size_t i0, std::size_t ni, std::size_t E, std::size_
         const std::size_t n = i >= j0 ? std::min(nj, i - j0 + 1) : 0;  // keys of the block row i sees
         T* pr = p + r * tile;
         T* orow = o + at + r * q_stride;
+        // scale > 0, so the largest raw score gives the largest scaled one.
+        const T m_new = n > 0 ? std::max(m[r], scale * *std::max_element(pr, pr + n)) : m[r];
+        const T sum = detail::causal_exp_row(pr, n, nj, scale, m_new);
         if (n > 0) {
-          for (std::size_t c = 0; c < n; ++c) pr[c] *= scale;
-          const T m_new = std::max(m[r], *std::max_element(pr, pr + n));
           const T c = std::exp(m[r] - m_new);  // 0 on the first block, where m = -inf
-          l[r] = l[r] * c + detail::exp_block(pr, n, m_new, pr);
+          l[r] = l[r] * c + sum;
           m[r] = m_new;
           if (j0 > 0)
             for (std::size_t e = 0; e < E; ++e) orow[e] *= c;
         }
-        std::fill(pr + n, pr + nj, T(0));
       }
       // The first block writes O (every row sees key 0); later ones add to it.
       kernels::gemm_any<T>(transpose::no, transpose::no, ni, E, nj, p, tile, v + j0 * kv_stride, kv_stride, o + at,
@@ -385,10 +397,8 @@ void attention_backward(std::size_t len, std::size_t E, std::size_t group, T sca
           const std::size_t n = std::min(nj, i - j0 + 1);  // keys of the tile row i sees (i >= i0 >= j0)
           T* pr = p + r * tile;
           T* dsr = ds + r * tile;
-          for (std::size_t c = 0; c < n; ++c) pr[c] *= scale;
-          detail::exp_block(pr, n, L[r], pr);
+          detail::causal_exp_row(pr, n, nj, scale, L[r]);
           for (std::size_t c = 0; c < n; ++c) dsr[c] = pr[c] * (dsr[c] - D[r]) * scale;
-          std::fill(pr + n, pr + nj, T(0));
           std::fill(dsr + n, dsr + nj, T(0));
         }
         kernels::gemm_any<T>(transpose::no, transpose::no, ni, E, nj, ds, tile, kt, kv_stride, dq + at, q_stride, true);

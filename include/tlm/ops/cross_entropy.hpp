@@ -57,7 +57,7 @@ void exp_pieces(const T* z, std::size_t n, T m, Each&& each) {
   for (std::size_t j0 = 0; j0 < n; j0 += piece) {
     const std::size_t len = std::min(piece, n - j0);
     if constexpr (std::same_as<T, float>) {
-      kernels::attention().exp(z + j0, len, m, p);
+      kernels::attention().exp(z + j0, len, 1.0f, m, p);
     } else {
       for (std::size_t j = 0; j < len; ++j) p[j] = std::exp(z[j0 + j] - m);
     }

@@ -1122,6 +1122,55 @@ TEST_CASE("AVX-512 VNNI fast matvec against the scalar integer reference, called
 #endif
 }
 
+#ifdef TLM_HAVE_AVX512_KERNELS
+// transpose_lanes is an always-inline AVX-512 helper: called from a function built for it.
+[[gnu::target(TLM_TARGET_AVX512 ",avx512vnni")]] void transpose_lanes_into(const std::byte* p, std::size_t rb,
+                                                                          __mmask16 live, std::size_t n,
+                                                                          std::int32_t* out) {
+  __m512i v[16];
+  tlm::kernels::avx512::transpose_lanes(p, rb, live, n, v);
+  for (std::size_t k = 0; k < n; ++k) _mm512_storeu_si512(out + 16 * k, v[k]);
+}
+#endif
+
+// The lanes kernels' unpacking reads 16 rows' super-blocks by transpose_lanes instead of a
+// gather per dword: the same vectors, and nothing read past the n dwords of a live row.
+TEST_CASE("transpose_lanes: dword k of row l in lane l of vector k, 0 outside the live rows") {
+#ifdef TLM_HAVE_AVX512_KERNELS
+  if (!vnni_runs_here()) return;
+  std::mt19937 rng(4242);
+  std::size_t cases = 0;
+  bool all_equal = true;
+  // Row strides of a Q4_K, Q5_K and Q6_K super-block row and of 2048-wide rows; live
+  // masks as matmul_q8 makes them (the first n rows of a group).
+  for (std::size_t rb : {144, 176, 210, 1152, 1680}) {
+    for (std::size_t rows = 1; rows <= 16; ++rows) {
+      const auto live = static_cast<__mmask16>((1u << rows) - 1);
+      for (std::size_t n = 1; n <= 16; ++n) {
+        const std::size_t offset = (rb + rows + n) % 4;  // super-blocks of 210 bytes start anywhere
+        // Exactly the bytes the live rows hold, so a read past them is a sanitizer error.
+        std::vector<std::byte> bytes((rows - 1) * rb + 4 * n + offset);
+        for (auto& b : bytes) b = static_cast<std::byte>(rng());
+        std::vector<std::int32_t> got(16 * n, -1);
+        transpose_lanes_into(bytes.data() + offset, rb, live, n, got.data());
+        for (std::size_t k = 0; k < n; ++k) {
+          for (std::size_t l = 0; l < 16; ++l) {
+            std::int32_t want = 0;
+            if (l < rows) std::memcpy(&want, bytes.data() + offset + l * rb + 4 * k, 4);
+            all_equal = all_equal && got[16 * k + l] == want;
+          }
+        }
+        ++cases;
+      }
+    }
+  }
+  CHECK(all_equal);
+  CHECK(cases == 5 * 16 * 16);
+#else
+  MESSAGE("skipped: no AVX-512 kernels on this architecture");
+#endif
+}
+
 // The batched kernel (the table's matmul_q8 with VNNI), called directly.
 TEST_CASE("AVX-512 VNNI fast matmul, weight rows in the lanes, against the scalar integer reference") {
 #ifdef TLM_HAVE_AVX512_KERNELS

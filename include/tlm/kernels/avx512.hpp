@@ -1003,6 +1003,52 @@ TLM_VNNI_INLINE inline __m512i gather_lanes(const std::byte* p, __m512i offsets,
   return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offsets, p, 1);
 }
 
+// What gather_lanes gives for n consecutive dwords at once: v[k] lane l = dword k at
+// p + l * rb (k < n <= 16; rows outside `live` read nothing and come out 0), as 16
+// row loads and a 16 x 16 transpose (64 shuffles) instead of n gathers, which Zen 4
+// executes element by element: a K-quant super-block's 36 to 52 dwords were 13% of
+// the prefill product's time at 61 tokens (llama32_1b Q4_K_M, 1 thread).
+TLM_VNNI_INLINE inline void transpose_lanes(const std::byte* p, std::size_t rb, __mmask16 live, std::size_t n,
+                                            __m512i* v) {
+  const auto first = static_cast<__mmask16>((1u << n) - 1);
+  __m512i r[16];  // [row]: its n dwords
+#pragma GCC unroll 16
+  for (std::size_t l = 0; l < 16; ++l)
+    r[l] = (live >> l) & 1 ? _mm512_maskz_loadu_epi32(first, p + l * rb) : _mm512_setzero_si512();
+  // Within each 128-bit lane j, rows 4m..4m+3 transposed: u[4m + c] lane j holds dword
+  // 4j + c of those four rows.
+  __m512i u[16];
+#pragma GCC unroll 4
+  for (std::size_t m = 0; m < 4; ++m) {
+    const __m512i t0 = _mm512_unpacklo_epi32(r[4 * m], r[4 * m + 1]), t1 = _mm512_unpackhi_epi32(r[4 * m], r[4 * m + 1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(r[4 * m + 2], r[4 * m + 3]), t3 = _mm512_unpackhi_epi32(r[4 * m + 2], r[4 * m + 3]);
+    u[4 * m] = _mm512_unpacklo_epi64(t0, t2);
+    u[4 * m + 1] = _mm512_unpackhi_epi64(t0, t2);
+    u[4 * m + 2] = _mm512_unpacklo_epi64(t1, t3);
+    u[4 * m + 3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+  // Then the 128-bit lanes across the four groups: dword 4j + c of every row is lane j
+  // of u[c], u[4 + c], u[8 + c], u[12 + c], in that order.
+  __m512i out[16];
+#pragma GCC unroll 4
+  for (std::size_t c = 0; c < 4; ++c) {
+    const __m512i w0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), w1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+    const __m512i w2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), w3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+    out[c] = _mm512_shuffle_i32x4(w0, w2, 0x88);
+    out[4 + c] = _mm512_shuffle_i32x4(w0, w2, 0xdd);
+    out[8 + c] = _mm512_shuffle_i32x4(w1, w3, 0x88);
+    out[12 + c] = _mm512_shuffle_i32x4(w1, w3, 0xdd);
+  }
+  for (std::size_t k = 0; k < n; ++k) v[k] = out[k];
+}
+
+// transpose_lanes over N dwords (any N), 16 at a time.
+template <std::size_t N>
+TLM_VNNI_INLINE inline void rows_as_lanes(const std::byte* p, std::size_t rb, __mmask16 live, __m512i (&v)[N]) {
+#pragma GCC unroll 4
+  for (std::size_t k = 0; k < N; k += 16) transpose_lanes(p + 4 * k, rb, live, std::min<std::size_t>(16, N - k), v + k);
+}
+
 // Block b of 16 rows (p: the block in the group's first row; `offsets` the rows' byte
 // offsets from it; lanes outside `live` read nothing and come out 0): 8 vectors of codes
 // to `codes` [8, 16] and the 16 block scales d, then (with a min) the 16 m, to `scales`.
@@ -1050,22 +1096,23 @@ TLM_VNNI_INLINE inline void unpack_lanes(const std::byte* p, __m512i offsets, __
 // unpack_lanes lays out a block: codes [8, 8, 16], and scales [8, 32] holding d sc and
 // -(dmin m) of each sub-block, both exact in float32 (a half times a 6-bit integer).
 template <encoding E>
-TLM_VNNI_INLINE inline void unpack_lanes_k(const std::byte* p, __m512i offsets, __mmask16 live, std::int32_t* codes,
+TLM_VNNI_INLINE inline void unpack_lanes_k(const std::byte* p, std::size_t rb, __mmask16 live, std::int32_t* codes,
                                            float* scales) {
   constexpr bool five = E == encoding::q5_k;
-  const __m512i head = gather_lanes(p, offsets, live);  // d, dmin
+  __m512i v[traits(E).block_bytes / 4];  // [dword of the super-block]: lane l from row l
+  rows_as_lanes(p, rb, live, v);
+  const __m512i head = v[0];  // d, dmin
   const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(head));
   const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(head, 16)));
   // The 12 scale bytes: sub-block j < 4 has sc = s0[j] & 63, m = s1[j] & 63; j >= 4 has
   // sc = (s2[j-4] & 15) | (s0[j-4] >> 6) << 4, m = (s2[j-4] >> 4) | (s1[j-4] >> 6) << 4.
-  const __m512i s0 = gather_lanes(p + 4, offsets, live), s1 = gather_lanes(p + 8, offsets, live),
-                s2 = gather_lanes(p + 12, offsets, live);
+  const __m512i s0 = v[1], s1 = v[2], s2 = v[3];
   const __m512i x3f = _mm512_set1_epi32(63), x0f = _mm512_set1_epi32(15), x03 = _mm512_set1_epi32(3);
   const __m512i nib = _mm512_set1_epi8(0x0f), bit0 = _mm512_set1_epi8(1);
   [[maybe_unused]] __m512i high[8];
   if constexpr (five) {
 #pragma GCC unroll 8
-    for (std::size_t i = 0; i < 8; ++i) high[i] = gather_lanes(p + 16 + 4 * i, offsets, live);
+    for (std::size_t i = 0; i < 8; ++i) high[i] = v[4 + i];
   }
   constexpr std::size_t qs_at = five ? 48 : 16;
 #pragma GCC unroll 4
@@ -1089,7 +1136,7 @@ TLM_VNNI_INLINE inline void unpack_lanes_k(const std::byte* p, __m512i offsets, 
     const std::size_t even = 2 * pair, odd = 2 * pair + 1;
 #pragma GCC unroll 8
     for (std::size_t i = 0; i < 8; ++i) {
-      const __m512i c = gather_lanes(p + qs_at + 32 * pair + 4 * i, offsets, live);
+      const __m512i c = v[(qs_at + 32 * pair) / 4 + i];
       __m512i ce = _mm512_and_si512(c, nib), co = _mm512_and_si512(_mm512_srli_epi32(c, 4), nib);
       if constexpr (five) {
         ce = _mm512_or_si512(ce, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(high[i], static_cast<unsigned>(even)), bit0), 4));
@@ -1106,24 +1153,24 @@ TLM_VNNI_INLINE inline void unpack_lanes_k(const std::byte* p, __m512i offsets, 
 // values: the 16 d (float), then the int8 scales of its two halves of 16 values (int32).
 // The integer sum sc_a isum_a + sc_b isum_b of each sub-block and the product (d d_x)
 // follow.
-TLM_VNNI_INLINE inline void unpack_lanes_q6(const std::byte* p, __m512i offsets, __mmask16 live, std::int32_t* codes,
-                                            float* scales) {
+TLM_VNNI_INLINE inline void unpack_lanes_q6(const std::byte* p, std::size_t rb, __m512i offsets, __mmask16 live,
+                                            std::int32_t* codes, float* scales) {
   // d is bytes 208-209, the last two of the block: read the dword ending there.
   const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(gather_lanes(p + 206, offsets, live), 16)));
-  __m512i sc[4];
-#pragma GCC unroll 4
-  for (std::size_t i = 0; i < 4; ++i) sc[i] = gather_lanes(p + 192 + 4 * i, offsets, live);
+  __m512i v[52];  // [dword of bytes 0-207]: lane l from row l
+  rows_as_lanes(p, rb, live, v);
+  const __m512i* sc = v + 48;
   const __m512i x0f = _mm512_set1_epi8(0x0f), x03 = _mm512_set1_epi8(0x03);
 #pragma GCC unroll 2
   for (std::size_t h = 0; h < 2; ++h) {
     __m512i high[8];
 #pragma GCC unroll 8
-    for (std::size_t i = 0; i < 8; ++i) high[i] = gather_lanes(p + 128 + 32 * h + 4 * i, offsets, live);
+    for (std::size_t i = 0; i < 8; ++i) high[i] = v[32 + 8 * h + i];
 #pragma GCC unroll 2
     for (std::size_t half = 0; half < 2; ++half) {  // t % 2: which 32 bytes of ql
 #pragma GCC unroll 8
       for (std::size_t i = 0; i < 8; ++i) {
-        const __m512i low = gather_lanes(p + 64 * h + 32 * half + 4 * i, offsets, live);
+        const __m512i low = v[16 * h + 8 * half + i];
 #pragma GCC unroll 2
         for (std::size_t upper = 0; upper < 2; ++upper) {  // t / 2: which nibble
           const std::size_t t = 2 * upper + half, s = 4 * h + t;
@@ -1137,10 +1184,10 @@ TLM_VNNI_INLINE inline void unpack_lanes_q6(const std::byte* p, __m512i offsets,
 #pragma GCC unroll 8
   for (std::size_t s = 0; s < 8; ++s) {
     // Scales 2s and 2s + 1: bytes 2 (s % 2) and 2 (s % 2) + 1 of dword s / 2, sign-extended.
-    const __m512i v = sc[s / 2];
+    const __m512i w = sc[s / 2];
     const unsigned up = static_cast<unsigned>(16 - 16 * (s % 2));
-    const __m512i a = _mm512_srai_epi32(_mm512_slli_epi32(v, up + 8), 24);
-    const __m512i b = _mm512_srai_epi32(_mm512_slli_epi32(v, up), 24);
+    const __m512i a = _mm512_srai_epi32(_mm512_slli_epi32(w, up + 8), 24);
+    const __m512i b = _mm512_srai_epi32(_mm512_slli_epi32(w, up), 24);
     _mm512_storeu_ps(scales + 48 * s, d);
     _mm512_storeu_si512(scales + 48 * s + 16, a);
     _mm512_storeu_si512(scales + 48 * s + 32, b);
@@ -1234,10 +1281,11 @@ TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, 
     const std::byte* base = w + g * rb;
     if constexpr (E == encoding::q6_k) {
       for (std::size_t sb = 0; sb < nb / 8; ++sb)
-        unpack_lanes_q6(base + sb * traits(E).block_bytes, offsets, live, codes.data() + 1024 * sb, scales.data() + 8 * scale_stride * sb);
+        unpack_lanes_q6(base + sb * traits(E).block_bytes, rb, offsets, live, codes.data() + 1024 * sb,
+                        scales.data() + 8 * scale_stride * sb);
     } else if constexpr (k_quant) {
       for (std::size_t sb = 0; sb < nb / 8; ++sb)
-        unpack_lanes_k<E>(base + sb * traits(E).block_bytes, offsets, live, codes.data() + 1024 * sb, scales.data() + 256 * sb);
+        unpack_lanes_k<E>(base + sb * traits(E).block_bytes, rb, live, codes.data() + 1024 * sb, scales.data() + 256 * sb);
     } else {
       for (std::size_t b = 0; b < nb; ++b)
         unpack_lanes<E>(base + b * row_bytes(E, 32), offsets, live, codes.data() + 128 * b, scales.data() + scale_stride * b);

@@ -122,8 +122,8 @@ double blockwise_error(const case_data& c) {
   const std::size_t runs[] = {1, 17, tlm::attention_tile, 30, 2, tlm::attention_tile - 1, 45};
   for (std::size_t i0 = 0, u = 0; i0 < L; ++u) {
     const std::size_t ni = std::min(runs[u % std::size(runs)], L - i0);
-    tlm::attention_forward<T>(i0, ni, E, c.group, s, q.data(), o2.data(), W, k.data(), v.data(), E, lse2.data(),
-                              c.group);
+    tlm::attention_forward<T>(i0, ni, E, c.group, s, q.data() + i0 * W, o2.data() + i0 * W, W, k.data(), v.data(), E,
+                              lse2.data() + i0 * c.group, c.group);
     i0 += ni;
   }
   // No heap memory beyond that: the forwards keep one block of scores on the stack and

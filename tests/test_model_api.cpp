@@ -92,6 +92,31 @@ TEST_CASE("prefill in one batch equals feeding the prompt token by token") {
   for (std::size_t l : {0u, 29u}) CHECK(max_rel_diff(a.keys(l, 2), b.keys(l, 2)) < 1e-5);
 }
 
+// From attention_tile rows a prefill into an f32 cache attends a tile of rows at a time
+// (matrix products) where decode attends one row at a time; both are the same softmax.
+// Two pieces, the second from position 70 (keys before the tile, and a tile that
+// straddles the diagonal blocks), against the same tokens one at a time.
+TEST_CASE("a long prefill, tiled, equals feeding the prompt token by token, from position 0 and from 70") {
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
+  std::vector<std::int32_t> tokens(150);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>((i * 7919 + 13) % C::vocab);
+  tlm::kv_cache<C> a(tokens.size()), b(tokens.size());
+  std::vector<float> batched, more;
+  m.prefill(std::span(tokens).first(70), a, &batched);
+  m.prefill(std::span(tokens).subspan(70), a, &more);
+  batched.insert(batched.end(), more.begin(), more.end());
+  REQUIRE(batched.size() == tokens.size() * C::vocab);
+  double worst = 0;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const auto l = m.forward(tokens[i], b);
+    worst = std::max(worst, max_rel_diff(std::vector<float>(l.begin(), l.end()),
+                                         std::span<const float>(batched.data() + i * C::vocab, C::vocab)));
+  }
+  MESSAGE("tiled prefill against decode, worst relative difference: " << worst);
+  CHECK(worst < 1e-5);
+  for (std::size_t l : {0u, 29u}) CHECK(max_rel_diff(a.keys(l, 2), b.keys(l, 2)) < 1e-5);
+}
+
 TEST_CASE("the typed cache gives the same logits as the run-time cache") {
   auto& m = tlm_test::shared_model<tlm::model<C>>();
   tlm::kv_cache<C> run(8);

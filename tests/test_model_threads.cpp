@@ -35,12 +35,28 @@ std::vector<float> run(std::size_t threads) {
   return all;
 }
 
-}  // namespace
+// A prompt long enough for the tiled prefill attention (kv_from_cache::attend_tiles, from
+// attention_tile rows), in two pieces so the second starts at position 70, then 2 greedy
+// steps: every logit produced.
+std::vector<float> run_long(std::size_t threads) {
+  auto m = tlm::model<C>::load(TLM_MODEL_PATH, {.threads = threads});
+  std::vector<std::int32_t> prompt(150);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<std::int32_t>((i * 7919 + 13) % C::vocab);
+  tlm::kv_cache<C> cache(prompt.size() + 2);
+  std::vector<float> all, more;
+  m.prefill(std::span(prompt).first(70), cache, &all);
+  auto logits = m.prefill(std::span(prompt).subspan(70), cache, &more);
+  all.insert(all.end(), more.begin(), more.end());
+  for (int i = 0; i < 2; ++i) {
+    logits = m.forward(tlm::argmax(logits), cache);
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
 
-TEST_CASE("prefill and decode give bitwise the same logits at 1, 2, 3 and 4 threads") {
-  const auto one = run(1);
-  REQUIRE(one.size() == 8 * C::vocab);
-  CHECK(tlm::argmax(std::span<const float>(one.data() + 4 * C::vocab, C::vocab)) == 7042);  // " Paris"
+// How many logits of run(t) differ from `one` (run(1)), for t = 2, 3 and 4.
+template <class Run>
+void check_same_as_one_thread(const std::vector<float>& one, Run run) {
   for (const std::size_t t : {2u, 3u, 4u}) {
     CAPTURE(t);
     const auto many = run(t);
@@ -49,6 +65,21 @@ TEST_CASE("prefill and decode give bitwise the same logits at 1, 2, 3 and 4 thre
     for (std::size_t i = 0; i < one.size(); ++i) differ += one[i] != many[i];
     CHECK(differ == 0);
   }
+}
+
+}  // namespace
+
+TEST_CASE("a long prefill in two pieces gives bitwise the same logits at 1, 2, 3 and 4 threads") {
+  const auto one = run_long(1);
+  REQUIRE(one.size() == 152 * C::vocab);
+  check_same_as_one_thread(one, run_long);
+}
+
+TEST_CASE("prefill and decode give bitwise the same logits at 1, 2, 3 and 4 threads") {
+  const auto one = run(1);
+  REQUIRE(one.size() == 8 * C::vocab);
+  CHECK(tlm::argmax(std::span<const float>(one.data() + 4 * C::vocab, C::vocab)) == 7042);  // " Paris"
+  check_same_as_one_thread(one, run);
 }
 
 }  // namespace test_model_threads

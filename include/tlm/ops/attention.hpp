@@ -286,12 +286,12 @@ inline float attention_row_q8_reference(const float* q, const std::int8_t* key_c
 // Query rows and key positions per tile of attention_forward and attention_backward.
 inline constexpr std::size_t attention_tile = 64;
 
-// attention_heads for rows [i0, i0 + ni) (ni <= attention_tile) of one sequence, for the
-// `group` query heads of one kv head, with the sequence's keys and values in memory:
-// training (kv_in_batch), where every row's keys are at hand at once. Row i attends to
-// positions 0..i of the sequence.
-//   q, o: row i, head hh at [i * q_stride + hh * E]   k, v: row j at [j * kv_stride]
-//   lse: row i, head hh at [i * lse_stride + hh]
+// attention_heads for ni <= attention_tile rows at positions i0, i0 + 1, .. of one
+// sequence, for the `group` query heads of one kv head, with the sequence's keys and
+// values in memory: training (kv_in_batch) and prefill into an f32 cache, where every
+// row's keys are at hand at once. The row at position i attends to positions 0..i.
+//   q, o: the tile's row r, head hh at [r * q_stride + hh * E]   k, v: position j at [j * kv_stride]
+//   lse: row r, head hh at [r * lse_stride + hh]
 // The same online softmax over blocks of attention_tile keys as attention_heads
 // (attention_block keys), but each block is two matrix products of the whole tile of
 // rows (S = Q K^T, then O = c O + P V) instead of per-row dot products and axpys, so it
@@ -310,7 +310,7 @@ void attention_forward(std::size_t i0, std::size_t ni, std::size_t E, std::size_
   T p[tile * tile];  // [rows, keys] of the block: S, then P
   T m[tile], l[tile];  // [rows] running maximum, and sum of exp(s - m)
   for (std::size_t hh = 0; hh < group; ++hh) {
-    const std::size_t at = i0 * q_stride + hh * E;  // the tile's first row of q and o
+    const std::size_t at = hh * E;  // the tile's first row of q and o
     std::fill(m, m + ni, -std::numeric_limits<T>::infinity());
     std::fill(l, l + ni, T(0));
     for (std::size_t j0 = 0; j0 < i0 + ni; j0 += tile) {
@@ -341,7 +341,7 @@ void attention_forward(std::size_t i0, std::size_t ni, std::size_t E, std::size_
       const T inv = T(1) / l[r];
       T* orow = o + at + r * q_stride;
       for (std::size_t e = 0; e < E; ++e) orow[e] *= inv;
-      lse[(i0 + r) * lse_stride + hh] = m[r] + std::log(l[r]);
+      lse[r * lse_stride + hh] = m[r] + std::log(l[r]);
     }
   }
 }

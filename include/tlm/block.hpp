@@ -116,8 +116,10 @@ struct kv_from_cache {
   // rows attend a tile of attention_tile at a time (attention_forward: the scores and the
   // weighted sum as matrix products), not one row at a time through the dot-product and
   // axpy kernels, which were 37% of SmolLM2-135M's fast prefill of 530 tokens. One task
-  // per (tile, query head). Returns false where it does not apply (an int8 cache, a
-  // single row: decode), for the per-row path.
+  // per (tile, query head), the last tiles first: a tile's cost grows with its position,
+  // and the pool hands out chunks in order, so the long ones start early instead of
+  // leaving one thread to finish them alone. Returns false where it does not apply (an
+  // int8 cache, a single row: decode), for the per-row path.
   static constexpr std::size_t tiled_from = attention_tile;
   bool attend_tiles(block_activations<C, float>& a, std::size_t pos0, float scale, thread_pool* pool) const {
     constexpr std::size_t D = dim<C>, H = heads<C>, E = head_dim<C>;
@@ -126,7 +128,7 @@ struct kv_from_cache {
     const kv_storage<C>& s = *store;
     auto run = [&](std::size_t t0, std::size_t t1) {
       for (std::size_t t = t0; t < t1; ++t) {
-        const std::size_t tile = t / H, h = t % H, g = kv_head_of<C>(h), r = tile * attention_tile;
+        const std::size_t tile = tiles - 1 - t / H, h = t % H, g = kv_head_of<C>(h), r = tile * attention_tile;
         attention_forward<float>(pos0 + r, std::min(attention_tile, n - r), E, 1, scale, a.q.data() + r * D + h * E,
                                  a.o.data() + r * D + h * E, D, s.key(layer, g, 0), s.value(layer, g, 0), E,
                                  a.lse.data() + r * H + h, H);
@@ -309,8 +311,9 @@ namespace detail {
 
 // Training's forward attention (kv_in_batch, block_forward): one task per (sequence,
 // tile of attention_tile rows, kv head), each writing its rows' o and lse for the kv
-// head's query heads. A tile that spans packed segments is cut at their edges, each
-// part attending within its own segment.
+// head's query heads, a sequence's last tiles (the costliest) first, as in
+// kv_from_cache::attend_tiles. A tile that spans packed segments is cut at their edges,
+// each part attending within its own segment.
 template <LlamaConfig C, Element T>
 void attend_in_batch(block_activations<C, T>& a, const batch_layout& b, const std::uint32_t* segment_start, T scale,
                      thread_pool* pool) {
@@ -321,7 +324,7 @@ void attend_in_batch(block_activations<C, T>& a, const batch_layout& b, const st
   };
   auto run = [&](std::size_t t0, std::size_t t1) {
     for (std::size_t t = t0; t < t1; ++t) {
-      const std::size_t seq = t / (tiles * G), tile = t / G % tiles, g = t % G, h0 = first_query_of<C>(g);
+      const std::size_t seq = t / (tiles * G), tile = tiles - 1 - t / G % tiles, g = t % G, h0 = first_query_of<C>(g);
       const std::size_t end = std::min(b.length, (tile + 1) * attention_tile);
       for (std::size_t r = tile * attention_tile; r < end;) {
         const std::size_t s0 = segment_of(seq, r);  // rows [r, r1) lie in the segment starting at row s0

@@ -91,6 +91,24 @@ struct batch_layout {
 // kv_from_cache: inference. The block's new keys and values are written into the
 // cache at positions pos0.., and row i attends to positions 0..pos0+i of the cache
 // (one sequence).
+namespace detail {
+
+// f(group, tile, unit) for every tile of every group and every unit of a tile (a query
+// or kv head), on the pool if there is one. A tile's cost grows with its index (it reads
+// every key before it) and the pool hands out tasks in order, so each group's last tile
+// goes first: no thread is left finishing the costliest tile alone.
+template <class F>
+void for_tiles_costliest_first(std::size_t groups, std::size_t tiles, std::size_t units, thread_pool* pool, F&& f) {
+  auto run = [&](std::size_t t0, std::size_t t1) {
+    for (std::size_t t = t0; t < t1; ++t) f(t / (tiles * units), tiles - 1 - t / units % tiles, t % units);
+  };
+  const std::size_t tasks = groups * tiles * units;
+  if (pool) pool->parallel_for(tasks, 1, run);
+  else run(0, tasks);
+}
+
+}  // namespace detail
+
 template <LlamaConfig C>
 struct kv_from_cache {
   // One sequence of one conversation: no packed segments (block_context::segment_start).
@@ -116,26 +134,22 @@ struct kv_from_cache {
   // rows attend a tile of attention_tile at a time (attention_forward: the scores and the
   // weighted sum as matrix products), not one row at a time through the dot-product and
   // axpy kernels, which were 37% of SmolLM2-135M's fast prefill of 530 tokens. One task
-  // per (tile, query head), the last tiles first: a tile's cost grows with its position,
-  // and the pool hands out chunks in order, so the long ones start early instead of
-  // leaving one thread to finish them alone. Returns false where it does not apply (an
-  // int8 cache, a single row: decode), for the per-row path.
+  // per (tile, query head), the costliest first. Returns false where it does not apply
+  // (an int8 cache, a single row: decode), for the per-row path.
   static constexpr std::size_t tiled_from = attention_tile;
   bool attend_tiles(block_activations<C, float>& a, std::size_t pos0, float scale, thread_pool* pool) const {
     constexpr std::size_t D = dim<C>, H = heads<C>, E = head_dim<C>;
-    const std::size_t n = a.q.count(), tiles = (n + attention_tile - 1) / attention_tile;
+    const std::size_t n = a.q.count();
     if (store->type() != kv_type::f32 || n < tiled_from) return false;
     const kv_storage<C>& s = *store;
-    auto run = [&](std::size_t t0, std::size_t t1) {
-      for (std::size_t t = t0; t < t1; ++t) {
-        const std::size_t tile = tiles - 1 - t / H, h = t % H, g = kv_head_of<C>(h), r = tile * attention_tile;
-        attention_forward<float>(pos0 + r, std::min(attention_tile, n - r), E, 1, scale, a.q.data() + r * D + h * E,
-                                 a.o.data() + r * D + h * E, D, s.key(layer, g, 0), s.value(layer, g, 0), E,
-                                 a.lse.data() + r * H + h, H);
-      }
-    };
-    if (pool) pool->parallel_for(tiles * H, 1, run);
-    else run(0, tiles * H);
+    detail::for_tiles_costliest_first(1, (n + attention_tile - 1) / attention_tile, H, pool,
+                                      [&](std::size_t, std::size_t tile, std::size_t h) {
+                                        const std::size_t g = kv_head_of<C>(h), r = tile * attention_tile;
+                                        attention_forward<float>(pos0 + r, std::min(attention_tile, n - r), E, 1, scale,
+                                                                 a.q.data() + r * D + h * E, a.o.data() + r * D + h * E, D,
+                                                                 s.key(layer, g, 0), s.value(layer, g, 0), E,
+                                                                 a.lse.data() + r * H + h, H);
+                                      });
     return true;
   }
 
@@ -322,25 +336,19 @@ void attend_in_batch(block_activations<C, T>& a, const batch_layout& b, const st
   auto segment_of = [&](std::size_t seq, std::size_t r) -> std::size_t {
     return segment_start ? segment_start[seq * b.length + r] : 0;
   };
-  auto run = [&](std::size_t t0, std::size_t t1) {
-    for (std::size_t t = t0; t < t1; ++t) {
-      const std::size_t seq = t / (tiles * G), tile = tiles - 1 - t / G % tiles, g = t % G, h0 = first_query_of<C>(g);
-      const std::size_t end = std::min(b.length, (tile + 1) * attention_tile);
-      for (std::size_t r = tile * attention_tile; r < end;) {
-        const std::size_t s0 = segment_of(seq, r);  // rows [r, r1) lie in the segment starting at row s0
-        std::size_t r1 = r + 1;
-        while (r1 < end && segment_of(seq, r1) == s0) ++r1;
-        const std::size_t base = seq * b.length + s0, row = seq * b.length + r;  // the segment's first row, the run's
-        attention_forward<T>(r - s0, r1 - r, E, C::group, scale, a.q.data() + row * D + h0 * E,
-                             a.o.data() + row * D + h0 * E, D, a.k.data() + base * K + g * E,
-                             a.v.data() + base * K + g * E, K, a.lse.data() + row * H + h0, H);
-        r = r1;
-      }
+  for_tiles_costliest_first(b.sequences, tiles, G, pool, [&](std::size_t seq, std::size_t tile, std::size_t g) {
+    const std::size_t h0 = first_query_of<C>(g), end = std::min(b.length, (tile + 1) * attention_tile);
+    for (std::size_t r = tile * attention_tile; r < end;) {
+      const std::size_t s0 = segment_of(seq, r);  // rows [r, r1) lie in the segment starting at row s0
+      std::size_t r1 = r + 1;
+      while (r1 < end && segment_of(seq, r1) == s0) ++r1;
+      const std::size_t base = seq * b.length + s0, row = seq * b.length + r;  // the segment's first row, the run's
+      attention_forward<T>(r - s0, r1 - r, E, C::group, scale, a.q.data() + row * D + h0 * E,
+                           a.o.data() + row * D + h0 * E, D, a.k.data() + base * K + g * E,
+                           a.v.data() + base * K + g * E, K, a.lse.data() + row * H + h0, H);
+      r = r1;
     }
-  };
-  const std::size_t tasks = b.sequences * tiles * G;
-  if (pool) pool->parallel_for(tasks, 1, run);
-  else run(0, tasks);
+  });
 }
 
 }  // namespace detail

@@ -998,6 +998,12 @@ inline constexpr std::size_t lane_qs_at = E == encoding::q4_1 ? 4 : E == encodin
 template <encoding E>
 inline constexpr std::size_t lane_qh_at = E == encoding::q5_1 ? 4 : 2;
 
+// The byte offsets of 16 rows `rb` apart, for gather_lanes.
+TLM_VNNI_INLINE inline __m512i row_offsets(std::size_t rb) {
+  return _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                            _mm512_set1_epi32(static_cast<int>(rb)));
+}
+
 // One dword at `p` + offsets[r] for each live lane r (0 elsewhere, read from nowhere).
 TLM_VNNI_INLINE inline __m512i gather_lanes(const std::byte* p, __m512i offsets, __mmask16 live) {
   return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offsets, p, 1);
@@ -1006,8 +1012,8 @@ TLM_VNNI_INLINE inline __m512i gather_lanes(const std::byte* p, __m512i offsets,
 // What gather_lanes gives for n consecutive dwords at once: v[k] lane l = dword k at
 // p + l * rb (k < n <= 16; rows outside `live` read nothing and come out 0), as 16
 // row loads and a 16 x 16 transpose (64 shuffles) instead of n gathers, which Zen 4
-// executes element by element: a K-quant super-block's 36 to 52 dwords were 13% of
-// the prefill product's time at 61 tokens (llama32_1b Q4_K_M, 1 thread).
+// executes element by element: 8-12% less time for the K-quant prefill products
+// (bench/results/kernels-kquant-lanes-transpose-zen4.md).
 TLM_VNNI_INLINE inline void transpose_lanes(const std::byte* p, std::size_t rb, __mmask16 live, std::size_t n,
                                             __m512i* v) {
   const auto first = static_cast<__mmask16>((1u << n) - 1);
@@ -1153,10 +1159,12 @@ TLM_VNNI_INLINE inline void unpack_lanes_k(const std::byte* p, std::size_t rb, _
 // values: the 16 d (float), then the int8 scales of its two halves of 16 values (int32).
 // The integer sum sc_a isum_a + sc_b isum_b of each sub-block and the product (d d_x)
 // follow.
-TLM_VNNI_INLINE inline void unpack_lanes_q6(const std::byte* p, std::size_t rb, __m512i offsets, __mmask16 live,
-                                            std::int32_t* codes, float* scales) {
-  // d is bytes 208-209, the last two of the block: read the dword ending there.
-  const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(gather_lanes(p + 206, offsets, live), 16)));
+TLM_VNNI_INLINE inline void unpack_lanes_q6(const std::byte* p, std::size_t rb, __mmask16 live, std::int32_t* codes,
+                                            float* scales) {
+  // d is bytes 208-209, the last two of the block, past the whole dwords that
+  // rows_as_lanes reads: one gather of the dword ending there.
+  const __m512 d =
+      _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(gather_lanes(p + 206, row_offsets(rb), live), 16)));
   __m512i v[52];  // [dword of bytes 0-207]: lane l from row l
   rows_as_lanes(p, rb, live, v);
   const __m512i* sc = v + 48;
@@ -1273,15 +1281,14 @@ TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, 
       starts[i] = -lane_code_offset<E> * sum;
     }
   }
-  const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                             _mm512_set1_epi32(static_cast<int>(rb)));
+  const __m512i offsets = row_offsets(rb);
   for (std::size_t g = r0; g < r1; g += 16) {
     const std::size_t n = std::min<std::size_t>(16, r1 - g);
     const auto live = static_cast<__mmask16>((1u << n) - 1);
     const std::byte* base = w + g * rb;
     if constexpr (E == encoding::q6_k) {
       for (std::size_t sb = 0; sb < nb / 8; ++sb)
-        unpack_lanes_q6(base + sb * traits(E).block_bytes, rb, offsets, live, codes.data() + 1024 * sb,
+        unpack_lanes_q6(base + sb * traits(E).block_bytes, rb, live, codes.data() + 1024 * sb,
                         scales.data() + 8 * scale_stride * sb);
     } else if constexpr (k_quant) {
       for (std::size_t sb = 0; sb < nb / 8; ++sb)

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# "Binaries run on any x86-64" (README, Dependencies), checked on CPUs this machine is not,
+# under QEMU's user-mode emulation (Debian's qemu-user), which reports the emulated CPU's
+# features to cpuid and raises SIGILL on any instruction that CPU lacks, as the CPU would:
+#   - EPYC-Rome: AMD Zen 2, AVX2 + FMA + F16C and no AVX-512, like the AVX2-only AMD EPYC
+#     tlm is measured on: the kernel tests (every kernel of every encoding, matvec and each
+#     level's prefill kernel, at each level the CPU has against the scalar reference), then
+#     generate;
+#   - Haswell: Intel at the same level (the tables' Intel choices): generate;
+#   - Nehalem: no AVX at all, so the scalar fallback: the levels the kernel tests see, and
+#     generate.
+# Each must pick the best level it has (generate --timing names it), pass, and write the
+# same text as this machine forced to that level (TLM_KERNELS): a level's arithmetic does
+# not depend on the CPU, so a difference is a wrong dispatch. One prompt is longer than an
+# attention tile (64 tokens), so that prefill takes the float32 GEMM and tiled attention;
+# the short one takes the integer prefill kernels in fast mode. A copy of the model in
+# Q4_K_M covers Q5_0 in the model (SmolLM2's rows of 576 fall back from Q4_K to Q5_0 and
+# from Q6_K to Q8_0); the K-quants themselves are in the kernel tests.
+# Emulation runs these about 15 times slower than the CPU: the kernel tests leave out
+# their long sweeps (batches 1..9 and up of every encoding, exp over every 61st float,
+# thread pools of 1-3), which test arithmetic the native run checks at the same levels.
+#   emulated.sh QEMU TESTS_KERNELS GENERATE QUANTIZE MODEL DIR
+set -euo pipefail
+if (($# != 6)); then
+  echo "usage: emulated.sh QEMU TESTS_KERNELS GENERATE QUANTIZE MODEL DIR" >&2
+  exit 2
+fi
+qemu=$1 tests_kernels=$2 generate=$3 quantize=$4 model=$5 dir=$6
+if ! command -v "$qemu" > /dev/null; then
+  echo "emulated: QEMU's user-mode emulator ($qemu) is not installed; scripts/setup installs it (Debian's qemu-user)" >&2
+  exit 1
+fi
+rm -rf "$dir"
+mkdir -p "$dir"
+
+long_prompt="The history of the printing press begins in the fifteenth century, when a goldsmith in \
+Mainz combined movable metal type, oil-based ink and a wooden screw press. Within fifty years \
+printers in more than two hundred European towns had produced millions of books, and the price \
+of a book fell so far that students, merchants and craftsmen could own them. Historians argue"
+short_prompt="The capital of France is"
+
+fail() {
+  echo "emulated: $*" >&2
+  exit 1
+}
+
+"$quantize" "$model" "$dir/q4_k_m.gguf" q4_k_m --threads 2 2> "$dir/quantize.log" ||
+  { cat "$dir/quantize.log" >&2; fail "quantize to Q4_K_M failed (log above)"; }
+
+# generate_same CPU LEVEL MODEL PRECISION PROMPT: generate on an emulated CPU against this
+# machine at LEVEL.
+generate_same() {
+  local cpu=$1 level=$2 file=$3 precision=$4 prompt=$5 name
+  name="$cpu-$level-$(basename "$file" .gguf)-$precision"
+  local args=(--model "$file" --precision "$precision" --threads 2 -n 4 --timing "$prompt")
+  TLM_KERNELS=$level "$generate" "${args[@]}" > "$dir/$name.native" 2> "$dir/$name.native.err" ||
+    { cat "$dir/$name.native.err" >&2; fail "generate at $level on this machine failed ($name)"; }
+  local rc=0
+  "$qemu" -cpu "$cpu" "$generate" "${args[@]}" > "$dir/$name.emulated" 2> "$dir/$name.emulated.err" || rc=$?
+  if ((rc)); then
+    cat "$dir/$name.emulated.err" >&2
+    fail "generate on an emulated $cpu exited with status $rc ($name; 132 is SIGILL: an instruction this CPU lacks)"
+  fi
+  grep -q "kernels $level |" "$dir/$name.emulated.err" ||
+    { cat "$dir/$name.emulated.err" >&2; fail "an emulated $cpu did not choose the $level kernels ($name)"; }
+  cmp -s "$dir/$name.native" "$dir/$name.emulated" ||
+    fail "an emulated $cpu wrote other text than this machine at $level ($name):
+--- this machine, TLM_KERNELS=$level:
+$(cat "$dir/$name.native")
+--- emulated $cpu:
+$(cat "$dir/$name.emulated")"
+  echo "$name: the same text at $level, $(grep -o 'prefill [0-9]* tokens' "$dir/$name.emulated.err")"
+}
+
+# kernel_tests CPU LEVELS [doctest options]: the kernel tests on an emulated CPU, which must
+# check exactly LEVELS (test_kquant_blocks names them).
+kernel_tests() {
+  local cpu=$1 levels=$2 rc=0
+  shift 2
+  "$qemu" -cpu "$cpu" "$tests_kernels" "$@" > "$dir/tests_kernels-$cpu.log" 2>&1 || rc=$?
+  if ((rc)); then
+    tail -n 80 "$dir/tests_kernels-$cpu.log" >&2
+    fail "the kernel tests failed on an emulated $cpu with status $rc (132 is SIGILL: an instruction this CPU lacks; an AVX-512 level chosen on EPYC-Rome ended in 139, a segmentation fault, under QEMU)"
+  fi
+  grep -q "K-quant kernels checked at levels: $levels\$" "$dir/tests_kernels-$cpu.log" ||
+    fail "the kernel tests on an emulated $cpu did not check exactly the levels $levels: $(grep 'checked at levels' "$dir/tests_kernels-$cpu.log")"
+  echo "$cpu: kernel tests at levels $levels, $(grep 'test cases:' "$dir/tests_kernels-$cpu.log" | tr -s ' ')"
+}
+
+# doctest splits its filters at commas, so names with commas are matched by a part.
+kernel_tests EPYC-Rome "scalar, avx2" \
+  "--test-case-exclude=matmul: every level and encoding*,fast: matmul at every level*,exp_poly: within*,*pools of 1*,gemm: the three training products*,gemm: tile and k-block edges*"
+kernel_tests Nehalem "scalar" "--source-file=*/test_kquant_blocks.cpp"
+generate_same EPYC-Rome avx2 "$model" exact "$long_prompt"
+generate_same EPYC-Rome avx2 "$dir/q4_k_m.gguf" fast "$short_prompt"
+generate_same Haswell avx2 "$model" fast "$short_prompt"
+generate_same Nehalem scalar "$model" exact "$short_prompt"
+echo "emulated: every CPU chose its level, passed, and wrote the same text as this machine at it"

@@ -86,11 +86,6 @@ struct batch_layout {
   std::size_t start(std::size_t seq) const { return starts ? starts[seq] : pos0; }
 };
 
-// Where attention finds keys and values.
-//
-// kv_from_cache: inference. The block's new keys and values are written into the
-// cache at positions pos0.., and row i attends to positions 0..pos0+i of the cache
-// (one sequence).
 namespace detail {
 
 // f(group, tile, unit) for every tile of every group and every unit of a tile (a query
@@ -109,6 +104,11 @@ void for_tiles_costliest_first(std::size_t groups, std::size_t tiles, std::size_
 
 }  // namespace detail
 
+// Where attention finds keys and values.
+//
+// kv_from_cache: inference. The block's new keys and values are written into the
+// cache at positions pos0.., and row i attends to positions 0..pos0+i of the cache
+// (one sequence).
 template <LlamaConfig C>
 struct kv_from_cache {
   // One sequence of one conversation: no packed segments (block_context::segment_start).

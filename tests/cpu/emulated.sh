@@ -9,6 +9,9 @@
 #   - Haswell: Intel at the same level (the tables' Intel choices): generate;
 #   - Nehalem: no AVX at all, so the scalar fallback: the levels the kernel tests see, and
 #     generate.
+# EPYC-Rome and Nehalem also train tiny_train from scratch for 2 steps (the training
+# products, AdamW, the checkpoint and the export at their level): the loss curve and the
+# exported model must be the bytes this machine writes at that level.
 # Each must pick the best level it has (generate --timing names it), pass, and write the
 # same text as this machine forced to that level (TLM_KERNELS): a level's arithmetic does
 # not depend on the CPU, so a difference is a wrong dispatch. One prompt is longer than an
@@ -19,13 +22,13 @@
 # Emulation runs these about 15 times slower than the CPU: the kernel tests leave out
 # their long sweeps (batches 1..9 and up of every encoding, exp over every 61st float,
 # thread pools of 1-3), which test arithmetic the native run checks at the same levels.
-#   emulated.sh QEMU TESTS_KERNELS GENERATE QUANTIZE MODEL DIR
+#   emulated.sh QEMU TESTS_KERNELS GENERATE QUANTIZE TRAIN MODEL DIR
 set -euo pipefail
-if (($# != 6)); then
-  echo "usage: emulated.sh QEMU TESTS_KERNELS GENERATE QUANTIZE MODEL DIR" >&2
+if (($# != 7)); then
+  echo "usage: emulated.sh QEMU TESTS_KERNELS GENERATE QUANTIZE TRAIN MODEL DIR" >&2
   exit 2
 fi
-qemu=$1 tests_kernels=$2 generate=$3 quantize=$4 model=$5 dir=$6
+qemu=$1 tests_kernels=$2 generate=$3 quantize=$4 train=$5 model=$6 dir=$7
 if ! command -v "$qemu" > /dev/null; then
   echo "emulated: QEMU's user-mode emulator ($qemu) is not installed; scripts/setup installs it (Debian's qemu-user)" >&2
   exit 1
@@ -69,7 +72,37 @@ generate_same() {
 $(cat "$dir/$name.native")
 --- emulated $cpu:
 $(cat "$dir/$name.emulated")"
-  echo "$name: the same text at $level, $(grep -o 'prefill [0-9]* tokens' "$dir/$name.emulated.err")"
+  local tokens
+  tokens=$(grep -o 'prefill [0-9]* tokens' "$dir/$name.emulated.err" | cut -d' ' -f2)
+  if [ "$prompt" = "$long_prompt" ] && ((tokens < 64)); then
+    fail "the long prompt is $tokens tokens, less than an attention tile (64): prefill did not take the tiled path ($name)"
+  fi
+  echo "$name: the same text at $level, prefill $tokens tokens"
+}
+
+# train_same CPU LEVEL: 2 steps of tiny_train from scratch on an emulated CPU against this
+# machine at LEVEL: the same losses and gradient norms (printed with 17 and 9 digits) and the
+# same exported file.
+train_same() {
+  local cpu=$1 level=$2 rc=0
+  local args=(--config tiny_train --data "$dir/text.txt" --steps 2 --batch 2 --seq 16 --lr 3e-3 --warmup 1 --seed 3
+              --threads 2)
+  TLM_KERNELS=$level "$train" "${args[@]}" --out "$dir/train-$cpu-native" > "$dir/train-$cpu-native.log" 2>&1 ||
+    { cat "$dir/train-$cpu-native.log" >&2; fail "train at $level on this machine failed"; }
+  "$qemu" -cpu "$cpu" "$train" "${args[@]}" --out "$dir/train-$cpu" > "$dir/train-$cpu.log" 2>&1 || rc=$?
+  if ((rc)); then
+    cat "$dir/train-$cpu.log" >&2
+    fail "train on an emulated $cpu exited with status $rc (132 is SIGILL: an instruction this CPU lacks)"
+  fi
+  grep -q "kernels $level\$" "$dir/train-$cpu.log" ||
+    { head -n 3 "$dir/train-$cpu.log" >&2; fail "train on an emulated $cpu did not choose the $level kernels"; }
+  # Every column but the last, the speed.
+  diff <(cut -d, -f1-5 "$dir/train-$cpu-native/loss.csv") <(cut -d, -f1-5 "$dir/train-$cpu/loss.csv") > "$dir/train-$cpu.diff" ||
+    fail "train on an emulated $cpu wrote other losses than this machine at $level:
+$(cat "$dir/train-$cpu.diff")"
+  cmp -s "$dir/train-$cpu-native/model.gguf" "$dir/train-$cpu/model.gguf" ||
+    fail "train on an emulated $cpu exported another model than this machine at $level"
+  echo "train-$cpu: the same losses and exported model at $level, final loss $(tail -n 1 "$dir/train-$cpu/loss.csv" | cut -d, -f2)"
 }
 
 # kernel_tests CPU LEVELS [doctest options]: the kernel tests on an emulated CPU, which must
@@ -95,4 +128,7 @@ generate_same EPYC-Rome avx2 "$model" exact "$long_prompt"
 generate_same EPYC-Rome avx2 "$dir/q4_k_m.gguf" fast "$short_prompt"
 generate_same Haswell avx2 "$model" fast "$short_prompt"
 generate_same Nehalem scalar "$model" exact "$short_prompt"
-echo "emulated: every CPU chose its level, passed, and wrote the same text as this machine at it"
+awk 'BEGIN { for (i = 1; i <= 200; i++) printf "line %d: the quick brown fox %s over %d lazy dogs\n", i, (i % 3 ? "jumps" : "leaps"), i * 7 % 13 }' > "$dir/text.txt"
+train_same EPYC-Rome avx2
+train_same Nehalem scalar
+echo "emulated: every CPU chose its level, passed, and wrote and trained as this machine does at it"

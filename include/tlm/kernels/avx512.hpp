@@ -1281,7 +1281,6 @@ TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, 
       starts[i] = -lane_code_offset<E> * sum;
     }
   }
-  const __m512i offsets = row_offsets(rb);
   for (std::size_t g = r0; g < r1; g += 16) {
     const std::size_t n = std::min<std::size_t>(16, r1 - g);
     const auto live = static_cast<__mmask16>((1u << n) - 1);
@@ -1294,6 +1293,7 @@ TLM_VNNI_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, 
       for (std::size_t sb = 0; sb < nb / 8; ++sb)
         unpack_lanes_k<E>(base + sb * traits(E).block_bytes, rb, live, codes.data() + 1024 * sb, scales.data() + 256 * sb);
     } else {
+      const __m512i offsets = row_offsets(rb);
       for (std::size_t b = 0; b < nb; ++b)
         unpack_lanes<E>(base + b * row_bytes(E, 32), offsets, live, codes.data() + 128 * b, scales.data() + scale_stride * b);
     }

@@ -5,7 +5,7 @@
 #   - EPYC-Rome: AMD Zen 2, AVX2 + FMA + F16C and no AVX-512, like the AVX2-only AMD EPYC
 #     tlm is measured on: the kernel tests (every kernel of every encoding, matvec and each
 #     level's prefill kernel, at each level the CPU has against the scalar reference), then
-#     generate;
+#     generate and train;
 #   - Haswell: Intel at the same level (the tables' Intel choices): generate;
 #   - Nehalem: no AVX at all, so the scalar fallback: the levels the kernel tests see, and
 #     generate.
@@ -14,14 +14,20 @@
 # exported model must be the bytes this machine writes at that level.
 # Each must pick the best level it has (generate --timing names it), pass, and write the
 # same text as this machine forced to that level (TLM_KERNELS): a level's arithmetic does
-# not depend on the CPU, so a difference is a wrong dispatch. One prompt is longer than an
-# attention tile (64 tokens), so that prefill takes the float32 GEMM and tiled attention;
-# the short one takes the integer prefill kernels in fast mode. A copy of the model in
-# Q4_K_M covers Q5_0 in the model (SmolLM2's rows of 576 fall back from Q4_K to Q5_0 and
-# from Q6_K to Q8_0); the K-quants themselves are in the kernel tests.
-# Emulation runs these about 15 times slower than the CPU: the kernel tests leave out
-# their long sweeps (batches 1..9 and up of every encoding, exp over every 61st float,
-# thread pools of 1-3), which test arithmetic the native run checks at the same levels.
+# not depend on the CPU, so a difference is a wrong dispatch. The long prompt (over 64
+# tokens, an attention tile) takes prefill through the float32 GEMM and tiled attention in
+# exact mode; it runs on the model the native training run exports, as Q4_1. Besides the
+# text, every prompt position's logits (generate --dump-logits) must be the same bytes.
+# SmolLM2 takes the short prompt through the integer prefill kernels in fast mode. A copy
+# of SmolLM2 in Q4_K_M covers Q5_0 in the model (its rows of 576 fall back from Q4_K to
+# Q5_0 and from Q6_K to Q8_0); the K-quants themselves are in the kernel tests.
+# Emulated vector code is hundreds of times slower than the CPU, and how much depends on the
+# host: a 72-token exact prefill of SmolLM2 at avx2 took 473 s under QEMU on an Intel Xeon
+# host, where the whole test had taken 65 s on an AMD Zen 4 one. So the long prompt goes
+# through the tiny model (120 tokens: 1.9 s emulated on that Xeon, 1.6 ms native), and the
+# kernel tests leave out their long sweeps (batches 1..9 and up of every encoding, exp over
+# every 61st float, thread pools of 1-3), which test arithmetic the native run checks at
+# the same levels.
 #   emulated.sh QEMU TESTS_KERNELS GENERATE QUANTIZE TRAIN MODEL DIR
 set -euo pipefail
 if (($# != 7)); then
@@ -36,10 +42,9 @@ fi
 rm -rf "$dir"
 mkdir -p "$dir"
 
+# 120 tokens for tiny_train's byte-level tokenizer, within its context of 256.
 long_prompt="The history of the printing press begins in the fifteenth century, when a goldsmith in \
-Mainz combined movable metal type, oil-based ink and a wooden screw press. Within fifty years \
-printers in more than two hundred European towns had produced millions of books, and the price \
-of a book fell so far that students, merchants and craftsmen could own them. Historians argue"
+Mainz combined movable metal type"
 short_prompt="The capital of France is"
 
 fail() {
@@ -50,29 +55,45 @@ fail() {
 "$quantize" "$model" "$dir/q4_k_m.gguf" q4_k_m --threads 2 2> "$dir/quantize.log" ||
   { cat "$dir/quantize.log" >&2; fail "quantize to Q4_K_M failed (log above)"; }
 
-# generate_same CPU LEVEL MODEL PRECISION PROMPT: generate on an emulated CPU against this
-# machine at LEVEL.
+# run_both NAME CPU LEVEL COMMAND...: COMMAND on this machine forced to LEVEL, then under
+# QEMU as CPU with no level forced; @side@ in an argument becomes "native" or "emulated",
+# so that the two runs write apart. Output goes to $dir/NAME.SIDE and $dir/NAME.SIDE.err.
+# Fails when either run fails, or when the emulated CPU did not choose LEVEL itself (the
+# programs name their kernels: generate --timing as "kernels LEVEL |", train at line end).
+run_both() {
+  local name=$1 cpu=$2 level=$3 side rc
+  shift 3
+  for side in native emulated; do
+    local args=("${@//@side@/$side}") runner=(env TLM_KERNELS="$level")
+    [ "$side" = emulated ] && runner=(env -u TLM_KERNELS "$qemu" -cpu "$cpu")
+    rc=0
+    "${runner[@]}" "${args[@]}" > "$dir/$name.$side" 2> "$dir/$name.$side.err" || rc=$?
+    if ((rc)); then
+      tail -n 40 "$dir/$name.$side.err" >&2
+      [ "$side" = native ] && fail "$name at $level on this machine exited with status $rc"
+      fail "$name on an emulated $cpu exited with status $rc (132 is SIGILL: an instruction this CPU lacks)"
+    fi
+  done
+  grep -Eq "kernels $level( \||\$)" "$dir/$name.emulated" "$dir/$name.emulated.err" ||
+    { head -n 5 "$dir/$name.emulated.err" >&2; fail "an emulated $cpu did not choose the $level kernels ($name)"; }
+}
+
+# generate_same CPU LEVEL MODEL PRECISION PROMPT: generate on an emulated CPU writes the
+# text, and the logits at every prompt position, that this machine writes at LEVEL.
 generate_same() {
-  local cpu=$1 level=$2 file=$3 precision=$4 prompt=$5 name
+  local cpu=$1 level=$2 file=$3 precision=$4 prompt=$5 name tokens
   name="$cpu-$level-$(basename "$file" .gguf)-$precision"
-  local args=(--model "$file" --precision "$precision" --threads 2 -n 4 --timing "$prompt")
-  TLM_KERNELS=$level "$generate" "${args[@]}" > "$dir/$name.native" 2> "$dir/$name.native.err" ||
-    { cat "$dir/$name.native.err" >&2; fail "generate at $level on this machine failed ($name)"; }
-  local rc=0
-  "$qemu" -cpu "$cpu" "$generate" "${args[@]}" > "$dir/$name.emulated" 2> "$dir/$name.emulated.err" || rc=$?
-  if ((rc)); then
-    cat "$dir/$name.emulated.err" >&2
-    fail "generate on an emulated $cpu exited with status $rc ($name; 132 is SIGILL: an instruction this CPU lacks)"
-  fi
-  grep -q "kernels $level |" "$dir/$name.emulated.err" ||
-    { cat "$dir/$name.emulated.err" >&2; fail "an emulated $cpu did not choose the $level kernels ($name)"; }
+  run_both "$name" "$cpu" "$level" "$generate" --model "$file" --precision "$precision" --threads 2 -n 4 \
+    --timing --dump-logits "$dir/$name-@side@.logits" --prompt "$prompt"
+  [ -s "$dir/$name-native.logits" ] || fail "generate --dump-logits wrote no logits ($name)"
+  cmp -s "$dir/$name-native.logits" "$dir/$name-emulated.logits" ||
+    fail "an emulated $cpu computed other logits than this machine at $level ($name; float32 [positions, vocab]: $(cmp "$dir/$name-native.logits" "$dir/$name-emulated.logits" | head -n 1))"
   cmp -s "$dir/$name.native" "$dir/$name.emulated" ||
     fail "an emulated $cpu wrote other text than this machine at $level ($name):
 --- this machine, TLM_KERNELS=$level:
 $(cat "$dir/$name.native")
 --- emulated $cpu:
 $(cat "$dir/$name.emulated")"
-  local tokens
   tokens=$(grep -o 'prefill [0-9]* tokens' "$dir/$name.emulated.err" | cut -d' ' -f2)
   if [ "$prompt" = "$long_prompt" ] && ((tokens < 64)); then
     fail "the long prompt is $tokens tokens, less than an attention tile (64): prefill did not take the tiled path ($name)"
@@ -84,25 +105,17 @@ $(cat "$dir/$name.emulated")"
 # machine at LEVEL: the same losses and gradient norms (printed with 17 and 9 digits) and the
 # same exported file.
 train_same() {
-  local cpu=$1 level=$2 rc=0
-  local args=(--config tiny_train --data "$dir/text.txt" --steps 2 --batch 2 --seq 16 --lr 3e-3 --warmup 1 --seed 3
-              --threads 2)
-  TLM_KERNELS=$level "$train" "${args[@]}" --out "$dir/train-$cpu-native" > "$dir/train-$cpu-native.log" 2>&1 ||
-    { cat "$dir/train-$cpu-native.log" >&2; fail "train at $level on this machine failed"; }
-  "$qemu" -cpu "$cpu" "$train" "${args[@]}" --out "$dir/train-$cpu" > "$dir/train-$cpu.log" 2>&1 || rc=$?
-  if ((rc)); then
-    cat "$dir/train-$cpu.log" >&2
-    fail "train on an emulated $cpu exited with status $rc (132 is SIGILL: an instruction this CPU lacks)"
-  fi
-  grep -q "kernels $level\$" "$dir/train-$cpu.log" ||
-    { head -n 3 "$dir/train-$cpu.log" >&2; fail "train on an emulated $cpu did not choose the $level kernels"; }
+  local cpu=$1 level=$2 name="train-$1"
+  run_both "$name" "$cpu" "$level" \
+    "$train" --config tiny_train --data "$dir/text.txt" --steps 2 --batch 2 --seq 16 --lr 3e-3 --warmup 1 \
+    --seed 3 --threads 2 --out "$dir/$name-@side@"
   # Every column but the last, the speed.
-  diff <(cut -d, -f1-5 "$dir/train-$cpu-native/loss.csv") <(cut -d, -f1-5 "$dir/train-$cpu/loss.csv") > "$dir/train-$cpu.diff" ||
+  diff <(cut -d, -f1-5 "$dir/$name-native/loss.csv") <(cut -d, -f1-5 "$dir/$name-emulated/loss.csv") > "$dir/$name.diff" ||
     fail "train on an emulated $cpu wrote other losses than this machine at $level:
-$(cat "$dir/train-$cpu.diff")"
-  cmp -s "$dir/train-$cpu-native/model.gguf" "$dir/train-$cpu/model.gguf" ||
+$(cat "$dir/$name.diff")"
+  cmp -s "$dir/$name-native/model.gguf" "$dir/$name-emulated/model.gguf" ||
     fail "train on an emulated $cpu exported another model than this machine at $level"
-  echo "train-$cpu: the same losses and exported model at $level, final loss $(tail -n 1 "$dir/train-$cpu/loss.csv" | cut -d, -f2)"
+  echo "$name: the same losses and exported model at $level, final loss $(tail -n 1 "$dir/$name-emulated/loss.csv" | cut -d, -f2)"
 }
 
 # kernel_tests CPU LEVELS [doctest options]: the kernel tests on an emulated CPU, which must
@@ -124,11 +137,13 @@ kernel_tests() {
 kernel_tests EPYC-Rome "scalar, avx2" \
   "--test-case-exclude=matmul: every level and encoding*,fast: matmul at every level*,exp_poly: within*,*pools of 1*,gemm: the three training products*,gemm: tile and k-block edges*"
 kernel_tests Nehalem "scalar" "--source-file=*/test_kquant_blocks.cpp"
-generate_same EPYC-Rome avx2 "$model" exact "$long_prompt"
 generate_same EPYC-Rome avx2 "$dir/q4_k_m.gguf" fast "$short_prompt"
 generate_same Haswell avx2 "$model" fast "$short_prompt"
 generate_same Nehalem scalar "$model" exact "$short_prompt"
 awk 'BEGIN { for (i = 1; i <= 200; i++) printf "line %d: the quick brown fox %s over %d lazy dogs\n", i, (i % 3 ? "jumps" : "leaps"), i * 7 % 13 }' > "$dir/text.txt"
 train_same EPYC-Rome avx2
 train_same Nehalem scalar
+"$quantize" "$dir/train-EPYC-Rome-native/model.gguf" "$dir/tiny-q4_1.gguf" q4_1 --threads 2 2> "$dir/quantize-tiny.log" ||
+  { cat "$dir/quantize-tiny.log" >&2; fail "quantize of the trained model to Q4_1 failed (log above)"; }
+generate_same EPYC-Rome avx2 "$dir/tiny-q4_1.gguf" exact "$long_prompt"
 echo "emulated: every CPU chose its level, passed, and wrote and trained as this machine does at it"

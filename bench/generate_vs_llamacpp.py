@@ -7,8 +7,8 @@ to 16 that the machine has):
   - decode ms/token after a 64-token prompt, for 32 and for 128 new tokens;
   - prefill tokens/s at 64 and at 512 prompt tokens;
   - load + first token wall time and peak RSS (64-token prompt);
-  - the weight-streaming floor of the file (build/bench/kernels --floor-file MODEL), and
-    each decode figure as a multiple of it.
+  - the weight-streaming floor of the file (build/bench/kernels --floor-file MODEL),
+    measured after every round, and each decode figure as a multiple of its median.
 Medians over the rounds; ratios are speeds (above 1: tlm is faster).
 
 Which llama.cpp: the build must be native to the machine. The script prints what
@@ -33,6 +33,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from programs import built  # noqa: E402
@@ -199,14 +200,14 @@ def run_tlm(args, threads, prompt, n):
     }
 
 
-def streaming_floor(build, threads, model):
+def streaming_floor(build, threads, model, rounds=7):
     """ms per token to read every weight byte of `model` once, from bench/kernels --floor-file
     (its own tensors, mapped as tlm maps them, split among the threads as the kernels split
     them), and how it was found. Measured on the file itself, not scaled from another size:
     a last-level cache can hold a small model (the Xeon's 480 MiB holds SmolLM2-135M), so
     bandwidth differs between sizes."""
     exe = str(built(build, "kernels"))
-    p = subprocess.run([exe, "--rounds", "7", "--filter", "file floor", "--floor-file", model],
+    p = subprocess.run([exe, "--rounds", str(rounds), "--filter", "file floor", "--floor-file", model],
                        capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(f"bench/kernels --floor-file {model} failed ({p.returncode}): {p.stderr.strip()}")
@@ -256,6 +257,10 @@ def main():
     engines = {"tlm": lambda t, p, n: run_tlm(args, t, p, n),
                "llama.cpp": lambda t, p, n: run_llama(python, args.model, t, p, n)}
     results = {}
+    # The floor is measured in every round, beside the engines: on a shared machine the
+    # bandwidth moves (one Xeon's floor read 43.9 ms in one run and 53.7 ms in the next,
+    # half an hour apart), so a floor taken once would put that drift into "x floor".
+    floors = {}
     for r in range(args.rounds):
         for t in threads:
             for name, np_, n in runs:
@@ -264,7 +269,12 @@ def main():
                     res = engines[e](t, prompt(np_), n)
                     results.setdefault((e, t, name), []).append(res)
                     print(f"round {r} {e:9} threads {t} {name}: {res}", flush=True)
-    floor, floor_how = streaming_floor(args.build, threads, args.model)
+        floor_round, floor_how = streaming_floor(args.build, threads, args.model, rounds=3)
+        for t, ms in floor_round.items():
+            floors.setdefault(t, []).append(ms)
+        print(f"round {r} floor: {floor_round}", flush=True)
+    floor = {t: statistics.median(v) for t, v in floors.items()}
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
 
     med = lambda e, t, name, key: statistics.median(x[key] for x in results[(e, t, name)])
     simd = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
@@ -274,6 +284,7 @@ def main():
         "# Generation: tlm vs llama.cpp, same file, same run",
         "",
         f"- Machine: {model_name}, {ncpu} CPUs ({simd}); load average {load[0]:.2f} at the end; shared and noisy.",
+        f"- tlm at commit {commit or 'unknown'}; {time.strftime('%Y-%m-%d')}.",
         f"- Model: `{os.path.basename(args.model)}` (tlm config `{args.config}`); greedy; {args.rounds} rounds, "
         "the engines alternating (who goes first swaps every round); medians shown.",
         f"- tlm: `examples/generate --timing`, precision `{args.precision}`"
@@ -283,7 +294,8 @@ def main():
         "- llama.cpp runs with `n_ctx = n_batch = n_ubatch = max(512, prompt + new + 16)`; its RSS includes the Python interpreter and "
         "numpy (~50 MiB). Decode ms/token is the mean over the new tokens for both engines.",
         f"- floor: the time to read every weight byte once per token ({floor_how}), the bound "
-        "decode cannot beat; \"x floor\" is decode time over it.",
+        "decode cannot beat; measured after every round, the median shown, with the range of the rounds; "
+        "\"x floor\" is decode time over the median.",
         "",
         "## Decode",
         "",
@@ -294,7 +306,8 @@ def main():
         for name, _, n in runs[:2]:
             a, b = med("tlm", t, name, "decode_ms"), med("llama.cpp", t, name, "decode_ms")
             f = floor.get(t)
-            fs = (f"{f:.2f}", f"{a / f:.2f}", f"{b / f:.2f}") if f else ("-", "-", "-")
+            fs = ((f"{f:.2f} ({min(floors[t]):.2f}..{max(floors[t]):.2f})", f"{a / f:.2f}", f"{b / f:.2f}") if f
+                  else ("-", "-", "-"))
             lines.append(f"| {t} | {n} | {a:.2f} | {b:.2f} | {b / a:.2f} | {fs[0]} | {fs[1]} | {fs[2]} |")
     lines += ["", "## Prefill", "", "| threads | prompt tokens | tlm tokens/s | llama.cpp tokens/s | speed tlm / llama.cpp |",
               "|---|---|---|---|---|"]

@@ -274,7 +274,13 @@ def main():
             floors.setdefault(t, []).append(ms)
         print(f"round {r} floor: {floor_round}", flush=True)
     floor = {t: statistics.median(v) for t, v in floors.items()}
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    # Changes outside bench/results (where this run and the ones before it write) make
+    # the measured code differ from the commit.
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+                             capture_output=True, text=True).stdout.strip()
+    if commit and changed:
+        commit += " with uncommitted changes"
 
     med = lambda e, t, name, key: statistics.median(x[key] for x in results[(e, t, name)])
     simd = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",

@@ -200,7 +200,7 @@ def run_tlm(args, threads, prompt, n):
     }
 
 
-def streaming_floor(build, threads, model, rounds=7):
+def streaming_floor(build, threads, model, rounds):
     """ms per token to read every weight byte of `model` once, from bench/kernels --floor-file
     (its own tensors, mapped as tlm maps them, split among the threads as the kernels split
     them), and how it was found. Measured on the file itself, not scaled from another size:
@@ -258,8 +258,10 @@ def main():
                "llama.cpp": lambda t, p, n: run_llama(python, args.model, t, p, n)}
     results = {}
     # The floor is measured in every round, beside the engines: on a shared machine the
-    # bandwidth moves (one Xeon's floor read 43.9 ms in one run and 53.7 ms in the next,
-    # half an hour apart), so a floor taken once would put that drift into "x floor".
+    # bandwidth moves (one Xeon read the 1B file's floor at 43.9 ms at 1 thread in
+    # bench/results/kernels-kquant-two-rows-xeon.md and at 52.8-55.0 ms in
+    # generate-llama32_1b-q4_k_m-xeon.md, the same afternoon), so a floor taken once would
+    # put that drift into "x floor".
     floors = {}
     for r in range(args.rounds):
         for t in threads:

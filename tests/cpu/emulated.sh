@@ -22,10 +22,9 @@
 # of SmolLM2 in Q4_K_M covers Q5_0 in the model (its rows of 576 fall back from Q4_K to
 # Q5_0 and from Q6_K to Q8_0); the K-quants themselves are in the kernel tests.
 # Emulated vector code is a thousand times slower than the CPU or more, and how much depends
-# on the host: a 72-token exact prefill of SmolLM2 at avx2 took 473 s under QEMU on an Intel
-# Xeon host, where the whole test had taken 65 s on an AMD Zen 4 one. So the long prompt goes
-# through the tiny model (120 tokens: 1.9 s emulated on that Xeon, 1.6 ms native), and the
-# kernel tests leave out their long sweeps (batches 1..9 and up of every encoding, exp over
+# on the host (bench/results/emulated-xeon.md: a 72-token exact prefill of SmolLM2 at avx2
+# took minutes under QEMU on an Intel Xeon). So the long prompt goes through the tiny model
+# (120 tokens, seconds emulated), and the kernel tests leave out their long sweeps (batches 1..9 and up of every encoding, exp over
 # every 61st float, thread pools of 1-3), which test arithmetic the native run checks at
 # the same levels.
 #   emulated.sh QEMU TESTS_KERNELS GENERATE QUANTIZE TRAIN MODEL DIR

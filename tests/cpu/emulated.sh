@@ -24,9 +24,9 @@
 # Emulated vector code is a thousand times slower than the CPU or more, and how much depends
 # on the host (bench/results/emulated-xeon.md: a 72-token exact prefill of SmolLM2 at avx2
 # took minutes under QEMU on an Intel Xeon). So the long prompt goes through the tiny model
-# (120 tokens, seconds emulated), and the kernel tests leave out their long sweeps (batches 1..9 and up of every encoding, exp over
-# every 61st float, thread pools of 1-3), which test arithmetic the native run checks at
-# the same levels.
+# (120 tokens, seconds emulated), and the kernel tests leave out their long sweeps
+# (batches 1..9 and up of every encoding, exp over every 61st float, thread pools of 1-3),
+# which test arithmetic the native run checks at the same levels.
 #   emulated.sh QEMU TESTS_KERNELS GENERATE QUANTIZE TRAIN MODEL DIR
 set -euo pipefail
 if (($# != 7)); then

@@ -3,12 +3,12 @@
 // micro-kernel K: scalar_kernel here, gemm_avx2::kernel and gemm_avx512::kernel in
 // their headers. Each level's row (kernels/levels.hpp) names run<K> and
 // reserve_scratch<K> for its K; gemm() and reserve_gemm_scratch() call the active row's.
+#include <tlm/kernels/aligned_buffer.hpp>
 #include <tlm/kernels/gemm_pack.hpp>
 #include <tlm/thread_pool.hpp>
 
 #include <algorithm>
 #include <cstddef>
-#include <new>
 
 namespace tlm::kernels::gemm_detail {
 
@@ -59,34 +59,11 @@ struct scalar_kernel {
 // a call needs more, so steady-state calls allocate nothing.
 class scratch {
  public:
-  scratch() = default;
-  scratch(const scratch&) = delete;
-  scratch& operator=(const scratch&) = delete;
-  ~scratch() {
-    release(a_);
-    release(b_);
-  }
-  float* a(std::size_t n) { return grow(a_, a_size_, n); }
-  float* b(std::size_t n) { return grow(b_, b_size_, n); }
+  float* a(std::size_t n) { return a_.get(n); }
+  float* b(std::size_t n) { return b_.get(n); }
 
  private:
-  static constexpr std::align_val_t alignment{64};
-  static void release(float* p) {
-    if (p != nullptr) ::operator delete(p, alignment);
-  }
-  static float* grow(float*& p, std::size_t& size, std::size_t n) {
-    if (n > size) {
-      release(p);
-      p = nullptr;
-      size = 0;
-      p = static_cast<float*>(::operator new(n * sizeof(float), alignment));
-      size = n;
-    }
-    return p;
-  }
-  float* a_ = nullptr;
-  float* b_ = nullptr;
-  std::size_t a_size_ = 0, b_size_ = 0;
+  aligned_buffer<float> a_, b_;
 };
 
 inline scratch& thread_scratch() {

@@ -108,7 +108,8 @@ double peak_loop_sse(std::size_t iters) {
 double peak_loop(tlm::kernel_level level, std::size_t iters) {
 #if defined(__x86_64__) || defined(__i386__)
   switch (level) {
-    case tlm::kernel_level::avx512: return peak_loop_avx512(iters);
+    case tlm::kernel_level::avx512:
+    case tlm::kernel_level::amx: return peak_loop_avx512(iters);  // its training GEMM is avx512's
     case tlm::kernel_level::avx2: return peak_loop_avx2(iters);
     default: return peak_loop_sse(iters);
   }

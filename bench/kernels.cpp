@@ -535,7 +535,9 @@ int main(int argc, char** argv) {
                             shape{encoding::q5_1, 1536, 576, "Q5_K_M ffn_gate/up"},
                             shape{encoding::q4_k, 576, 1536, "Q4_K_M ffn_down"},
                             shape{encoding::q5_k, 576, 1536, "Q5_K_M ffn_down"},
-                            shape{encoding::q6_k, 576, 1536, "Q4_K_M ffn_down"}}) {
+                            shape{encoding::q6_k, 576, 1536, "Q4_K_M ffn_down"},
+                            shape{encoding::q4_k, 8192, 2048, "1B Q4_K_M ffn_gate/up"},
+                            shape{encoding::q6_k, 2048, 8192, "1B Q4_K_M ffn_down"}}) {
         auto w = std::make_shared<std::vector<std::byte>>(random_matrix(s.enc, s.rows, s.cols, rng));
         auto x = std::make_shared<std::vector<float>>(batch * s.cols);
         std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -620,8 +622,8 @@ int main(int argc, char** argv) {
   std::ostringstream md;
   md << "# Kernel benchmark\n\n";
   md << "- CPU: " << cpu_model() << " (" << tlm::cpu_feature_string() << ")\n";
-  md << "- Threads: the pool size (1 = the calling thread only). Kernel level: scalar, avx2 or avx512 (those this CPU"
-        " runs); exact = float32 activations, fast = int8 activations (integer dot products).\n";
+  md << "- Threads: the pool size (1 = the calling thread only). Kernel level: " << tlm::kernel_level_names()
+     << " (those this CPU runs); exact = float32 activations, fast = int8 activations (integer dot products).\n";
   md << "- Load average (1, 5, 15 min) before: " << load_before << "; after: " << load_average()
      << " (the machine has " << std::thread::hardware_concurrency() << " CPUs).\n";
   md << "- " << rounds << " interleaved rounds; the median round is shown, min..max in brackets (time per call).\n";

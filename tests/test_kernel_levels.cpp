@@ -21,7 +21,7 @@ namespace k = tlm::kernels;
 using tlm::kernel_level;
 
 // Every enumerator of kernel_level: a new level is added here, and must then have a row.
-constexpr kernel_level all_levels[] = {kernel_level::scalar, kernel_level::avx2, kernel_level::avx512};
+constexpr kernel_level all_levels[] = {kernel_level::scalar, kernel_level::avx2, kernel_level::avx512, kernel_level::amx};
 
 // Whether a table entry holds a function (doctest cannot print function pointers).
 template <class F>
@@ -52,23 +52,27 @@ TEST_CASE("kernel_level_rows: one row per level, at its index, names unique and 
     CHECK(tlm::parse_kernel_level(r.name) == l);
   }
   CHECK(names.size() == tlm::kernel_level_count);
-  CHECK_THROWS_WITH_AS(tlm::parse_kernel_level("avx1024"), doctest::Contains("use scalar, avx2 or avx512"),
+  CHECK_THROWS_WITH_AS(tlm::parse_kernel_level("avx1024"), doctest::Contains("use scalar, avx2, avx512 or amx"),
                        tlm::error);
 }
 
 TEST_CASE("each row's CPU test is what the levels need, and its target is the macro its kernels use") {
   const auto& f = tlm::cpu();
   // The CPU tests as cpu.hpp wrote them before the rows: AVX2, FMA and F16C; the avx512
-  // level AVX-512 F, BW, VL and DQ on top.
+  // level AVX-512 F, BW, VL and DQ on top; the amx level the tiles, their bf16 products
+  // and AVX-512's bf16 conversions on top of that.
   const bool avx2 = f.avx2 && f.fma && f.f16c;
   const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+  const bool amx = avx512 && f.amx_tile && f.amx_bf16 && f.avx512bf16;
   CHECK(tlm::kernel_level_supported(kernel_level::scalar));
   CHECK(tlm::kernel_level_supported(kernel_level::avx2) == avx2);
   CHECK(tlm::kernel_level_supported(kernel_level::avx512) == avx512);
+  CHECK(tlm::kernel_level_supported(kernel_level::amx) == amx);
 
   CHECK(tlm::kernel_level_row_of(kernel_level::scalar).target.empty());
   CHECK(tlm::kernel_level_row_of(kernel_level::avx2).target == TLM_TARGET_AVX2);
   CHECK(tlm::kernel_level_row_of(kernel_level::avx512).target == TLM_TARGET_AVX512);
+  CHECK(tlm::kernel_level_row_of(kernel_level::amx).target == TLM_TARGET_AMX);
 
   const std::string detected = " " + tlm::cpu_feature_string() + " ";
   for (std::size_t i = 0; i < tlm::kernel_level_count; ++i) {

@@ -495,6 +495,7 @@ TEST_CASE("kernel level override: force_kernel_level and TLM_KERNELS") {
   CHECK(tlm::parse_kernel_level("scalar") == tlm::kernel_level::scalar);
   CHECK(tlm::parse_kernel_level("avx2") == tlm::kernel_level::avx2);
   CHECK(tlm::parse_kernel_level("avx512") == tlm::kernel_level::avx512);
+  CHECK(tlm::parse_kernel_level("amx") == tlm::kernel_level::amx);
   CHECK_THROWS_AS(tlm::parse_kernel_level("avx1024"), tlm::error);
   CHECK_THROWS_AS(tlm::parse_kernel_level(""), tlm::error);
 
@@ -511,8 +512,12 @@ TEST_CASE("kernel level override: force_kernel_level and TLM_KERNELS") {
   // The start-up choice never exceeds what the CPU supports.
   CHECK(tlm::kernel_level_supported(tlm::best_kernel_level()));
   const auto& f = tlm::cpu();
-  if (f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) {
+  if (f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && f.amx_tile && f.amx_bf16 &&
+      f.avx512bf16) {
+    CHECK(tlm::best_kernel_level() == tlm::kernel_level::amx);
+  } else if (f.avx2 && f.fma && f.f16c && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) {
     CHECK(tlm::best_kernel_level() == tlm::kernel_level::avx512);
+    CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::amx), tlm::error);
   } else if (f.avx2 && f.fma && f.f16c) {
     CHECK(tlm::best_kernel_level() == tlm::kernel_level::avx2);
     CHECK_THROWS_AS(k::force_kernel_level(tlm::kernel_level::avx512), tlm::error);
@@ -820,7 +825,8 @@ TEST_CASE("fast: matmul at every level against the scalar integer reference, and
 std::size_t documented_integer_max_batch(tlm::kernel_level level, encoding enc) {
   const bool k_quant = tlm::traits(enc).block_values == 256;
   if (level == tlm::kernel_level::scalar) return 1;
-  if (level == tlm::kernel_level::avx512 && tlm::cpu().avx512vnni)
+  // The amx level's fast kernels are avx512's.
+  if ((level == tlm::kernel_level::avx512 || level == tlm::kernel_level::amx) && tlm::cpu().avx512vnni)
     return std::numeric_limits<std::size_t>::max();  // weight rows in the lanes: no crossover
   return k_quant ? 16 : 8;
 }

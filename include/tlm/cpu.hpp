@@ -14,6 +14,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,7 +40,35 @@ struct cpu_features {
   bool avx512vbmi = false;  // byte permutes (vpermb, vpermt2b): Ice Lake, Zen 4 and later
   bool avx512bf16 = false;
   bool avxvnni = false;  // the VEX-encoded VNNI of Alder Lake / Sapphire Rapids
+  // Intel AMX (Sapphire Rapids and later): the tile registers and their bf16 products.
+  // Set only when the OS saves the tile state (XCR0 bits 17-18) and, on Linux, has granted
+  // this process its use (amx_permission): before the grant a tile instruction is SIGILL.
+  bool amx_tile = false;
+  bool amx_bf16 = false;
 };
+
+#if defined(__x86_64__)
+// Linux hands out the AMX tile state (8 KiB a thread) on request only, once per process,
+// for every thread: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA). Asked at
+// detection, so that a level the CPU test passes can run. False elsewhere (no AMX then).
+inline bool amx_permission() {
+#if defined(__linux__)
+  constexpr long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+  return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+  return false;
+#endif
+}
+
+// XCR0: the register states the OS saves. XGETBV is valid only when CPUID says OSXSAVE.
+inline unsigned long long xcr0() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || ((ecx >> 27) & 1u) == 0) return 0;
+  unsigned lo = 0, hi = 0;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
+#endif
 
 // Detected once; __builtin_cpu_supports also checks that the OS saves the YMM/ZMM
 // state (XGETBV), so a feature reported here is usable, not only present.
@@ -80,6 +112,19 @@ inline const cpu_features& cpu() {
         f.avx512bf16 = f.avx512f && ((eax >> 5) & 1u) != 0;
       }
     }
+#if defined(__x86_64__)
+    {
+      // CPUID leaf 7 sub-leaf 0: EDX bit 24 AMX-TILE, bit 22 AMX-BF16.
+      unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+      const bool tile = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 && ((edx >> 24) & 1u) != 0;
+      const bool bf16 = tile && ((edx >> 22) & 1u) != 0;
+      const bool os_saves = (xcr0() & (3ull << 17)) == (3ull << 17);
+      if (tile && os_saves && amx_permission()) {
+        f.amx_tile = true;
+        f.amx_bf16 = bf16;
+      }
+    }
+#endif
 #endif
     return f;
   }();
@@ -100,7 +145,8 @@ inline constexpr cpu_feature_name cpu_feature_names[] = {
     {"avx512bw", &cpu_features::avx512bw},  {"avx512vl", &cpu_features::avx512vl},
     {"avx512dq", &cpu_features::avx512dq},  {"avx512vnni", &cpu_features::avx512vnni},
     {"avx512vbmi", &cpu_features::avx512vbmi}, {"avx512bf16", &cpu_features::avx512bf16},
-    {"avxvnni", &cpu_features::avxvnni}};
+    {"avxvnni", &cpu_features::avxvnni},   {"amx-tile", &cpu_features::amx_tile},
+    {"amx-bf16", &cpu_features::amx_bf16}};
 
 // Whether `name` is one of cpu_feature_names.
 constexpr bool known_cpu_feature(std::string_view name) {

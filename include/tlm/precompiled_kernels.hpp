@@ -37,4 +37,13 @@ void avx512_adamw(float* p, const float* g, float* m, float* v, std::size_t n, c
 }
 #endif
 
+#if defined(__x86_64__)
+const detail::kernel_table& amx_table() { return detail::amx_table(); }
+void amx_gemm(const gemm_detail::problem& p, thread_pool* pool) { gemm_detail::run<gemm_avx512::kernel>(p, pool); }
+void amx_reserve_gemm_scratch() { gemm_detail::reserve_scratch<gemm_avx512::kernel>(); }
+void amx_adamw(float* p, const float* g, float* m, float* v, std::size_t n, const adamw_constants& k) {
+  adamw_avx512::adamw_update(p, g, m, v, n, k);
+}
+#endif
+
 }  // namespace tlm::kernels::precompiled

@@ -79,6 +79,12 @@ void avx512_gemm(const gemm_detail::problem& p, thread_pool* pool);
 void avx512_reserve_gemm_scratch();
 void avx512_adamw(float* p, const float* g, float* m, float* v, std::size_t n, const adamw_constants& k);
 #endif
+#if defined(__x86_64__)
+const detail::kernel_table& amx_table();
+void amx_gemm(const gemm_detail::problem& p, thread_pool* pool);
+void amx_reserve_gemm_scratch();
+void amx_adamw(float* p, const float* g, float* m, float* v, std::size_t n, const adamw_constants& k);
+#endif
 }  // namespace kernels::precompiled
 #define TLM_KERNEL_ENTRY(level, what, here) &kernels::precompiled::level##_##what
 #else
@@ -100,10 +106,22 @@ inline constexpr kernel_level_row kernel_level_rows[] = {
      TLM_KERNEL_ENTRY(avx512, gemm, &kernels::gemm_detail::run<kernels::gemm_avx512::kernel>),
      TLM_KERNEL_ENTRY(avx512, reserve_gemm_scratch, &kernels::gemm_detail::reserve_scratch<kernels::gemm_avx512::kernel>),
      TLM_KERNEL_ENTRY(avx512, adamw, &kernels::adamw_avx512::adamw_update)},
-#else
+#endif
+#if defined(__x86_64__)
+    // avx512's GEMM of training and AdamW: the tiles serve the exact prefill product only
+    // (kernels/amx.hpp).
+    {kernel_level::amx, "amx", TLM_TARGET_AMX, TLM_KERNEL_ENTRY(amx, table, &kernels::detail::amx_table),
+     TLM_KERNEL_ENTRY(amx, gemm, &kernels::gemm_detail::run<kernels::gemm_avx512::kernel>),
+     TLM_KERNEL_ENTRY(amx, reserve_gemm_scratch, &kernels::gemm_detail::reserve_scratch<kernels::gemm_avx512::kernel>),
+     TLM_KERNEL_ENTRY(amx, adamw, &kernels::adamw_avx512::adamw_update)},
+#endif
+#if !defined(__x86_64__) && !defined(__i386__)
     // The CPU test fails (cpu() reports no x86 feature), so these are never selected.
     {kernel_level::avx2, "avx2", TLM_TARGET_AVX2, nullptr, nullptr, nullptr, nullptr},
     {kernel_level::avx512, "avx512", TLM_TARGET_AVX512, nullptr, nullptr, nullptr, nullptr},
+#endif
+#if !defined(__x86_64__)
+    {kernel_level::amx, "amx", TLM_TARGET_AMX, nullptr, nullptr, nullptr, nullptr},
 #endif
 };
 
@@ -152,7 +170,7 @@ inline kernel_level best_kernel_level() {
   return best;
 }
 
-// "scalar, avx2 or avx512": the names of the rows, for messages.
+// "scalar, avx2, avx512 or amx": the names of the rows, for messages.
 inline std::string kernel_level_names() {
   std::string s;
   for (std::size_t i = 0; i < kernel_level_count; ++i)

@@ -5,6 +5,7 @@
 // a level's row in kernels/levels.hpp names its table.
 #include <tlm/cpu.hpp>
 #include <tlm/format/encoding.hpp>
+#include <tlm/kernels/amx.hpp>
 #include <tlm/kernels/attention_avx512.hpp>
 #include <tlm/kernels/avx2.hpp>
 #include <tlm/kernels/avx2_kquant.hpp>
@@ -15,11 +16,12 @@
 #include <cstdint>
 #include <iterator>
 #include <limits>
+#include <utility>
 
 namespace tlm {
 // The kernel families, in increasing order of what they need from the CPU; each has a
 // row in kernels/levels.hpp.
-enum class kernel_level { scalar = 0, avx2 = 1, avx512 = 2 };
+enum class kernel_level { scalar = 0, avx2 = 1, avx512 = 2, amx = 3 };
 }  // namespace tlm
 
 namespace tlm::kernels {
@@ -319,6 +321,27 @@ inline const kernel_table& avx512_table() {
       k.matvec_q8[slot_of<encoding::q4_0>] = &avx512::matvec_q8_vbmi<encoding::q4_0>;
       k.matvec_q8[slot_of<encoding::q4_1>] = &avx512::matvec_q8_vbmi<encoding::q4_1>;
     }
+    return k;
+  }();
+  return t;
+}
+#endif
+
+#if defined(TLM_HAVE_AVX512_KERNELS) && defined(TLM_HAVE_AMX_KERNELS)
+template <encoding E>
+constexpr void set_amx(kernel_table& k) {
+  if constexpr (is_k_quant(E)) k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row_k<E>>;
+  else k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row<E>>;
+}
+
+// The avx512 table with the exact prefill product on AMX tiles (kernels/amx.hpp) for every
+// encoding. Batches under matmul_min_batch (16, one tile of tokens) keep the AVX2 kernel.
+inline const kernel_table& amx_table() {
+  static const kernel_table t = [] {
+    kernel_table k = avx512_table();
+    k.level = kernel_level::amx;
+    [&]<std::size_t... I>(std::index_sequence<I...>) { (set_amx<table_encodings[I]>(k), ...); }(
+        std::make_index_sequence<table_size>{});
     return k;
   }();
   return t;

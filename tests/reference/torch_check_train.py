@@ -45,10 +45,17 @@
    torch_model.py, not from tlm's code) over the base as gguf.quants.dequantize reads
    OUT's base.* tensors, with gradients for A and B only, and the same 10 AdamW steps
    on the adapter. Limits: in double 1e-6 for everything (the issue asks 1e-5; the
-   results are written as F32, so 6e-8 is what agreement looks like); in float, 1e-4 for
-   the loss and the gradients and --step-tol-float for the steps: PyTorch's own float32
+   results are written as F32, so 6e-8 is what agreement looks like); in float, 3e-4 for
+   the loss and the gradients and --step-tol-float for the steps. PyTorch's own float32
    run is up to 4.2e-5 from its float64 run on these cases (tiny_qwen2's q gradients),
-   and the tables show that yardstick beside tlm's float.
+   and the tables show that yardstick beside tlm's float. The float limit is not tighter
+   because tiny_qwen2's attn_q lora_a gradient moves by 1e-4 under one-ulp changes of the
+   forward's products: with every product over the base correctly rounded (the float64
+   product rounded once to float32) it came to 1.24e-4, and with those rounded results
+   moved by -1, 0 or +1 ulp at random, 0.82e-4 to 1.66e-4 over ten seeds (on an Intel
+   Xeon, 2026-12-07); the avx512 level's products, less exact than either, happened to
+   give 5.4e-5. A limit under 2e-4 tests that luck; a wrong formula is off by far more,
+   and the double run holds every formula to 1e-6.
 
 Exits non-zero, naming the tensor, on any failure; a missing probe, model or package is a
 failure, never a skip.
@@ -344,7 +351,7 @@ def check_layer(probe: Path, model: Path, work: Path, precisions: list[str]) -> 
 LORA_CASES = [("tiny_gqa", "f32", 11), ("tiny_untied", "q4_1", 12), ("tiny_qwen2", "q8_0", 13),
               ("tiny_traits", "f16", 14)]
 LORA_RANK, LORA_ALPHA = 4, 8.0   # scale alpha / rank = 2, so that the scale is exercised
-LORA_TOL_DOUBLE, LORA_TOL_FLOAT = 1e-6, 1e-4
+LORA_TOL_DOUBLE, LORA_TOL_FLOAT = 1e-6, 3e-4  # float: see the docstring
 
 
 def lora_shapes(cfg: tm.Config) -> dict[str, tuple[int, int]]:

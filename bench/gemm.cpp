@@ -31,6 +31,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -105,14 +106,14 @@ double peak_loop_sse(std::size_t iters) {
 }
 #endif
 
+// The loop of the widest vectors the level's row names in its target (levels.hpp), so a
+// new level needs no change here: amx's target includes avx512's, whose GEMM it trains with.
 double peak_loop(tlm::kernel_level level, std::size_t iters) {
 #if defined(__x86_64__) || defined(__i386__)
-  switch (level) {
-    case tlm::kernel_level::avx512:
-    case tlm::kernel_level::amx: return peak_loop_avx512(iters);  // its training GEMM is avx512's
-    case tlm::kernel_level::avx2: return peak_loop_avx2(iters);
-    default: return peak_loop_sse(iters);
-  }
+  const std::string_view target = tlm::kernel_level_row_of(level).target;
+  if (target.find("avx512f") != std::string_view::npos) return peak_loop_avx512(iters);
+  if (target.find("fma") != std::string_view::npos) return peak_loop_avx2(iters);
+  return peak_loop_sse(iters);
 #else
   (void)level;
   (void)iters;

@@ -22,7 +22,8 @@
 //
 // Dispatch (kernels/table.hpp): on AMD the exact Q8_0 / Q4_0 / Q4_1 matvec uses the AVX2
 // kernels, which measured faster on Zen 4, whose 512-bit operations run as two 256-bit
-// halves; everything else here is used wherever the CPU has AVX-512.
+// halves, and the byte-permute kernels only run on AMD (slower on an Intel Xeon);
+// everything else here is used wherever the CPU has AVX-512.
 #if defined(__x86_64__) || defined(__i386__)
 #define TLM_HAVE_AVX512_KERNELS 1
 
@@ -824,7 +825,10 @@ TLM_VNNI_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, 
 // unsigned nibble c times q, plus a correction -8 * sum q per lane that depends only
 // on the activations and is computed once per call. (Q8_0 keeps the pairs kernel: its
 // blocks need no unpacking, and the permute measured slower there, 29.5 against
-// 37 GB/s on Zen 4.)
+// 37 GB/s on Zen 4.) Measured faster on Zen 4 only: on an Intel Xeon the pairs kernel
+// decoded SmolLM2 1.2-1.36x faster (table.hpp), so the table installs these on AMD.
+// Q5_0 in this form (one more permute for the fifth bits) measured 1.02-1.28x the pairs
+// kernel alone there, but 0.88x in the whole decode of the Q4_K_M file, and was dropped.
 
 #define TLM_VBMI_FN [[gnu::target(TLM_TARGET_AVX512 ",avx512vnni,avx512vbmi")]]
 #define TLM_VBMI_INLINE [[gnu::target(TLM_TARGET_AVX512 ",avx512vnni,avx512vbmi"), gnu::always_inline]]

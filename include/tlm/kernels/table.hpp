@@ -313,11 +313,15 @@ inline const kernel_table& avx512_table() {
           k.matvec_q8[i] = avx2_table().matvec_q8[i];
       }
     }
-    // Decode with byte permutes where the CPU has them (4 Q4 blocks per step; for
-    // Q8_0 the permute measured slower than two 32-byte loads, 29.5 against 37 GB/s).
+    // Decode with byte permutes (4 Q4 blocks per step) on AMD CPUs that have them: on Zen 4
+    // Q4_1 hot 29 against 22 GB/s (for Q8_0 the permute measured slower than two 32-byte
+    // loads, 29.5 against 37). On the Intel Xeon (family 6 model 167) they made decode
+    // slower: SmolLM2-135M fast, ms/token, pairs kernel / permutes, 3 alternating rounds,
+    // Q4_1 5.98-6.33 / 7.90-8.23 at 1 thread and 3.56-3.65 / 4.26-4.47 at 2; Q4_0
+    // 6.47-6.80 / 7.13-8.05 and 3.71-4.03 / 4.20-4.36 (bench/results/kernels-vbmi-xeon.md).
     // Without VNNI the integer kernels are the AVX2 ones, and so are their crossovers.
     if (cpu().avx512vnni) set_integer_max_batch(k, no_crossover, no_crossover);
-    if (cpu().avx512vnni && cpu().avx512vbmi) {
+    if (cpu().avx512vnni && cpu().avx512vbmi && cpu().amd) {
       k.matvec_q8[slot_of<encoding::q4_0>] = &avx512::matvec_q8_vbmi<encoding::q4_0>;
       k.matvec_q8[slot_of<encoding::q4_1>] = &avx512::matvec_q8_vbmi<encoding::q4_1>;
     }

@@ -645,6 +645,25 @@ TLM_AVX2_INLINE inline __m256i codes32(const std::byte* p) {
   }
 }
 
+// Q4_0's and Q5_0's codes as stored, unsigned (0..15, 0..31): the value plus code_offset<E>.
+// (Q8_0 keeps its signs moved: its codes plus 128 would reach 255, and vpmaddubsw's pairs
+// 2 * 255 * 127 would saturate.)
+template <encoding E>
+inline constexpr int code_offset = E == encoding::q4_0 ? 8 : E == encoding::q5_0 ? 16 : 0;
+
+template <encoding E>
+TLM_AVX2_INLINE inline __m256i stored_codes32(const std::byte* p) {
+  if constexpr (E == encoding::q5_0) {
+    return q5_codes<encoding::q5_1>(p + 6, p + 2);  // Q5_1's unpacking leaves the codes as stored
+  } else if constexpr (E == encoding::q4_0) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
+  } else {
+    return codes32<E>(p);
+  }
+}
+
 // 32 products summed into 8 int32 lanes; for signed weights the sign moves to q.
 template <encoding E>
 TLM_AVX2_INLINE inline __m256i dot32(__m256i w, __m256i q) {
@@ -655,10 +674,27 @@ TLM_AVX2_INLINE inline __m256i dot32(__m256i w, __m256i q) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), _mm256_set1_epi16(1));
 }
 
+// For Q4_0 and Q5_0: -code_offset<E> times the sum of each 4 activation bytes, every
+// block of every row of x ([rows, blocks, 8] int32). Added to the unsigned codes' lane
+// sums it gives the signed codes' exactly, one add where moving the signs takes two
+// instructions and centring the codes a third.
+template <encoding E>
+TLM_AVX2_INLINE inline void lane_offsets(const q8_activations& x, std::vector<std::int32_t>& out) {
+  out.resize(x.rows * x.blocks * 8);
+  const __m256i off = _mm256_set1_epi8(static_cast<char>(code_offset<E>));
+  for (std::size_t i = 0; i < x.rows * x.blocks; ++i) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + 32 * i));
+    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(off, q), _mm256_set1_epi16(1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data() + 8 * i), _mm256_sub_epi32(_mm256_setzero_si256(), s));
+  }
+}
+
 // One weight row against NB quantized activation rows; the weights are unpacked once.
+// `offs` (row j's at offs + j * ostride): lane_offsets, read for Q4_0 and Q5_0 only.
 template <encoding E, int NB>
 TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks, const std::int8_t* q,
-                                        std::size_t qstride, const float* ds, std::size_t dstride, float* out) {
+                                        std::size_t qstride, const float* ds, std::size_t dstride,
+                                        const std::int32_t* offs, std::size_t ostride, float* out) {
   constexpr std::size_t bb = bytes32<E>();
   __m256 acc[NB];
   float mins[NB];
@@ -670,13 +706,19 @@ TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* p = row + b * bb;
     if constexpr (E == encoding::q5_0 || E == encoding::q5_1) prefetch(p);
-    const __m256i w = codes32<E>(p);
+    const __m256i w = stored_codes32<E>(p);
     const float dw = _cvtsh_ss(load_u16(p));
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
       const float* dj = ds + static_cast<std::size_t>(j) * dstride + 2 * b;
       const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + static_cast<std::size_t>(j) * qstride + 32 * b));
-      const __m256i s = dot32<E>(w, qv);
+      __m256i s;
+      if constexpr (code_offset<E> != 0) {
+        const __m256i o = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offs + static_cast<std::size_t>(j) * ostride + 8 * b));
+        s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, qv), _mm256_set1_epi16(1)), o);
+      } else {
+        s = dot32<E>(w, qv);
+      }
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * dj[0]), acc[j]);
       if constexpr (E == encoding::q4_1 || E == encoding::q5_1) mins[j] += _cvtsh_ss(load_u16(p + 2)) * dj[1];
     }
@@ -688,9 +730,11 @@ TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks
 template <encoding E>
 TLM_AVX2_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                   std::size_t r0, std::size_t r1, std::size_t) {
+  thread_local std::vector<std::int32_t> offs;
+  if constexpr (code_offset<E> != 0) lane_offsets<E>(x, offs);
   for (std::size_t i = 0; i < r1 - r0; ++i) {
     const std::size_t r = detail::streamed_row(r0, r1, i);
-    row_dots_q8<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, y + r);
+    row_dots_q8<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, offs.data(), 0, y + r);
   }
 }
 
@@ -715,18 +759,22 @@ TLM_AVX2_INLINE inline void matmul_q8_batch(const std::byte* w, std::size_t rb, 
   }
 }
 
+// Dots::run reads the lane offsets of x's rows from `offsets` (lane_offsets).
 template <encoding E>
 struct q8_dots {
+  static inline thread_local std::vector<std::int32_t> offsets;
   template <int NB>
   TLM_AVX2_INLINE static void run(const std::byte* row, const q8_activations& x, std::size_t b, float* out) {
-    const std::size_t qs = x.blocks * 32, dss = x.blocks * 2;
-    row_dots_q8<E, NB>(row, x.blocks, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
+    const std::size_t qs = x.blocks * 32, dss = x.blocks * 2, os = x.blocks * 8;
+    row_dots_q8<E, NB>(row, x.blocks, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, offsets.data() + b * os, os,
+                       out);
   }
 };
 
 template <encoding E>
 TLM_AVX2_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                   std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
+  if constexpr (code_offset<E> != 0) lane_offsets<E>(x, q8_dots<E>::offsets);
   matmul_q8_batch<q8_dots<E>>(w, rb, x, y, r0, r1, rows);
 }
 

@@ -645,11 +645,17 @@ TLM_AVX2_INLINE inline __m256i codes32(const std::byte* p) {
   }
 }
 
-// Q4_0's and Q5_0's codes as stored, unsigned (0..15, 0..31): the value plus code_offset<E>.
-// (Q8_0 keeps its signs moved: its codes plus 128 would reach 255, and vpmaddubsw's pairs
-// 2 * 255 * 127 would saturate.)
+// What a block's code, taken as an unsigned byte, exceeds the value it stands for by: Q4_0's
+// and Q5_0's codes as stored (0..15, 0..31), Q8_0's signed bytes with the sign bit flipped;
+// 0 for the encodings whose codes are unsigned already. The integer kernels that multiply
+// unsigned by signed bytes take the codes so and subtract offset x sum(q).
 template <encoding E>
-inline constexpr int code_offset = E == encoding::q4_0 ? 8 : E == encoding::q5_0 ? 16 : 0;
+inline constexpr int stored_code_offset = E == encoding::q8_0 ? 128 : E == encoding::q4_0 ? 8 : E == encoding::q5_0 ? 16 : 0;
+
+// The offsets this level's vpmaddubsw kernels use: Q8_0 keeps its signs moved, since its
+// codes plus 128 reach 255 and a pair 2 * 255 * 127 would saturate.
+template <encoding E>
+inline constexpr int code_offset = E == encoding::q8_0 ? 0 : stored_code_offset<E>;
 
 template <encoding E>
 TLM_AVX2_INLINE inline __m256i stored_codes32(const std::byte* p) {

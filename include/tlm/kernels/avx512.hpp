@@ -232,11 +232,9 @@ inline constexpr std::size_t q4_order[32] = {0, 1, 2,  3,  4,  5,  6,  7,  16, 1
 template <encoding E>
 inline constexpr bool has_min = E == encoding::q4_1 || E == encoding::q5_1;
 
-// What a block's stored code exceeds the value it stands for by, in the integer kernels
-// that take the codes unsigned (vpdpbusd multiplies unsigned by signed bytes): Q8_0's
-// signed bytes with their sign bit flipped, Q4_0's and Q5_0's codes as stored.
+// vpdpbusd never saturates, so every encoding takes its codes unsigned here.
 template <encoding E>
-inline constexpr int lane_code_offset = E == encoding::q8_0 ? 128 : E == encoding::q4_0 ? 8 : E == encoding::q5_0 ? 16 : 0;
+inline constexpr int lane_code_offset = avx2::stored_code_offset<E>;
 
 // x [cols] -> [cols] in the order each block's codes are widened, then [blocks, 2] =
 // {0, sum of the block}. Q4_0, Q4_1: q4_order per block. Q5_0, Q5_1: each whole pair of

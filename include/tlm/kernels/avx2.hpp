@@ -772,8 +772,9 @@ struct q8_dots {
   template <int NB>
   TLM_AVX2_INLINE static void run(const std::byte* row, const q8_activations& x, std::size_t b, float* out) {
     const std::size_t qs = x.blocks * 32, dss = x.blocks * 2, os = x.blocks * 8;
-    row_dots_q8<E, NB>(row, x.blocks, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, offsets.data() + b * os, os,
-                       out);
+    // Without offsets (code_offset 0) the buffer is empty and its data() may be null.
+    const std::int32_t* offs = code_offset<E> != 0 ? offsets.data() + b * os : nullptr;
+    row_dots_q8<E, NB>(row, x.blocks, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, offs, os, out);
   }
 };
 

@@ -804,7 +804,8 @@ TLM_VNNI_INLINE inline float row_dot_vnni(const std::byte* row, std::size_t bloc
     _mm_prefetch(reinterpret_cast<const char*>(p0 + prefetch_ahead), _MM_HINT_T0);
     const __m512i w = biased_codes64<E>(p0, p0 + bb);
     const __m128 wd = scale_pair<E>(p0, p0 + bb);
-    const __m512i start = lane_code_offset<E> != 0 ? _mm512_loadu_si512(offsets + 8 * b) : _mm512_setzero_si512();
+    __m512i start = _mm512_setzero_si512();
+    if constexpr (lane_code_offset<E> != 0) start = _mm512_loadu_si512(offsets + 8 * b);
     const __m512i s = _mm512_dpbusd_epi32(start, w, _mm512_loadu_si512(q + 32 * b));
     // [d0 dx0, m0 s0, d1 dx1, m1 s1]: the same two products as the scalar reference.
     const __m128 prod = _mm_mul_ps(wd, _mm_loadu_ps(ds + 2 * b));

@@ -30,12 +30,14 @@
 
 namespace tlm::kernels::avx2 {
 
-// How far ahead of the current block the newer kernels (Q5_0, Q5_1, the K-quants)
-// prefetch the weight stream. On the Intel Xeon VMs measured here the hardware
-// prefetcher alone streamed these kernels from DRAM at 2.3-3.9 GB/s (6.1-7.8 with the
-// prefetch), against 7.8-11.5 for the AVX-512 Q4_1 kernels, which prefetch too
-// (bench/results/kernels-kquant-xeon-avx512.md, "Cold").
-// The older AVX2 Q4/Q8 kernels keep none: on AMD Zen 4 a prefetch measured slower there.
+// How far ahead of the current block the kernels prefetch the weight stream. On the
+// Intel Xeon VMs measured here the hardware prefetcher alone streamed the Q5 and K-quant
+// kernels from DRAM at 2.3-3.9 GB/s (6.1-7.8 with the prefetch), against 7.8-11.5 for
+// the AVX-512 Q4_1 kernels, which prefetch too (bench/results/kernels-kquant-xeon-avx512.md,
+// "Cold"), and the Q4_0 / Q4_1 / Q8_0 kernels, exact and fast, at 5-9 GB/s against 9-15
+// (bench/results/kernels-avx2-prefetch-xeon.md). Those take a `Prefetch` parameter, as
+// the fast K-quant matvec does: on AMD Zen 4 a prefetch measured slower in them, so the
+// table (kernels/table.hpp) installs them without it on AMD.
 inline constexpr std::size_t prefetch_ahead = 1024;
 
 TLM_AVX2_INLINE inline void prefetch(const std::byte* p) {
@@ -384,7 +386,7 @@ TLM_AVX2_INLINE inline float finish_q4(__m256 acc, __m128 mins) {
 }
 
 // x here is the output of prepare_q4_x, done once per matvec by the caller.
-template <encoding E>
+template <encoding E, bool Prefetch>
 TLM_AVX2_FN inline void matvec_rows_q4(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                        std::size_t r0, std::size_t r1, std::size_t cols) {
   constexpr std::size_t bb = bytes32<E>();
@@ -399,6 +401,7 @@ TLM_AVX2_FN inline void matvec_rows_q4(encoding, const std::byte* w, std::size_t
     __m128 mins = _mm_setzero_ps();
     for (std::size_t b = 0; b < blocks; ++b) {
       const float* xb = xp + 32 * b;
+      if constexpr (Prefetch) prefetch(row + b * bb);
       const __m256 xv[4] = {load8(xb), load8(xb + 8), load8(xb + 16), load8(xb + 24)};
       q4_block<E>(row + b * bb, xv, _mm_loadu_ps(xs + 4 * b), acc, mins);
     }
@@ -418,6 +421,7 @@ TLM_AVX2_INLINE inline void q8_block(const std::byte* p, const __m256 (&xv)[4], 
   acc = _mm256_fmadd_ps(d, t, acc);
 }
 
+template <bool Prefetch>
 TLM_AVX2_FN inline void matvec_rows_q8(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                        std::size_t r0, std::size_t r1, std::size_t cols) {
   constexpr std::size_t bb = bytes32<encoding::q8_0>();
@@ -428,6 +432,7 @@ TLM_AVX2_FN inline void matvec_rows_q8(encoding, const std::byte* w, std::size_t
     __m256 acc = _mm256_setzero_ps();
     for (std::size_t b = 0; b < blocks; ++b) {
       const float* xb = x + 32 * b;
+      if constexpr (Prefetch) prefetch(row + b * bb);
       const __m256 xv[4] = {load8(xb), load8(xb + 8), load8(xb + 16), load8(xb + 24)};
       q8_block(row + b * bb, xv, acc);
     }
@@ -697,7 +702,7 @@ TLM_AVX2_INLINE inline void lane_offsets(const q8_activations& x, std::vector<st
 
 // One weight row against NB quantized activation rows; the weights are unpacked once.
 // `offs` (row j's at offs + j * ostride): lane_offsets, read for Q4_0 and Q5_0 only.
-template <encoding E, int NB>
+template <encoding E, int NB, bool Prefetch>
 TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks, const std::int8_t* q,
                                         std::size_t qstride, const float* ds, std::size_t dstride,
                                         const std::int32_t* offs, std::size_t ostride, float* out) {
@@ -711,7 +716,7 @@ TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks
   }
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* p = row + b * bb;
-    if constexpr (E == encoding::q5_0 || E == encoding::q5_1) prefetch(p);
+    if constexpr (Prefetch) prefetch(p);
     const __m256i w = stored_codes32<E>(p);
     const float dw = _cvtsh_ss(load_u16(p));
 #pragma GCC unroll 4
@@ -733,14 +738,14 @@ TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks
   for (int j = 0; j < NB; ++j) out[j] = hsum(acc[j]) + mins[j];
 }
 
-template <encoding E>
+template <encoding E, bool Prefetch>
 TLM_AVX2_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                   std::size_t r0, std::size_t r1, std::size_t) {
   thread_local std::vector<std::int32_t> offs;
   if constexpr (code_offset<E> != 0) lane_offsets<E>(x, offs);
   for (std::size_t i = 0; i < r1 - r0; ++i) {
     const std::size_t r = detail::streamed_row(r0, r1, i);
-    row_dots_q8<E, 1>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, offs.data(), 0, y + r);
+    row_dots_q8<E, 1, Prefetch>(w + r * rb, x.blocks, x.q.data(), 0, x.ds.data(), 0, offs.data(), 0, y + r);
   }
 }
 
@@ -774,7 +779,9 @@ struct q8_dots {
     const std::size_t qs = x.blocks * 32, dss = x.blocks * 2, os = x.blocks * 8;
     // Without offsets (code_offset 0) the buffer is empty and its data() may be null.
     const std::int32_t* offs = code_offset<E> != 0 ? offsets.data() + b * os : nullptr;
-    row_dots_q8<E, NB>(row, x.blocks, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, offs, os, out);
+    // The batch's weight rows prefetched for Q5 only, as measured (matvec_q8 takes a choice).
+    constexpr bool prefetch = E == encoding::q5_0 || E == encoding::q5_1;
+    row_dots_q8<E, NB, prefetch>(row, x.blocks, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, offs, os, out);
   }
 };
 

@@ -116,7 +116,7 @@ constexpr void set_avx2(kernel_table& k) {
 // Decode-speed matvec with the block scales factored out (avx2.hpp); matmul decodes.
 template <encoding E>
 constexpr void set_avx2_q4(kernel_table& k) {
-  k.matvec[slot_of<E>] = &avx2::matvec_rows_q4<E>;
+  k.matvec[slot_of<E>] = &avx2::matvec_rows_q4<E, true>;
   k.prepare[slot_of<E>] = &avx2::prepare_q4_x<E>;
   k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row<E>>;
 }
@@ -132,7 +132,7 @@ constexpr void set_avx2_q5(kernel_table& k) {
 
 template <encoding E>
 constexpr void set_avx2_fast(kernel_table& k) {
-  k.matvec_q8[slot_of<E>] = &avx2::matvec_q8<E>;
+  k.matvec_q8[slot_of<E>] = &avx2::matvec_q8<E, true>;
   k.matmul_q8[slot_of<E>] = &avx2::matmul_q8<E>;
 }
 
@@ -184,18 +184,11 @@ inline const kernel_table& avx2_table() {
     set_avx2_q4<encoding::q4_1>(k);
     set_avx2_q5<encoding::q5_0>(k);
     set_avx2_q5<encoding::q5_1>(k);
-    k.matvec[slot_of<encoding::q8_0>] = &avx2::matvec_rows_q8;
+    k.matvec[slot_of<encoding::q8_0>] = &avx2::matvec_rows_q8<true>;
     k.matmul[slot_of<encoding::q8_0>] = &avx2::matmul_rows<&avx2::decode_row<encoding::q8_0>>;
     set_avx2_k<encoding::q4_k>(k);
     set_avx2_k<encoding::q5_k>(k);
     set_avx2_k<encoding::q6_k>(k);
-    if (cpu().amd) {
-      // The fast K-quant matvec without software prefetch (avx2_kquant.hpp, row_dots_k:
-      // measured on Zen 4; Intel keeps it).
-      k.matvec_q8[slot_of<encoding::q4_k>] = &avx2::matvec_q8_k<encoding::q4_k, false>;
-      k.matvec_q8[slot_of<encoding::q5_k>] = &avx2::matvec_q8_k<encoding::q5_k, false>;
-      k.matvec_q8[slot_of<encoding::q6_k>] = &avx2::matvec_q8_k<encoding::q6_k, false>;
-    }
     k.dot = &avx2::dot;
     k.axpy = &avx2::axpy;
     k.dot_i8 = &avx2::dot_i8;
@@ -207,6 +200,22 @@ inline const kernel_table& avx2_table() {
     set_avx2_fast<encoding::q4_1>(k);
     set_avx2_fast<encoding::q5_0>(k);
     set_avx2_fast<encoding::q5_1>(k);
+    if (cpu().amd) {
+      // The fast K-quant matvec and the Q4_0 / Q4_1 / Q8_0 matvecs, exact and fast, without
+      // software prefetch: measured slower with it on Zen 4 (avx2_kquant.hpp, row_dots_k;
+      // bench/results/kernels-kquant-steps-zen4.md). Intel keeps it: on the Xeon the
+      // Q4_0 / Q4_1 / Q8_0 ones streamed from DRAM 1.4-1.9x faster with it
+      // (bench/results/kernels-avx2-prefetch-xeon.md). The Q5 kernels prefetch on both.
+      k.matvec_q8[slot_of<encoding::q4_k>] = &avx2::matvec_q8_k<encoding::q4_k, false>;
+      k.matvec_q8[slot_of<encoding::q5_k>] = &avx2::matvec_q8_k<encoding::q5_k, false>;
+      k.matvec_q8[slot_of<encoding::q6_k>] = &avx2::matvec_q8_k<encoding::q6_k, false>;
+      k.matvec[slot_of<encoding::q4_0>] = &avx2::matvec_rows_q4<encoding::q4_0, false>;
+      k.matvec[slot_of<encoding::q4_1>] = &avx2::matvec_rows_q4<encoding::q4_1, false>;
+      k.matvec[slot_of<encoding::q8_0>] = &avx2::matvec_rows_q8<false>;
+      k.matvec_q8[slot_of<encoding::q4_0>] = &avx2::matvec_q8<encoding::q4_0, false>;
+      k.matvec_q8[slot_of<encoding::q4_1>] = &avx2::matvec_q8<encoding::q4_1, false>;
+      k.matvec_q8[slot_of<encoding::q8_0>] = &avx2::matvec_q8<encoding::q8_0, false>;
+    }
     set_integer_max_batch(k, 8, 16);
     return k;
   }();

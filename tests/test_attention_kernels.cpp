@@ -257,6 +257,45 @@ TEST_CASE("scores and scores_q8 at every level against the double reference: n 0
   }
 }
 
+// The AVX-512 level scores heads of 64 and 128 with the query in registers and the keys'
+// products written out (attention_avx512::group_dots_fixed), other sizes with a loop;
+// both are the same operations in the same order. A head padded with 16 zeros takes the
+// loop and adds only zero products, so its scores must be the same bits.
+TEST_CASE("scores and scores_q8 of heads of 64 and 128 equal those of the same heads padded with zeros, bit for bit") {
+  level_guard guard;
+  std::mt19937 rng(12);
+  for (auto level : testable_levels()) {
+    k::force_kernel_level(level);
+    INFO("level " << tlm::kernel_level_name(level));
+    for (std::size_t E : {std::size_t{64}, std::size_t{128}}) {
+      const std::size_t P = E + 16;
+      for (std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{37}, std::size_t{64}}) {
+        CAPTURE(E);
+        CAPTURE(n);
+        const auto q = random_floats(E, rng, 2.0f);
+        const auto keys = random_floats(n * E, rng, 3.0f);
+        const auto codes = random_codes(n * E, rng, -127);
+        auto ks = random_floats(n, rng, 0.05f);
+        for (auto& x : ks) x = std::fabs(x) + 0.01f;
+        std::vector<float> qp(P, 0.0f), keys_p(n * P, 0.0f);
+        std::vector<std::int8_t> codes_p(n * P, 0);
+        std::copy(q.begin(), q.end(), qp.begin());
+        for (std::size_t j = 0; j < n; ++j) {
+          std::copy_n(keys.begin() + static_cast<std::ptrdiff_t>(j * E), E, keys_p.begin() + static_cast<std::ptrdiff_t>(j * P));
+          std::copy_n(codes.begin() + static_cast<std::ptrdiff_t>(j * E), E, codes_p.begin() + static_cast<std::ptrdiff_t>(j * P));
+        }
+        std::vector<float> s(n), sp(n);
+        k::attention().scores(q.data(), keys.data(), E, n, E, 0.125f, s.data());
+        k::attention().scores(qp.data(), keys_p.data(), P, n, P, 0.125f, sp.data());
+        for (std::size_t j = 0; j < n; ++j) CHECK(std::bit_cast<std::uint32_t>(s[j]) == std::bit_cast<std::uint32_t>(sp[j]));
+        k::attention().scores_q8(q.data(), codes.data(), ks.data(), n, E, 0.125f, s.data());
+        k::attention().scores_q8(qp.data(), codes_p.data(), ks.data(), n, P, 0.125f, sp.data());
+        for (std::size_t j = 0; j < n; ++j) CHECK(std::bit_cast<std::uint32_t>(s[j]) == std::bit_cast<std::uint32_t>(sp[j]));
+      }
+    }
+  }
+}
+
 TEST_CASE("accumulate and accumulate_q8 at every level against the double reference: n 0..140, head sizes") {
   level_guard guard;
   std::mt19937 rng(13);

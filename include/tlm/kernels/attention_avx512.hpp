@@ -59,25 +59,64 @@ TLM_AVX512_INLINE inline __m512 group_dots(const float* q, const Elem* rows, std
   return reduce16(acc);
 }
 
-TLM_AVX512_FN inline void scores(const float* q, const float* keys, std::size_t stride, std::size_t n,
-                                      std::size_t E, float scale, float* s) {
-  if (E % 16 != 0) return attention_avx2::scores(q, keys, stride, n, E, scale, s);
+// group_dots for heads of EV x 16 values (64 and 128, every configuration's), the query
+// held in registers and the 16 keys' products written out, so that their chains of
+// multiply-adds overlap: as a loop over keys, each chain waited on the key before (this
+// and the accumulators kept in registers made decode attention 1.4-1.5x faster:
+// bench/results/attention-decode-xeon.md). The same operations in the same order: the
+// results are group_dots' bit for bit (tests/test_attention_kernels.cpp checks).
+template <std::size_t EV, class Elem>
+TLM_AVX512_INLINE inline __m512 group_dots_fixed(const __m512 (&qv)[EV], const Elem* rows, std::size_t stride,
+                                                 std::size_t m) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (std::size_t jj = 0; jj < 16; ++jj) {
+    const Elem* r = rows + std::min(jj, m - 1) * stride;
+    __m512 a = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (std::size_t e = 0; e < EV; ++e) a = _mm512_fmadd_ps(qv[e], lanes::load(r + 16 * e), a);
+    acc[jj] = a;
+  }
+  return reduce16(acc);
+}
+
+// Scores of n keys, 16 at a time: rows are the keys (float, `stride` apart) or their
+// int8 codes (stride E, each key's dot times key_scales[j]; null for float). EV: the
+// head's size in vectors of 16 for group_dots_fixed, 0 for any size (group_dots).
+template <std::size_t EV, class Elem>
+TLM_AVX512_INLINE inline void scores_rows(const float* q, const Elem* rows, std::size_t stride, std::size_t n,
+                                          std::size_t E, float scale, const float* key_scales, float* s) {
+  __m512 qv[EV == 0 ? 1 : EV];
+  for (std::size_t e = 0; e < EV; ++e) qv[e] = _mm512_loadu_ps(q + 16 * e);
   const __m512 vs = _mm512_set1_ps(scale);
   for (std::size_t j0 = 0; j0 < n; j0 += 16) {
     const std::size_t m = std::min<std::size_t>(16, n - j0);
-    _mm512_mask_storeu_ps(s + j0, first(m), _mm512_mul_ps(group_dots(q, keys + j0 * stride, stride, m, E), vs));
+    __m512 d;
+    if constexpr (EV == 0) d = group_dots(q, rows + j0 * stride, stride, m, E);
+    else d = group_dots_fixed<EV>(qv, rows + j0 * stride, stride, m);
+    const __m512 f = key_scales == nullptr ? vs : _mm512_mul_ps(_mm512_maskz_loadu_ps(first(m), key_scales + j0), vs);
+    _mm512_mask_storeu_ps(s + j0, first(m), _mm512_mul_ps(d, f));
   }
+}
+
+template <class Elem>
+TLM_AVX512_INLINE inline void scores_any(const float* q, const Elem* rows, std::size_t stride, std::size_t n,
+                                         std::size_t E, float scale, const float* key_scales, float* s) {
+  if (E == 64) return scores_rows<4>(q, rows, stride, n, E, scale, key_scales, s);
+  if (E == 128) return scores_rows<8>(q, rows, stride, n, E, scale, key_scales, s);
+  scores_rows<0>(q, rows, stride, n, E, scale, key_scales, s);
+}
+
+TLM_AVX512_FN inline void scores(const float* q, const float* keys, std::size_t stride, std::size_t n,
+                                      std::size_t E, float scale, float* s) {
+  if (E % 16 != 0) return attention_avx2::scores(q, keys, stride, n, E, scale, s);
+  scores_any(q, keys, stride, n, E, scale, nullptr, s);
 }
 
 TLM_AVX512_FN inline void scores_q8(const float* q, const std::int8_t* codes, const float* key_scales,
                                          std::size_t n, std::size_t E, float scale, float* s) {
   if (E % 16 != 0) return attention_avx2::scores_q8(q, codes, key_scales, n, E, scale, s);
-  const __m512 vs = _mm512_set1_ps(scale);
-  for (std::size_t j0 = 0; j0 < n; j0 += 16) {
-    const std::size_t m = std::min<std::size_t>(16, n - j0);
-    const __m512 ks = _mm512_mul_ps(_mm512_maskz_loadu_ps(first(m), key_scales + j0), vs);
-    _mm512_mask_storeu_ps(s + j0, first(m), _mm512_mul_ps(group_dots(q, codes + j0 * E, E, m, E), ks));
-  }
+  scores_any(q, codes, E, n, E, scale, key_scales, s);
 }
 
 // exp_poly on 16 lanes: the same operations in the same order.

@@ -52,7 +52,7 @@ TLM_AVX2_INLINE inline __m256 group_dots(const float* q, const Elem* rows, std::
   // The 8 keys' sums advance together, 8 values at a time, so that their chains of
   // multiply-adds overlap; a loop over keys, each key's chain inside, waited on the key
   // before (with the accumulators kept in registers, decode attention here became
-  // 1.1-1.3x faster: bench/results/attention-decode-xeon.md).
+  // 1.1-1.4x faster: bench/results/attention-decode-xeon.md).
   const Elem* r[8];
   for (std::size_t jj = 0; jj < 8; ++jj) r[jj] = rows + std::min(jj, m - 1) * stride;
   __m256 acc[8];

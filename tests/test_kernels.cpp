@@ -1066,6 +1066,86 @@ TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the ta
   check(encoding::f32, a5::matvec_rows<encoding::f32>, copy);
   check(encoding::f16, a5::matvec_rows<encoding::f16>, copy);
   check(encoding::bf16, a5::matvec_rows<encoding::bf16>, copy);
+  // x as three bytes (the table's exact Q5 kernels on Intel CPUs with VNNI).
+  if (tlm::cpu().avx512vnni) {
+    check(encoding::q5_0, a5::matvec_rows_q5_digits<encoding::q5_0>, a5::prepare_q5_digits<encoding::q5_0>);
+    check(encoding::q5_1, a5::matvec_rows_q5_digits<encoding::q5_1>, a5::prepare_q5_digits<encoding::q5_1>);
+  }
+#else
+  MESSAGE("skipped: no AVX-512 kernels on this architecture");
+#endif
+}
+
+TEST_CASE("exact Q5 matvec with x as three bytes: within its stated bound over a wide range of x, NaN for a non-finite block") {
+#ifdef TLM_HAVE_AVX512_KERNELS
+  if (!tlm::kernel_level_supported(tlm::kernel_level::avx512) || !tlm::cpu().avx512vnni) {
+    MESSAGE("skipped: this CPU has no AVX-512 VNNI (" << tlm::cpu_feature_string() << ")");
+    return;
+  }
+  namespace a5 = tlm::kernels::avx512;
+  std::mt19937 rng(2412);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::size_t cases = 0;
+  double worst = 0;
+  for (encoding enc : {encoding::q5_0, encoding::q5_1}) {
+    const auto kernel = enc == encoding::q5_0 ? a5::matvec_rows_q5_digits<encoding::q5_0> : a5::matvec_rows_q5_digits<encoding::q5_1>;
+    const auto prepare = enc == encoding::q5_0 ? a5::prepare_q5_digits<encoding::q5_0> : a5::prepare_q5_digits<encoding::q5_1>;
+    const std::size_t bb = tlm::row_bytes(enc, 32);
+    for (std::size_t cols : {std::size_t{32}, std::size_t{96}, std::size_t{576}, std::size_t{1536}}) {
+      const std::size_t rows = 9, blocks = cols / 32, rb = tlm::row_bytes(enc, cols);
+      const auto w = random_rows(enc, rows, cols, rng);
+      // Each block of x in one regime: ordinary, one value 1e4 times the rest, values near
+      // 1e-30, subnormal values, all zero, values near 1e30.
+      std::vector<float> x(cols);
+      for (std::size_t b = 0; b < blocks; ++b) {
+        const std::size_t regime = (b + cols) % 6;
+        const float scale[] = {1.0f, 1.0f, 1e-30f, 1e-40f, 0.0f, 1e30f};
+        for (std::size_t i = 0; i < 32; ++i) x[32 * b + i] = scale[regime] * unit(rng);
+        if (regime == 1) x[32 * b + (b * 7) % 32] = 1e4f;
+      }
+      std::vector<float> prepared, y(rows);
+      prepare(x.data(), cols, prepared);
+      kernel(enc, w.data(), rb, prepared.data(), y.data(), 0, rows, cols);
+      // Bound (the comment of prepare_q5_digits): each x moves by at most
+      // max(1.2e-7 max|x of its block|, 2^-149), times d c (the weight less Q5_1's min);
+      // the float steps after the integer sums within rel_tol of sum |w x|.
+      std::vector<std::byte> no_min = w;
+      if (enc == encoding::q5_1)
+        for (std::size_t blk = 0; blk < rows * blocks; ++blk) put_half(no_min.data() + blk * bb + 2, 0.0f);
+      std::vector<float> wr(cols), dc(cols);
+      for (std::size_t r = 0; r < rows; ++r) {
+        tlm::dequantize_row(enc, w.data() + r * rb, wr.data(), cols);
+        tlm::dequantize_row(enc, no_min.data() + r * rb, dc.data(), cols);
+        double exact = 0, sum_abs = 0, moved = 0;
+        for (std::size_t b = 0; b < blocks; ++b) {
+          double top = 0;
+          for (std::size_t i = 32 * b; i < 32 * b + 32; ++i) top = std::max(top, std::fabs(static_cast<double>(x[i])));
+          const double step = std::max(1.2e-7 * top, std::ldexp(1.0, -149));
+          for (std::size_t i = 32 * b; i < 32 * b + 32; ++i) {
+            exact += static_cast<double>(wr[i]) * x[i];
+            sum_abs += std::fabs(static_cast<double>(wr[i]) * x[i]);
+            moved += std::fabs(static_cast<double>(dc[i])) * step;
+          }
+        }
+        const double err = std::fabs(y[r] - exact), allowed = moved + rel_tol * sum_abs;
+        worst = std::max(worst, err / allowed);
+        INFO(tlm::name(enc) << " cols " << cols << " row " << r << ": " << y[r] << " against " << exact);
+        CHECK(err <= allowed);
+        ++cases;
+      }
+      // A NaN or an infinity in one block: NaN in every row.
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+        std::vector<float> xb = x;
+        xb[cols - 1] = bad;
+        prepare(xb.data(), cols, prepared);
+        kernel(enc, w.data(), rb, prepared.data(), y.data(), 0, rows, cols);
+        INFO(tlm::name(enc) << " cols " << cols << " x with " << bad);
+        CHECK(std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); }));
+      }
+    }
+  }
+  MESSAGE("x as three bytes: " << cases << " rows, worst error / bound " << worst);
+  CHECK(cases == 2 * 4 * 9);
 #else
   MESSAGE("skipped: no AVX-512 kernels on this architecture");
 #endif

@@ -5,12 +5,13 @@
 // installs them only after the level's CPU test has passed).
 //
 // Exact mode (float32 activations):
-//   matvec: one row at a time, the block scale factored out of the block's sum (as
-//           avx2.hpp does), 16 lanes = half a block, so a Q4 block is two multiplies
-//           with no permutation of x; two accumulators; software prefetch ahead of
-//           the weight stream. Q5_x (a pair of blocks) and the K-quants (128 values)
-//           assemble 64 code bytes at a time and widen them inside 128-bit lanes,
-//           x permuted to match.
+//   matvec: the block scale factored out of the block's sum (as avx2.hpp does), 16
+//           lanes = half a block, so a Q4 block is two multiplies with no permutation
+//           of x; two accumulators; software prefetch ahead of the weight stream; blocks
+//           of 32 four rows a step. Q5_x (a pair of blocks) and the K-quants (128
+//           values) assemble 64 code bytes at a time and widen them inside 128-bit
+//           lanes, x permuted to match. With VNNI (Intel), Q5_x instead takes x as
+//           three signed bytes per value and sums in integers (prepare_q5_digits).
 //   matmul: a register-blocked outer-product micro-kernel. Weight rows are decoded
 //           once per slice of the batch into a float32 panel [rt, cols]; the slice of
 //           activations is transposed once into [cols, 16] columns, so each
@@ -41,7 +42,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 // GCC 12 reports its own intrinsics (_mm512_cvtepu8_epi32 and others start from
@@ -62,6 +65,10 @@ namespace tlm::kernels::avx512 {
 // prefetcher follows one sequential stream well; the software prefetch mainly covers
 // the start of each chunk and the page boundaries, where the hardware one restarts.
 inline constexpr std::size_t prefetch_ahead = 1024;
+// Rows a matvec computes together (detail::rows_in_steps), one of each of streamed_row's
+// 4 streams: Q5_0 1536x576, exact (rows_dot_q5_digits), hot, 1 thread, on the Xeon:
+// 13.0-13.1 GB/s a row at a time, 13.3-14.4 at 2, 15.1-15.4 at 4, 14.6-15.2 at 8.
+inline constexpr std::size_t rows_a_step = 4;
 
 TLM_AVX512_INLINE inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 
@@ -302,6 +309,38 @@ TLM_AVX512_INLINE inline __m128 scale_pair(const std::byte* p0, const std::byte*
   return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(bits)));
 }
 
+// d of blocks b and b + 1 (at p and p + bb) of R <= 4 rows, converted together:
+// [d0 of row 0, d1 of row 0, d0 of row 1, ...], the rest zero. One conversion for the
+// R rows where scale_pair takes one per row.
+template <std::size_t R>
+TLM_AVX512_INLINE inline __m256 pair_scales(const std::byte* const (&p)[R], std::size_t bb) {
+  static_assert(R >= 1 && R <= 4);
+  __m128i h = _mm_insert_epi16(_mm_cvtsi32_si128(load_u16(p[0])), load_u16(p[0] + bb), 1);
+  if constexpr (R > 1) h = _mm_insert_epi16(_mm_insert_epi16(h, load_u16(p[1]), 2), load_u16(p[1] + bb), 3);
+  if constexpr (R > 2) h = _mm_insert_epi16(_mm_insert_epi16(h, load_u16(p[2]), 4), load_u16(p[2] + bb), 5);
+  if constexpr (R > 3) h = _mm_insert_epi16(_mm_insert_epi16(h, load_u16(p[3]), 6), load_u16(p[3] + bb), 7);
+  return _mm256_cvtph_ps(h);
+}
+
+// Lanes 0-7 take lane 0 of scale_pair's [d0, m0, d1, m1], lanes 8-15 lane 2.
+TLM_AVX512_INLINE inline __m512i scale_pair_pick() {
+  return _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+}
+
+template <std::size_t R>
+TLM_AVX512_INLINE inline void zero_sums(__m512 (&acc)[R], __m128 (&mins)[R]) {
+  for (std::size_t r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    mins[r] = _mm_setzero_ps();
+  }
+}
+
+// Lanes 0-7 of row r's pair take pair_scales' lane 2r, lanes 8-15 lane 2r + 1.
+TLM_AVX512_INLINE inline __m512i pair_pick(std::size_t r) {
+  const int first = static_cast<int>(2 * r);
+  return _mm512_mask_set1_epi32(_mm512_set1_epi32(first), 0xff00, first + 1);
+}
+
 // sum_j c_j x_j of one quantized block (codes . x, before the scale).
 template <encoding E>
 TLM_AVX512_INLINE inline __m512 block_codes_dot(const std::byte* p, const float* xb) {
@@ -321,48 +360,65 @@ TLM_AVX512_INLINE inline __m512 block_codes_dot(const std::byte* p, const float*
   return _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xb)));
 }
 
-// One row of a 32-block matrix (Q8_0, Q4_x, Q5_x): sum_b d_b (codes_b . x_b)
+// R rows of a 32-block matrix (Q8_0, Q4_x, Q5_x): sum_b d_b (codes_b . x_b)
 // [+ m_b sum(x_b)], two blocks per step (one conversion of the four scales, two
-// accumulators).
-template <encoding E>
-TLM_AVX512_FN inline float row_dot_quant(const std::byte* row, const float* x, const float* xsum, std::size_t blocks) {
+// accumulators). Each row's sum is computed as one row alone would be; R rows share
+// the loop (rows_a_step).
+template <encoding E, std::size_t R>
+TLM_AVX512_INLINE inline void rows_dot_quant(const std::byte* const (&rows)[R], const float* x, const float* xsum,
+                                             std::size_t blocks, float (&out)[R]) {
   constexpr std::size_t bb = row_bytes(E, 32);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-  __m128 mins = _mm_setzero_ps();
+  __m512 acc0[R], acc1[R];
+  __m128 mins[R];
+  zero_sums(acc0, mins);
+  for (std::size_t r = 0; r < R; ++r) acc1[r] = _mm512_setzero_ps();
   std::size_t b = 0;
   for (; b + 2 <= blocks; b += 2) {
-    const std::byte* p = row + b * bb;
-    _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_ahead), _MM_HINT_T0);
-    const __m128 dm = scale_pair<E>(p, p + bb);
-    if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
-      // Lanes 0-7 take d of the first block, 8-15 of the second.
-      const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-      const __m512 d = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(dm));
-      acc0 = _mm512_fmadd_ps(d, q5_pair_dot<E>(p, p + bb, x + 32 * b), acc0);
-    } else {
-      const __m512 t0 = block_codes_dot<E>(p, x + 32 * b);
-      const __m512 t1 = block_codes_dot<E>(p + bb, x + 32 * b + 32);
-      acc0 = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t0, acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_broadcastss_ps(_mm_movehl_ps(dm, dm)), t1, acc1);
+#pragma GCC unroll 4
+    for (std::size_t r = 0; r < R; ++r) {
+      const std::byte* p = rows[r] + b * bb;
+      _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_ahead), _MM_HINT_T0);
+      const __m128 dm = scale_pair<E>(p, p + bb);
+      if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
+        const __m512 d = _mm512_permutexvar_ps(scale_pair_pick(), _mm512_castps128_ps512(dm));
+        acc0[r] = _mm512_fmadd_ps(d, q5_pair_dot<E>(p, p + bb, x + 32 * b), acc0[r]);
+      } else {
+        const __m512 t0 = block_codes_dot<E>(p, x + 32 * b);
+        const __m512 t1 = block_codes_dot<E>(p + bb, x + 32 * b + 32);
+        acc0[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), t0, acc0[r]);
+        acc1[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(_mm_movehl_ps(dm, dm)), t1, acc1[r]);
+      }
+      if constexpr (has_min<E>) mins[r] = _mm_fmadd_ps(dm, _mm_loadu_ps(xsum + 2 * b), mins[r]);
+      // Q5_0: d sum(x) in lanes 1 and 3, times -16 at the end (exact: a power of two).
+      if constexpr (E == encoding::q5_0) mins[r] = _mm_fmadd_ps(_mm_moveldup_ps(dm), _mm_loadu_ps(xsum + 2 * b), mins[r]);
     }
-    if constexpr (has_min<E>) mins = _mm_fmadd_ps(dm, _mm_loadu_ps(xsum + 2 * b), mins);
-    // Q5_0: d sum(x) in lanes 1 and 3, times -16 at the end (exact: a power of two).
-    if constexpr (E == encoding::q5_0) mins = _mm_fmadd_ps(_mm_moveldup_ps(dm), _mm_loadu_ps(xsum + 2 * b), mins);
   }
-  if (b < blocks) {
-    const std::byte* p = row + b * bb;
-    const __m128 dm = scale_pair<E>(p, p);
-    acc0 = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), block_codes_dot<E>(p, x + 32 * b), acc0);
-    if constexpr (has_min<E>) mins = _mm_fmadd_ps(dm, _mm_setr_ps(0.0f, xsum[2 * b + 1], 0.0f, 0.0f), mins);
+  for (std::size_t r = 0; r < R; ++r) {
+    if (b < blocks) {
+      const std::byte* p = rows[r] + b * bb;
+      const __m128 dm = scale_pair<E>(p, p);
+      acc0[r] = _mm512_fmadd_ps(_mm512_broadcastss_ps(dm), block_codes_dot<E>(p, x + 32 * b), acc0[r]);
+      if constexpr (has_min<E>) mins[r] = _mm_fmadd_ps(dm, _mm_setr_ps(0.0f, xsum[2 * b + 1], 0.0f, 0.0f), mins[r]);
+    }
+    out[r] = hsum(_mm512_add_ps(acc0[r], acc1[r]));
+    if constexpr (has_min<E> || E == encoding::q5_0) {
+      alignas(16) float m[4];
+      _mm_store_ps(m, mins[r]);
+      out[r] += (E == encoding::q5_0 ? -16.0f : 1.0f) * (m[1] + m[3]);
+    }
   }
-  float s = hsum(_mm512_add_ps(acc0, acc1));
-  if constexpr (has_min<E> || E == encoding::q5_0) {
-    alignas(16) float m[4];
-    _mm_store_ps(m, mins);
-    s += (E == encoding::q5_0 ? -16.0f : 1.0f) * (m[1] + m[3]);
-  }
-  return s;
 }
+
+template <encoding E>
+struct quant_rows {
+  const float* x;
+  const float* xsum;
+  std::size_t blocks;
+  template <std::size_t R>
+  TLM_AVX512_FN void operator()(const std::byte* const (&rows)[R], float (&out)[R]) const {
+    rows_dot_quant<E, R>(rows, x, xsum, blocks, out);
+  }
+};
 
 // One row of a float matrix (f32, f16, bf16), the last cols % 32 as a scalar tail.
 template <encoding E>
@@ -546,14 +602,16 @@ TLM_AVX512_FN inline float row_dot_k(const std::byte* row, const float* x, std::
 template <encoding E>
 TLM_AVX512_FN inline void matvec_rows(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                       std::size_t r0, std::size_t r1, std::size_t cols) {
-  for (std::size_t i = 0; i < r1 - r0; ++i) {
-    const std::size_t r = detail::streamed_row(r0, r1, i);
-    if constexpr (E == encoding::q4_k || E == encoding::q5_k || E == encoding::q6_k) {
-      y[r] = row_dot_k<E>(w + r * rb, x, cols);
-    } else if constexpr (traits(E).block_values == 32) {
-      y[r] = row_dot_quant<E>(w + r * rb, x, x + cols, cols / 32);
-    } else {
-      y[r] = row_dot_float<E>(w + r * rb, x, cols);
+  if constexpr (traits(E).block_values == 32) {
+    detail::rows_in_steps<rows_a_step>(r0, r1, w, rb, y, quant_rows<E>{x, x + cols, cols / 32});
+  } else {
+    for (std::size_t i = 0; i < r1 - r0; ++i) {
+      const std::size_t r = detail::streamed_row(r0, r1, i);
+      if constexpr (E == encoding::q4_k || E == encoding::q5_k || E == encoding::q6_k) {
+        y[r] = row_dot_k<E>(w + r * rb, x, cols);
+      } else {
+        y[r] = row_dot_float<E>(w + r * rb, x, cols);
+      }
     }
   }
 }
@@ -788,40 +846,69 @@ TLM_VNNI_INLINE inline void lane_offsets(const std::int8_t* q, std::size_t pairs
   }
 }
 
-// One weight row against one quantized activation row (q, ds; `offsets` from
-// lane_offsets for the encodings with signed codes).
-template <encoding E>
-TLM_VNNI_INLINE inline float row_dot_vnni(const std::byte* row, std::size_t blocks, const std::int8_t* q,
-                                          const float* ds, const std::int32_t* offsets) {
+// R weight rows against one quantized activation row (q, ds; `offsets` from
+// lane_offsets for the encodings with signed codes), sharing the loop and the loads of
+// the activations (see rows_dot_q5_digits).
+template <encoding E, std::size_t R>
+TLM_VNNI_INLINE inline void rows_dot_vnni(const std::byte* const (&rows)[R], std::size_t blocks, const std::int8_t* q,
+                                          const float* ds, const std::int32_t* offsets, float (&out)[R]) {
   constexpr std::size_t bb = row_bytes(E, 32);
-  // Lanes 0..7 take the scale of the first block of the pair, lanes 8..15 the second.
-  const __m512i pick = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-  __m512 acc = _mm512_setzero_ps();
-  __m128 mins = _mm_setzero_ps();
+  const __m512i pick = scale_pair_pick();
+  __m512 acc[R];
+  __m128 mins[R];
+  zero_sums(acc, mins);
   std::size_t b = 0;
   for (; b + 2 <= blocks; b += 2) {
-    const std::byte* p0 = row + b * bb;
-    _mm_prefetch(reinterpret_cast<const char*>(p0 + prefetch_ahead), _MM_HINT_T0);
-    const __m512i w = biased_codes64<E>(p0, p0 + bb);
-    const __m128 wd = scale_pair<E>(p0, p0 + bb);
+    const __m512i qv = _mm512_loadu_si512(q + 32 * b);
     __m512i start = _mm512_setzero_si512();
     if constexpr (lane_code_offset<E> != 0) start = _mm512_loadu_si512(offsets + 8 * b);
-    const __m512i s = _mm512_dpbusd_epi32(start, w, _mm512_loadu_si512(q + 32 * b));
-    // [d0 dx0, m0 s0, d1 dx1, m1 s1]: the same two products as the scalar reference.
-    const __m128 prod = _mm_mul_ps(wd, _mm_loadu_ps(ds + 2 * b));
-    const __m512 scale = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(prod));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc);
-    if constexpr (has_min<E>) mins = _mm_add_ps(mins, prod);
+    const __m128 dx = _mm_loadu_ps(ds + 2 * b);
+    const std::byte* p[R];
+    for (std::size_t r = 0; r < R; ++r) p[r] = rows[r] + b * bb;
+    // Without a min, the R rows' d converted together: [d0 dx0, d1 dx1] per row.
+    __m256 prods;
+    if constexpr (!has_min<E>)
+      prods = _mm256_mul_ps(pair_scales(p, bb), _mm256_permutexvar_ps(_mm256_setr_epi32(0, 2, 0, 2, 0, 2, 0, 2),
+                                                                        _mm256_castps128_ps256(dx)));
+#pragma GCC unroll 4
+    for (std::size_t r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(p[r] + prefetch_ahead), _MM_HINT_T0);
+      const __m512i w = biased_codes64<E>(p[r], p[r] + bb);
+      const __m512i s = _mm512_dpbusd_epi32(start, w, qv);
+      __m512 scale;
+      if constexpr (has_min<E>) {
+        // [d0 dx0, m0 s0, d1 dx1, m1 s1]: the same two products as the scalar reference.
+        const __m128 prod = _mm_mul_ps(scale_pair<E>(p[r], p[r] + bb), dx);
+        scale = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(prod));
+        mins[r] = _mm_add_ps(mins[r], prod);
+      } else {
+        scale = _mm512_permutexvar_ps(pair_pick(r), _mm512_castps256_ps512(prods));
+      }
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, acc[r]);
+    }
   }
-  float s = hsum(acc);
-  if constexpr (has_min<E>) {
-    alignas(16) float m[4];
-    _mm_store_ps(m, mins);
-    s += m[1] + m[3];
+  for (std::size_t r = 0; r < R; ++r) {
+    out[r] = hsum(acc[r]);
+    if constexpr (has_min<E>) {
+      alignas(16) float m[4];
+      _mm_store_ps(m, mins[r]);
+      out[r] += m[1] + m[3];
+    }
+    if (b < blocks) out[r] += block_term_vnni<E>(rows[r] + b * bb, q + 32 * b, ds + 2 * b);
   }
-  if (b < blocks) s += block_term_vnni<E>(row + b * bb, q + 32 * b, ds + 2 * b);
-  return s;
 }
+
+template <encoding E>
+struct vnni_rows {
+  std::size_t blocks;
+  const std::int8_t* q;
+  const float* ds;
+  const std::int32_t* offsets;
+  template <std::size_t R>
+  TLM_VNNI_FN void operator()(const std::byte* const (&rows)[R], float (&out)[R]) const {
+    rows_dot_vnni<E, R>(rows, blocks, q, ds, offsets, out);
+  }
+};
 
 // Fast matvec, a pair of blocks per step, signed codes taken as unsigned ones with the
 // offsets preloaded: SmolLM2's Q4_0 file decoded 1.20x faster at 1 thread (1.11x at 2),
@@ -835,10 +922,158 @@ TLM_VNNI_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, 
     offsets.resize(x.blocks / 2 * 16);
     lane_offsets<E>(x.q.data(), x.blocks / 2, offsets.data());
   }
-  for (std::size_t i = 0; i < r1 - r0; ++i) {
-    const std::size_t r = detail::streamed_row(r0, r1, i);
-    y[r] = row_dot_vnni<E>(w + r * rb, x.blocks, x.q.data(), x.ds.data(), offsets.data());
+  detail::rows_in_steps<rows_a_step>(r0, r1, w, rb, y, vnni_rows<E>{x.blocks, x.q.data(), x.ds.data(), offsets.data()});
+}
+
+// ---- Exact matvec of Q5_0 / Q5_1 with VNNI: x as three bytes -----------------------
+//
+// row_dot_quant widens every code to a float before its multiply-add: per pair of
+// blocks 4 byte shuffles, 4 conversions and 4 multiply-adds, and on the Xeon that, not
+// memory, bounds exact decode of a Q4_K_M file (its Q5_0 matrices about 11 GB/s hot).
+// Here x is written once per matvec as integers, per block of 32 values:
+//   X = x 2^s rounded, s the block's own exponent, chosen so max |X| <= 8355711,
+//   X = 65536 hi + 256 mid + lo with hi, mid, lo signed bytes.
+// A pair of blocks is then three vpdpbusd (the unsigned codes times each signed digit)
+// and two shifts, exact in int32: four products of a lane sum to at most
+// 4 * 31 * 8421504 < 2^31 in magnitude. One conversion, and one multiply and one
+// multiply-add by 2^-s and d, finish the pair.
+// Error: rounding X moves each x by at most 1.2e-7 (about 2^-23) of its block's largest
+// |x| (max |x| 2^s is more than 4177855; subnormal blocks keep fewer bits, as floats
+// do); the integer sums add none; the float steps after them round as row_dot_quant's.
+// A block whose x has an infinity or a NaN gives NaN.
+
+// Per pair of blocks (64 values), in prepared x:
+//   [0, 64) hi, [64, 128) mid, [128, 192) lo: signed bytes, value i of the pair at byte i;
+//   [192, 256) 2^-s per lane (lanes 0-7 the first block's, 8-15 the second's), float;
+//   [256, 320) Q5_0: per lane -16 times its four X (the codes are stored as c + 16),
+//              int32; Q5_1: {0, sum x of the first block, 0, sum x of the second}, float.
+// An odd count's last block has a partner of zeros.
+inline constexpr std::size_t digits_pair_bytes = 320;
+
+template <encoding E>
+TLM_VNNI_FN inline void prepare_q5_digits(const float* x, std::size_t cols, std::vector<float>& prepared) {
+  static_assert(E == encoding::q5_0 || E == encoding::q5_1);
+  constexpr float largest = 8355711.0f;  // 65536 * 127 + 256 * 127 + 127
+  const std::size_t blocks = cols / 32, pairs = (blocks + 1) / 2;
+  prepared.assign(pairs * digits_pair_bytes / sizeof(float), 0.0f);
+  std::byte* const out = reinterpret_cast<std::byte*>(prepared.data());
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    std::byte* pair = out + b / 2 * digits_pair_bytes;
+    const std::size_t half = b % 2;
+    const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+    // max |x| as bits: non-negative floats order as integers, and infinities and NaNs last.
+    const std::uint32_t top = _mm512_reduce_max_epu32(_mm512_max_epu32(
+        _mm512_and_si512(_mm512_castps_si512(x0), magnitude), _mm512_and_si512(_mm512_castps_si512(x1), magnitude)));
+    __m512i v[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    float scale = 0.0f;  // 2^-s; an all-zero block keeps X = 0
+    if (top >= 0x7f800000u) {
+      scale = std::numeric_limits<float>::quiet_NaN();
+    } else if (top != 0) {
+      // 2^(e-127) <= max |x| < 2^(e-126) for a normal one, so max |x| 2^(149-e) is in
+      // [2^22, 2^23); one less where rounding could pass `largest`. A subnormal (e = 0)
+      // is scaled as e = 1.
+      int s = 149 - std::max(static_cast<int>(top >> 23), 1);
+      float biggest;
+      std::memcpy(&biggest, &top, sizeof biggest);
+      if (std::ldexp(biggest, s) > largest) --s;
+      const __m512 by = _mm512_set1_ps(static_cast<float>(s));
+      v[0] = _mm512_cvtps_epi32(_mm512_scalef_ps(x0, by));
+      v[1] = _mm512_cvtps_epi32(_mm512_scalef_ps(x1, by));
+      scale = std::ldexp(1.0f, -s);
+    }
+    for (std::size_t h = 0; h < 2; ++h) {
+      // Balanced base-256 digits: lo and mid in [-128, 127], and hi too since |X| <= largest.
+      const __m512i lo = _mm512_srai_epi32(_mm512_slli_epi32(v[h], 24), 24);
+      const __m512i rest = _mm512_srai_epi32(_mm512_sub_epi32(v[h], lo), 8);
+      const __m512i mid = _mm512_srai_epi32(_mm512_slli_epi32(rest, 24), 24);
+      const __m512i hi = _mm512_srai_epi32(_mm512_sub_epi32(rest, mid), 8);
+      const std::size_t at = 32 * half + 16 * h;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(pair + at), _mm512_cvtepi32_epi8(hi));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(pair + 64 + at), _mm512_cvtepi32_epi8(mid));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(pair + 128 + at), _mm512_cvtepi32_epi8(lo));
+    }
+    _mm256_storeu_ps(reinterpret_cast<float*>(pair + 192) + 8 * half, _mm256_set1_ps(scale));
+    if constexpr (E == encoding::q5_1)
+      reinterpret_cast<float*>(pair + 256)[2 * half + 1] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
   }
+  if constexpr (E == encoding::q5_0) {
+    // -16 times each lane's four X: the same chain as the kernel's, with codes of 1.
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (std::size_t i = 0; i < pairs; ++i) {
+      std::byte* pair = out + i * digits_pair_bytes;
+      __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(pair));
+      t = _mm512_dpbusd_epi32(_mm512_slli_epi32(t, 8), ones, _mm512_loadu_si512(pair + 64));
+      t = _mm512_dpbusd_epi32(_mm512_slli_epi32(t, 8), ones, _mm512_loadu_si512(pair + 128));
+      _mm512_storeu_si512(pair + 256, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(t, 4)));
+    }
+  }
+}
+
+// Rows R at a time, sharing the loop (its exit and the final sums: perf put about a
+// quarter of this kernel's samples there with rows of 576 values, 9 pairs) and the
+// loads of x; rows_a_step has the measured gain.
+template <encoding E, std::size_t R>
+TLM_VNNI_INLINE inline void rows_dot_q5_digits(const std::byte* const (&rows)[R], const std::byte* xp, std::size_t blocks,
+                                               float (&out)[R]) {
+  constexpr std::size_t bb = row_bytes(E, 32);
+  const __m512i pick = scale_pair_pick();
+  __m512 acc[R];
+  __m128 mins[R];
+  zero_sums(acc, mins);
+  for (std::size_t b = 0; b < blocks; b += 2, xp += digits_pair_bytes) {
+    // The last block of an odd count pairs with itself; its partner's x is zero.
+    const std::size_t next = b + 1 < blocks ? bb : 0;
+    const __m512i hi = _mm512_loadu_si512(xp), mid = _mm512_loadu_si512(xp + 64), lo = _mm512_loadu_si512(xp + 128);
+    const __m512 step = _mm512_loadu_ps(reinterpret_cast<const float*>(xp + 192));
+    const std::byte* p[R];
+    for (std::size_t r = 0; r < R; ++r) p[r] = rows[r] + b * bb;
+    __m256 ds;  // Q5_0: the R rows' d converted together
+    if constexpr (E == encoding::q5_0) ds = pair_scales(p, next);
+#pragma GCC unroll 4
+    for (std::size_t r = 0; r < R; ++r) {
+      _mm_prefetch(reinterpret_cast<const char*>(p[r] + prefetch_ahead), _MM_HINT_T0);
+      const __m512i c = q5_codes64<E>(p[r], p[r] + next);
+      __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, hi);
+      s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), c, mid);
+      s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), c, lo);
+      __m512 d;
+      if constexpr (E == encoding::q5_0) {
+        s = _mm512_add_epi32(s, _mm512_loadu_si512(xp + 256));
+        d = _mm512_permutexvar_ps(pair_pick(r), _mm512_castps256_ps512(ds));
+      } else {
+        const __m128 dm = scale_pair<E>(p[r], p[r] + next);
+        d = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(dm));
+        mins[r] = _mm_fmadd_ps(dm, _mm_loadu_ps(reinterpret_cast<const float*>(xp + 256)), mins[r]);
+      }
+      acc[r] = _mm512_fmadd_ps(d, _mm512_mul_ps(_mm512_cvtepi32_ps(s), step), acc[r]);
+    }
+  }
+  for (std::size_t r = 0; r < R; ++r) {
+    out[r] = hsum(acc[r]);
+    if constexpr (E == encoding::q5_1) {
+      alignas(16) float m[4];
+      _mm_store_ps(m, mins[r]);
+      out[r] += m[1] + m[3];
+    }
+  }
+}
+
+template <encoding E>
+struct q5_digits_rows {
+  const std::byte* xp;
+  std::size_t blocks;
+  template <std::size_t R>
+  TLM_VNNI_FN void operator()(const std::byte* const (&rows)[R], float (&out)[R]) const {
+    rows_dot_q5_digits<E, R>(rows, xp, blocks, out);
+  }
+};
+
+// x: the output of prepare_q5_digits.
+template <encoding E>
+TLM_VNNI_FN inline void matvec_rows_q5_digits(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
+                                              std::size_t r0, std::size_t r1, std::size_t cols) {
+  detail::rows_in_steps<rows_a_step>(r0, r1, w, rb, y, q5_digits_rows<E>{reinterpret_cast<const std::byte*>(x), cols / 32});
 }
 
 // ---- Fast matvec with byte permutes (AVX-512 VBMI + VNNI), Q4_0 and Q4_1 ----------

@@ -94,6 +94,32 @@ inline std::size_t streamed_row(std::size_t r0, std::size_t r1, std::size_t i) {
   return r0 + (i % row_streams) * part + i / row_streams;
 }
 
+// y[r] for every row of [r0, r1) in streamed_row's order, R rows a step and the rest
+// one at a time: dot(rows, out) takes arrays of R (or 1) row pointers and outputs. A
+// SIMD kernel gives its dot a target attribute; this loop needs none.
+template <std::size_t R, class Dot>
+inline void rows_in_steps(std::size_t r0, std::size_t r1, const std::byte* w, std::size_t rb, float* y, const Dot& dot) {
+  std::size_t i = 0;
+  for (; i + R <= r1 - r0; i += R) {
+    std::size_t at[R];
+    const std::byte* rows[R];
+    float out[R];
+    for (std::size_t j = 0; j < R; ++j) {
+      at[j] = streamed_row(r0, r1, i + j);
+      rows[j] = w + at[j] * rb;
+    }
+    dot(rows, out);
+    for (std::size_t j = 0; j < R; ++j) y[at[j]] = out[j];
+  }
+  for (; i < r1 - r0; ++i) {
+    const std::size_t r = streamed_row(r0, r1, i);
+    const std::byte* rows[1] = {w + r * rb};
+    float out[1];
+    dot(rows, out);
+    y[r] = out[0];
+  }
+}
+
 // Optional rewrite of x shared by all rows of one matvec (layout the kernel wants,
 // per-block sums); done once per call, before the rows are split among threads.
 using prepare_x_fn = void (*)(const float* x, std::size_t cols, std::vector<float>& prepared);

@@ -1070,82 +1070,114 @@ TEST_CASE("AVX-512 exact matvec kernels against the reference, also where the ta
   if (tlm::cpu().avx512vnni) {
     check(encoding::q5_0, a5::matvec_rows_q5_digits<encoding::q5_0>, a5::prepare_q5_digits<encoding::q5_0>);
     check(encoding::q5_1, a5::matvec_rows_q5_digits<encoding::q5_1>, a5::prepare_q5_digits<encoding::q5_1>);
+    check(encoding::q4_k, a5::matvec_rows_k_digits<encoding::q4_k>, a5::prepare_k_digits<encoding::q4_k>);
+    check(encoding::q5_k, a5::matvec_rows_k_digits<encoding::q5_k>, a5::prepare_k_digits<encoding::q5_k>);
+    check(encoding::q6_k, a5::matvec_rows_k_digits<encoding::q6_k>, a5::prepare_k_digits<encoding::q6_k>);
   }
 #else
   MESSAGE("skipped: no AVX-512 kernels on this architecture");
 #endif
 }
 
-TEST_CASE("exact Q5 matvec with x as three bytes: within its stated bound over a wide range of x, NaN for a non-finite block") {
+// What multiplies each x's rounding in the kernels that take x as three bytes: the weight
+// less what is applied with the float sums of x (Q5_1's, Q4_K's and Q5_K's mins; Q6_K's
+// offset of 32), |d c| per value, bounded here by weights decoded from altered blocks.
+std::vector<float> rounding_weights(encoding enc, const std::vector<std::byte>& w, std::size_t rows, std::size_t cols) {
+  const std::size_t rb = tlm::row_bytes(enc, cols), bb = tlm::traits(enc).block_bytes;
+  const std::size_t blocks = rows * cols / tlm::traits(enc).block_values;
+  std::vector<float> out(rows * cols), a(cols), b(cols);
+  std::vector<std::byte> altered = w;
+  if (enc == encoding::q5_1 || enc == encoding::q4_k || enc == encoding::q5_k)
+    for (std::size_t k = 0; k < blocks; ++k) put_half(altered.data() + k * bb + 2, 0.0f);  // no min
+  if (enc == encoding::q6_k)  // every code 0: -32 d sc, so |d sc c| <= |w| + |that|
+    for (std::size_t k = 0; k < blocks; ++k) std::fill_n(altered.data() + k * bb, 192, std::byte{0});
+  for (std::size_t r = 0; r < rows; ++r) {
+    tlm::dequantize_row(enc, w.data() + r * rb, a.data(), cols);
+    tlm::dequantize_row(enc, altered.data() + r * rb, b.data(), cols);
+    for (std::size_t c = 0; c < cols; ++c)
+      out[r * cols + c] = enc == encoding::q6_k ? std::fabs(a[c]) + std::fabs(b[c]) : std::fabs(enc == encoding::q5_0 ? a[c] : b[c]);
+  }
+  return out;
+}
+
+TEST_CASE("exact matvec with x as three bytes (Q5, K-quants): within its stated bound over a wide range of x, NaN for a non-finite block") {
 #ifdef TLM_HAVE_AVX512_KERNELS
   if (!tlm::kernel_level_supported(tlm::kernel_level::avx512) || !tlm::cpu().avx512vnni) {
     MESSAGE("skipped: this CPU has no AVX-512 VNNI (" << tlm::cpu_feature_string() << ")");
     return;
   }
   namespace a5 = tlm::kernels::avx512;
+  using kernel_fn = void (*)(encoding, const std::byte*, std::size_t, const float*, float*, std::size_t, std::size_t, std::size_t);
+  using prepare_fn = void (*)(const float*, std::size_t, std::vector<float>&);
+  struct variant {
+    encoding enc;
+    kernel_fn kernel;
+    prepare_fn prepare;
+  };
+  const variant variants[] = {
+      {encoding::q5_0, a5::matvec_rows_q5_digits<encoding::q5_0>, a5::prepare_q5_digits<encoding::q5_0>},
+      {encoding::q5_1, a5::matvec_rows_q5_digits<encoding::q5_1>, a5::prepare_q5_digits<encoding::q5_1>},
+      {encoding::q4_k, a5::matvec_rows_k_digits<encoding::q4_k>, a5::prepare_k_digits<encoding::q4_k>},
+      {encoding::q5_k, a5::matvec_rows_k_digits<encoding::q5_k>, a5::prepare_k_digits<encoding::q5_k>},
+      {encoding::q6_k, a5::matvec_rows_k_digits<encoding::q6_k>, a5::prepare_k_digits<encoding::q6_k>},
+  };
   std::mt19937 rng(2412);
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
   std::size_t cases = 0;
   double worst = 0;
-  for (encoding enc : {encoding::q5_0, encoding::q5_1}) {
-    const auto kernel = enc == encoding::q5_0 ? a5::matvec_rows_q5_digits<encoding::q5_0> : a5::matvec_rows_q5_digits<encoding::q5_1>;
-    const auto prepare = enc == encoding::q5_0 ? a5::prepare_q5_digits<encoding::q5_0> : a5::prepare_q5_digits<encoding::q5_1>;
-    const std::size_t bb = tlm::row_bytes(enc, 32);
-    for (std::size_t cols : {std::size_t{32}, std::size_t{96}, std::size_t{576}, std::size_t{1536}}) {
-      const std::size_t rows = 9, blocks = cols / 32, rb = tlm::row_bytes(enc, cols);
-      const auto w = random_rows(enc, rows, cols, rng);
-      // Each block of x in one regime: ordinary, one value 1e4 times the rest, values near
-      // 1e-30, subnormal values, all zero, values near 1e30.
+  for (const variant& v : variants) {
+    const bool k_quant = tlm::traits(v.enc).block_values == 256;
+    for (std::size_t cols : k_quant ? std::vector<std::size_t>{256, 1536, 2048} : std::vector<std::size_t>{32, 96, 576, 1536}) {
+      const std::size_t rows = 9, groups = cols / 32, rb = tlm::row_bytes(v.enc, cols);
+      const auto w = random_rows(v.enc, rows, cols, rng);
+      // Each 32 values of x in one regime: ordinary, one value 1e4 times the rest, values
+      // near 1e-30, subnormal values, all zero, values near 1e30.
       std::vector<float> x(cols);
-      for (std::size_t b = 0; b < blocks; ++b) {
-        const std::size_t regime = (b + cols) % 6;
+      for (std::size_t g = 0; g < groups; ++g) {
+        const std::size_t regime = (g + cols / 32) % 6;
         const float scale[] = {1.0f, 1.0f, 1e-30f, 1e-40f, 0.0f, 1e30f};
-        for (std::size_t i = 0; i < 32; ++i) x[32 * b + i] = scale[regime] * unit(rng);
-        if (regime == 1) x[32 * b + (b * 7) % 32] = 1e4f;
+        for (std::size_t i = 0; i < 32; ++i) x[32 * g + i] = scale[regime] * unit(rng);
+        if (regime == 1) x[32 * g + (g * 7) % 32] = 1e4f;
       }
-      std::vector<float> prepared, y(rows);
-      prepare(x.data(), cols, prepared);
-      kernel(enc, w.data(), rb, prepared.data(), y.data(), 0, rows, cols);
-      // Bound (the comment of prepare_q5_digits): each x moves by at most
-      // max(1.2e-7 max|x of its block|, 2^-149), times d c (the weight less Q5_1's min);
-      // the float steps after the integer sums within rel_tol of sum |w x|.
-      std::vector<std::byte> no_min = w;
-      if (enc == encoding::q5_1)
-        for (std::size_t blk = 0; blk < rows * blocks; ++blk) put_half(no_min.data() + blk * bb + 2, 0.0f);
-      std::vector<float> wr(cols), dc(cols);
+      std::vector<float> prepared, y(rows), wr(cols);
+      v.prepare(x.data(), cols, prepared);
+      v.kernel(v.enc, w.data(), rb, prepared.data(), y.data(), 0, rows, cols);
+      // Bound (digits_of_32): each x moves by at most max(1.2e-7 max|x of its 4|, 2^-149),
+      // times rounding_weights; the float steps after the integer sums within rel_tol of
+      // sum |w x|.
+      const auto a = rounding_weights(v.enc, w, rows, cols);
       for (std::size_t r = 0; r < rows; ++r) {
-        tlm::dequantize_row(enc, w.data() + r * rb, wr.data(), cols);
-        tlm::dequantize_row(enc, no_min.data() + r * rb, dc.data(), cols);
+        tlm::dequantize_row(v.enc, w.data() + r * rb, wr.data(), cols);
         double exact = 0, sum_abs = 0, moved = 0;
-        for (std::size_t b = 0; b < blocks; ++b) {
+        for (std::size_t g = 0; g < cols / 4; ++g) {
           double top = 0;
-          for (std::size_t i = 32 * b; i < 32 * b + 32; ++i) top = std::max(top, std::fabs(static_cast<double>(x[i])));
+          for (std::size_t i = 4 * g; i < 4 * g + 4; ++i) top = std::max(top, std::fabs(static_cast<double>(x[i])));
           const double step = std::max(1.2e-7 * top, std::ldexp(1.0, -149));
-          for (std::size_t i = 32 * b; i < 32 * b + 32; ++i) {
+          for (std::size_t i = 4 * g; i < 4 * g + 4; ++i) {
             exact += static_cast<double>(wr[i]) * x[i];
             sum_abs += std::fabs(static_cast<double>(wr[i]) * x[i]);
-            moved += std::fabs(static_cast<double>(dc[i])) * step;
+            moved += static_cast<double>(a[r * cols + i]) * step;
           }
         }
         const double err = std::fabs(y[r] - exact), allowed = moved + rel_tol * sum_abs;
         worst = std::max(worst, err / allowed);
-        INFO(tlm::name(enc) << " cols " << cols << " row " << r << ": " << y[r] << " against " << exact);
+        INFO(tlm::name(v.enc) << " cols " << cols << " row " << r << ": " << y[r] << " against " << exact);
         CHECK(err <= allowed);
         ++cases;
       }
-      // A NaN or an infinity in one block: NaN in every row.
+      // A NaN or an infinity in one value: NaN in every row.
       for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
         std::vector<float> xb = x;
         xb[cols - 1] = bad;
-        prepare(xb.data(), cols, prepared);
-        kernel(enc, w.data(), rb, prepared.data(), y.data(), 0, rows, cols);
-        INFO(tlm::name(enc) << " cols " << cols << " x with " << bad);
-        CHECK(std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); }));
+        v.prepare(xb.data(), cols, prepared);
+        v.kernel(v.enc, w.data(), rb, prepared.data(), y.data(), 0, rows, cols);
+        INFO(tlm::name(v.enc) << " cols " << cols << " x with " << bad);
+        CHECK(std::all_of(y.begin(), y.end(), [](float t) { return std::isnan(t); }));
       }
     }
   }
   MESSAGE("x as three bytes: " << cases << " rows, worst error / bound " << worst);
-  CHECK(cases == 2 * 4 * 9);
+  CHECK(cases == (2 * 4 + 3 * 3) * 9);
 #else
   MESSAGE("skipped: no AVX-512 kernels on this architecture");
 #endif

@@ -552,6 +552,35 @@ TLM_AVX512_INLINE inline void prefetch_superblock(const std::byte* p) {
 }
 
 template <encoding E>
+inline constexpr std::size_t k_sums_per_superblock = 256 / avx2::k_sum_values<E>;
+
+// A super-block's scales in the lanes of one register and, per chunk c and code vector n,
+// which of them each of the 16 lane sums takes; corrections += the mins (Q4_K, Q5_K) or
+// the scales (Q6_K) times the super-block's sums of x (xsum, k_sums_per_superblock of
+// them). Lane l sums code bytes 4l..4l+3, whose scale is Q4_K / Q5_K: sub-block
+// 2(2c + l/8) + n; Q6_K: the 16 values 8c + 4n + l/4.
+template <encoding E>
+TLM_AVX512_INLINE inline void k_superblock_scales(const std::byte* p, const float* xsum, __m512& scales,
+                                                  __m512i (&lane_scale)[2][2], __m512& corrections) {
+  if constexpr (E == encoding::q6_k) {
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
+    scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), _mm512_set1_ps(_cvtsh_ss(load_u16(p + 208))));
+    corrections = _mm512_fmadd_ps(scales, _mm512_loadu_ps(xsum), corrections);
+    const __m512i by_16 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int c = 0; c < 2; ++c)
+      for (int n = 0; n < 2; ++n) lane_scale[c][n] = _mm512_add_epi32(_mm512_set1_epi32(8 * c + 4 * n), by_16);
+  } else {
+    __m256 dsc, dmn;
+    avx2::k_scales8(p, dsc, dmn);
+    corrections = _mm512_fmadd_ps(_mm512_zextps256_ps512(dmn), _mm512_zextps256_ps512(_mm256_loadu_ps(xsum)), corrections);
+    scales = _mm512_castps256_ps512(dsc);
+    const __m512i by_32 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+    for (int c = 0; c < 2; ++c)
+      for (int n = 0; n < 2; ++n) lane_scale[c][n] = _mm512_add_epi32(_mm512_set1_epi32(4 * c + n), by_32);
+  }
+}
+
+template <encoding E>
 TLM_AVX512_FN inline float row_dot_k(const std::byte* row, const float* x, std::size_t cols) {
   constexpr std::size_t bb = traits(E).block_bytes;
   __m512 total[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -561,27 +590,9 @@ TLM_AVX512_FN inline float row_dot_k(const std::byte* row, const float* x, std::
     const std::byte* p = row + sb * bb;
     prefetch_superblock<E>(p);
     const float* xs = x + 256 * sb;
-    // Lane scales: byte b of a chunk's codes (lanes 4(b/16)..) has the scale of
-    // Q4_K / Q5_K: sub-block 2(2c + b/32) + n, where n = 1 for the high nibbles;
-    // Q6_K: the 16 values 8c + 4n + b/16.
     __m512 scales;
     __m512i lane_scale[2][2];
-    if constexpr (E == encoding::q6_k) {
-      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 192));
-      scales = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)), _mm512_set1_ps(_cvtsh_ss(load_u16(p + 208))));
-      corrections = _mm512_fmadd_ps(scales, _mm512_loadu_ps(xsum + 16 * sb), corrections);
-      const __m512i by_16 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-      for (int c = 0; c < 2; ++c)
-        for (int n = 0; n < 2; ++n) lane_scale[c][n] = _mm512_add_epi32(_mm512_set1_epi32(8 * c + 4 * n), by_16);
-    } else {
-      __m256 dsc, dmn;
-      avx2::k_scales8(p, dsc, dmn);
-      corrections = _mm512_fmadd_ps(_mm512_zextps256_ps512(dmn), _mm512_zextps256_ps512(_mm256_loadu_ps(xsum + 8 * sb)), corrections);
-      scales = _mm512_castps256_ps512(dsc);
-      const __m512i by_32 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-      for (int c = 0; c < 2; ++c)
-        for (int n = 0; n < 2; ++n) lane_scale[c][n] = _mm512_add_epi32(_mm512_set1_epi32(4 * c + n), by_32);
-    }
+    k_superblock_scales<E>(p, xsum + k_sums_per_superblock<E> * sb, scales, lane_scale, corrections);
 #pragma GCC unroll 2
     for (int c = 0; c < 2; ++c) {
       __m512i codes[2];
@@ -930,89 +941,102 @@ TLM_VNNI_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, 
 // row_dot_quant widens every code to a float before its multiply-add: per pair of
 // blocks 4 byte shuffles, 4 conversions and 4 multiply-adds, and on the Xeon that, not
 // memory, bounds exact decode of a Q4_K_M file (its Q5_0 matrices about 11 GB/s hot).
-// Here x is written once per matvec as integers, per block of 32 values:
-//   X = x 2^s rounded, s the block's own exponent, chosen so max |X| <= 8355711,
+// Here x is written once per matvec as integers, each 4 values (a lane of the sums
+// below) with their own exponent:
+//   X = x 2^s rounded, s chosen so the 4 values' max |X| <= 8355711,
 //   X = 65536 hi + 256 mid + lo with hi, mid, lo signed bytes.
 // A pair of blocks is then three vpdpbusd (the unsigned codes times each signed digit)
 // and two shifts, exact in int32: four products of a lane sum to at most
 // 4 * 31 * 8421504 < 2^31 in magnitude. One conversion, and one multiply and one
-// multiply-add by 2^-s and d, finish the pair.
-// Error: rounding X moves each x by at most 1.2e-7 (about 2^-23) of its block's largest
-// |x| (max |x| 2^s is more than 4177855; subnormal blocks keep fewer bits, as floats
+// multiply-add by 2^-s (per lane) and d, finish the pair.
+// Error: rounding X moves each x by at most 1.2e-7 (about 2^-23) of the largest |x| of
+// its 4 (max |x| 2^s is more than 4177855; subnormal ones keep fewer bits, as floats
 // do); the integer sums add none; the float steps after them round as row_dot_quant's.
-// A block whose x has an infinity or a NaN gives NaN.
+// 4 values with an infinity or a NaN give NaN.
 
 // Per pair of blocks (64 values), in prepared x:
 //   [0, 64) hi, [64, 128) mid, [128, 192) lo: signed bytes, value i of the pair at byte i;
-//   [192, 256) 2^-s per lane (lanes 0-7 the first block's, 8-15 the second's), float;
+//   [192, 256) 2^-s per lane (lane j: values 4j..4j+3 of the pair), float;
 //   [256, 320) Q5_0: per lane -16 times its four X (the codes are stored as c + 16),
 //              int32; Q5_1: {0, sum x of the first block, 0, sum x of the second}, float.
 // An odd count's last block has a partner of zeros.
 inline constexpr std::size_t digits_pair_bytes = 320;
 
+// The three digit bytes of 32 consecutive values x32 at hi, mid and lo (each 32 bytes),
+// in order, and at scale[0..8) the 2^-s of each 4 values (a lane of the kernels' sums):
+// each 4 values take their own exponent, so a value is rounded to 2^-23 of the largest
+// of its 4, not of a whole block. 0 for 4 zeros (X = 0), NaN for 4 with an infinity or
+// a NaN (X = 0).
+TLM_VNNI_INLINE inline void digits_of_32(const float* x32, std::byte* hi, std::byte* mid, std::byte* lo, float* scale) {
+  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  const __m512 largest = _mm512_set1_ps(8355711.0f);  // 65536 * 127 + 256 * 127 + 127
+  for (std::size_t h = 0; h < 2; ++h) {
+    const __m512 x = _mm512_loadu_ps(x32 + 16 * h);
+    // max |x| of each 4 (a 128-bit lane) as bits: non-negative floats order as integers,
+    // infinities and NaNs last.
+    __m512i top = _mm512_and_si512(_mm512_castps_si512(x), magnitude);
+    top = _mm512_max_epu32(top, _mm512_shuffle_epi32(top, _MM_PERM_CDAB));
+    top = _mm512_max_epu32(top, _mm512_shuffle_epi32(top, _MM_PERM_BADC));
+    // 2^(e-127) <= max |x| < 2^(e-126) for a normal one, so max |x| 2^(149-e) is in
+    // [2^22, 2^23); one less where that could round past `largest`. A subnormal (e = 0)
+    // is scaled as e = 1.
+    const __m512i e = _mm512_max_epi32(_mm512_srli_epi32(top, 23), _mm512_set1_epi32(1));
+    __m512 sh = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_set1_epi32(149), e));
+    const __mmask16 over = _mm512_cmp_ps_mask(_mm512_scalef_ps(_mm512_castsi512_ps(top), sh), largest, _CMP_GT_OQ);
+    sh = _mm512_mask_sub_ps(sh, over, sh, _mm512_set1_ps(1.0f));
+    const __mmask16 zero = _mm512_cmpeq_epi32_mask(top, _mm512_setzero_si512());
+    const __mmask16 bad = _mm512_cmpge_epu32_mask(top, _mm512_set1_epi32(0x7f800000));
+    const __m512i v = _mm512_maskz_cvtps_epi32(static_cast<__mmask16>(~(zero | bad)), _mm512_scalef_ps(x, sh));
+    __m512 step = _mm512_maskz_scalef_ps(static_cast<__mmask16>(~zero), _mm512_set1_ps(1.0f), _mm512_sub_ps(_mm512_setzero_ps(), sh));
+    step = _mm512_mask_mov_ps(step, bad, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+    // The 4 values' shared step, once per lane of the kernels' sums.
+    _mm_storeu_ps(scale + 4 * h, _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), step)));
+    // Balanced base-256 digits: lo and mid in [-128, 127], and hi too since |X| <= largest.
+    const __m512i l = _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24);
+    const __m512i rest = _mm512_srai_epi32(_mm512_sub_epi32(v, l), 8);
+    const __m512i m = _mm512_srai_epi32(_mm512_slli_epi32(rest, 24), 24);
+    const __m512i t = _mm512_srai_epi32(_mm512_sub_epi32(rest, m), 8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + 16 * h), _mm512_cvtepi32_epi8(t));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(mid + 16 * h), _mm512_cvtepi32_epi8(m));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + 16 * h), _mm512_cvtepi32_epi8(l));
+  }
+}
+
+// Sum of codes times X over 64 code bytes (unsigned) and their digits at xd (hi, mid,
+// lo, 64 bytes each), in 16 lanes of 4 products each; exact while |c X| summed over a
+// lane stays under 2^31 (codes up to 63: 4 * 63 * 8421504 < 2^31).
+TLM_VNNI_INLINE inline __m512i digits_dot(__m512i codes, const std::byte* xd) {
+  __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xd));
+  s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), codes, _mm512_loadu_si512(xd + 64));
+  return _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), codes, _mm512_loadu_si512(xd + 128));
+}
+
 template <encoding E>
 TLM_VNNI_FN inline void prepare_q5_digits(const float* x, std::size_t cols, std::vector<float>& prepared) {
   static_assert(E == encoding::q5_0 || E == encoding::q5_1);
-  constexpr float largest = 8355711.0f;  // 65536 * 127 + 256 * 127 + 127
   const std::size_t blocks = cols / 32, pairs = (blocks + 1) / 2;
   prepared.assign(pairs * digits_pair_bytes / sizeof(float), 0.0f);
   std::byte* const out = reinterpret_cast<std::byte*>(prepared.data());
-  const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
   for (std::size_t b = 0; b < blocks; ++b) {
     std::byte* pair = out + b / 2 * digits_pair_bytes;
-    const std::size_t half = b % 2;
-    const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
-    // max |x| as bits: non-negative floats order as integers, and infinities and NaNs last.
-    const std::uint32_t top = _mm512_reduce_max_epu32(_mm512_max_epu32(
-        _mm512_and_si512(_mm512_castps_si512(x0), magnitude), _mm512_and_si512(_mm512_castps_si512(x1), magnitude)));
-    __m512i v[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
-    float scale = 0.0f;  // 2^-s; an all-zero block keeps X = 0
-    if (top >= 0x7f800000u) {
-      scale = std::numeric_limits<float>::quiet_NaN();
-    } else if (top != 0) {
-      // 2^(e-127) <= max |x| < 2^(e-126) for a normal one, so max |x| 2^(149-e) is in
-      // [2^22, 2^23); one less where rounding could pass `largest`. A subnormal (e = 0)
-      // is scaled as e = 1.
-      int s = 149 - std::max(static_cast<int>(top >> 23), 1);
-      float biggest;
-      std::memcpy(&biggest, &top, sizeof biggest);
-      if (std::ldexp(biggest, s) > largest) --s;
-      const __m512 by = _mm512_set1_ps(static_cast<float>(s));
-      v[0] = _mm512_cvtps_epi32(_mm512_scalef_ps(x0, by));
-      v[1] = _mm512_cvtps_epi32(_mm512_scalef_ps(x1, by));
-      scale = std::ldexp(1.0f, -s);
+    const std::size_t at = 32 * (b % 2);
+    digits_of_32(x + 32 * b, pair + at, pair + 64 + at, pair + 128 + at, reinterpret_cast<float*>(pair + 192) + 8 * (b % 2));
+    if constexpr (E == encoding::q5_1) {
+      const __m512 sum = _mm512_add_ps(_mm512_loadu_ps(x + 32 * b), _mm512_loadu_ps(x + 32 * b + 16));
+      reinterpret_cast<float*>(pair + 256)[2 * (b % 2) + 1] = _mm512_reduce_add_ps(sum);
     }
-    for (std::size_t h = 0; h < 2; ++h) {
-      // Balanced base-256 digits: lo and mid in [-128, 127], and hi too since |X| <= largest.
-      const __m512i lo = _mm512_srai_epi32(_mm512_slli_epi32(v[h], 24), 24);
-      const __m512i rest = _mm512_srai_epi32(_mm512_sub_epi32(v[h], lo), 8);
-      const __m512i mid = _mm512_srai_epi32(_mm512_slli_epi32(rest, 24), 24);
-      const __m512i hi = _mm512_srai_epi32(_mm512_sub_epi32(rest, mid), 8);
-      const std::size_t at = 32 * half + 16 * h;
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(pair + at), _mm512_cvtepi32_epi8(hi));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(pair + 64 + at), _mm512_cvtepi32_epi8(mid));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(pair + 128 + at), _mm512_cvtepi32_epi8(lo));
-    }
-    _mm256_storeu_ps(reinterpret_cast<float*>(pair + 192) + 8 * half, _mm256_set1_ps(scale));
-    if constexpr (E == encoding::q5_1)
-      reinterpret_cast<float*>(pair + 256)[2 * half + 1] = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
   }
   if constexpr (E == encoding::q5_0) {
-    // -16 times each lane's four X: the same chain as the kernel's, with codes of 1.
+    // -16 times each lane's four X: digits_dot with codes of 1.
     const __m512i ones = _mm512_set1_epi8(1);
     for (std::size_t i = 0; i < pairs; ++i) {
       std::byte* pair = out + i * digits_pair_bytes;
-      __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(pair));
-      t = _mm512_dpbusd_epi32(_mm512_slli_epi32(t, 8), ones, _mm512_loadu_si512(pair + 64));
-      t = _mm512_dpbusd_epi32(_mm512_slli_epi32(t, 8), ones, _mm512_loadu_si512(pair + 128));
+      const __m512i t = digits_dot(ones, pair);
       _mm512_storeu_si512(pair + 256, _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(t, 4)));
     }
   }
 }
 
-// Rows R at a time, sharing the loop (its exit and the final sums: perf put about a
-// quarter of this kernel's samples there with rows of 576 values, 9 pairs) and the
-// loads of x; rows_a_step has the measured gain.
 template <encoding E, std::size_t R>
 TLM_VNNI_INLINE inline void rows_dot_q5_digits(const std::byte* const (&rows)[R], const std::byte* xp, std::size_t blocks,
                                                float (&out)[R]) {
@@ -1036,7 +1060,7 @@ TLM_VNNI_INLINE inline void rows_dot_q5_digits(const std::byte* const (&rows)[R]
       const __m512i c = q5_codes64<E>(p[r], p[r] + next);
       __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, hi);
       s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), c, mid);
-      s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), c, lo);
+      s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), c, lo);  // digits_dot, the digits in registers
       __m512 d;
       if constexpr (E == encoding::q5_0) {
         s = _mm512_add_epi32(s, _mm512_loadu_si512(xp + 256));
@@ -1074,6 +1098,91 @@ template <encoding E>
 TLM_VNNI_FN inline void matvec_rows_q5_digits(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                               std::size_t r0, std::size_t r1, std::size_t cols) {
   detail::rows_in_steps<rows_a_step>(r0, r1, w, rb, y, q5_digits_rows<E>{reinterpret_cast<const std::byte*>(x), cols / 32});
+}
+
+// ---- Exact matvec of the K-quants with VNNI: x as three bytes ------------------------
+//
+// As rows_dot_q5_digits for Q5 blocks: x written once per matvec as 24-bit integers, an
+// exponent per 4 values (digits_of_32), and each 64 code bytes of a chunk (k_chunk_codes)
+// summed with their digits by digits_dot, where row_dot_k widens, converts and multiplies
+// every code. The lane sums keep row_dot_k's lanes (lane l: code bytes 4l..4l+3), so its
+// scales and corrections serve unchanged; the corrections take the float sums of x.
+// Per super-block, in prepared x (1024 bytes):
+//   [192 v, 192 v + 192) the digits (hi, mid, lo, 64 bytes each) of code vector v = 2c + n
+//   (chunk c, n = 1 for the high nibbles), byte b holding the value the code byte does;
+//   [768 + 64 v, 768 + 64 v + 64) 2^-s per lane (lane l: code bytes 4l..4l+3), float;
+// then, after every super-block, the sums of x of prepare_k_x.
+inline constexpr std::size_t k_digits_bytes = 1024;
+
+// The first of the 32 consecutive values that bytes 32h..32h+31 of code vector v hold.
+template <encoding E>
+constexpr std::size_t k_digits_first_value(std::size_t v, std::size_t h) {
+  const std::size_t c = v / 2, n = v % 2;
+  if constexpr (E == encoding::q6_k) return 128 * c + 32 * (h + 2 * n);
+  return 32 * (4 * c + 2 * h + n);
+}
+
+template <encoding E>
+TLM_VNNI_FN inline void prepare_k_digits(const float* x, std::size_t cols, std::vector<float>& prepared) {
+  constexpr std::size_t n = avx2::k_sum_values<E>;
+  const std::size_t superblocks = cols / 256, head = superblocks * k_digits_bytes / sizeof(float);
+  prepared.resize(head + cols / n);
+  std::byte* const out = reinterpret_cast<std::byte*>(prepared.data());
+  for (std::size_t sb = 0; sb < superblocks; ++sb) {
+    std::byte* at = out + sb * k_digits_bytes;
+    for (std::size_t v = 0; v < 4; ++v) {
+      for (std::size_t h = 0; h < 2; ++h) {
+        std::byte* d = at + 192 * v + 32 * h;
+        digits_of_32(x + 256 * sb + k_digits_first_value<E>(v, h), d, d + 64, d + 128,
+                     reinterpret_cast<float*>(at + 768 + 64 * v) + 8 * h);
+      }
+    }
+  }
+  for (std::size_t b = 0; b < cols / n; ++b) {
+    float t = 0;
+    for (std::size_t i = 0; i < n; ++i) t += x[n * b + i];
+    prepared[head + b] = t;
+  }
+}
+
+template <encoding E>
+TLM_VNNI_FN inline float row_dot_k_digits(const std::byte* row, const std::byte* xp, const float* xsum, std::size_t cols) {
+  constexpr std::size_t bb = traits(E).block_bytes;
+  __m512 total[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 corrections = _mm512_setzero_ps();
+  for (std::size_t sb = 0; sb < cols / 256; ++sb) {
+    const std::byte* p = row + sb * bb;
+    prefetch_superblock<E>(p);
+    const std::byte* xs = xp + sb * k_digits_bytes;
+    __m512 scales;
+    __m512i lane_scale[2][2];
+    k_superblock_scales<E>(p, xsum + k_sums_per_superblock<E> * sb, scales, lane_scale, corrections);
+#pragma GCC unroll 2
+    for (int c = 0; c < 2; ++c) {
+      __m512i codes[2];
+      k_chunk_codes<E>(p, c, codes[0], codes[1]);
+#pragma GCC unroll 2
+      for (int n = 0; n < 2; ++n) {
+        const std::size_t v = static_cast<std::size_t>(2 * c + n);
+        const __m512 cx = _mm512_mul_ps(_mm512_cvtepi32_ps(digits_dot(codes[n], xs + 192 * v)),
+                                        _mm512_loadu_ps(reinterpret_cast<const float*>(xs + 768 + 64 * v)));
+        total[n] = _mm512_fmadd_ps(cx, _mm512_permutexvar_ps(lane_scale[c][n], scales), total[n]);
+      }
+    }
+  }
+  return hsum(_mm512_add_ps(total[0], total[1])) - (E == encoding::q6_k ? 32.0f : 1.0f) * hsum(corrections);
+}
+
+// x: the output of prepare_k_digits.
+template <encoding E>
+TLM_VNNI_FN inline void matvec_rows_k_digits(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
+                                             std::size_t r0, std::size_t r1, std::size_t cols) {
+  const std::byte* xp = reinterpret_cast<const std::byte*>(x);
+  const float* xsum = x + cols / 256 * k_digits_bytes / sizeof(float);
+  for (std::size_t i = 0; i < r1 - r0; ++i) {
+    const std::size_t r = detail::streamed_row(r0, r1, i);
+    y[r] = row_dot_k_digits<E>(w + r * rb, xp, xsum, cols);
+  }
 }
 
 // ---- Fast matvec with byte permutes (AVX-512 VBMI + VNNI), Q4_0 and Q4_1 ----------

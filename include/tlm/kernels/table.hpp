@@ -307,11 +307,21 @@ inline const kernel_table& avx512_table() {
       // Intel Xeon (family 6 model 167), Q5_0 1536x576, 1 thread, hot 55.6 against
       // 37.4-38.2 us (with 4 rows a step), and SmolLM2's Q4_K_M file, mostly Q5_0, decoded
       // exact in 7.00-7.12 against 8.43-8.47 ms/token (kernels-q5-digits-xeon.md). AMD
-      // keeps row_dot_quant: not measured there yet.
+      // keeps the float kernels (here and for the K-quants below): not measured there yet.
       k.matvec[slot_of<encoding::q5_0>] = &avx512::matvec_rows_q5_digits<encoding::q5_0>;
       k.prepare[slot_of<encoding::q5_0>] = &avx512::prepare_q5_digits<encoding::q5_0>;
       k.matvec[slot_of<encoding::q5_1>] = &avx512::matvec_rows_q5_digits<encoding::q5_1>;
       k.prepare[slot_of<encoding::q5_1>] = &avx512::prepare_q5_digits<encoding::q5_1>;
+      // The K-quants the same way (matvec_rows_k_digits): 2048x2048, 1 thread, hot, us,
+      // float / digits: Q4_K 210-213 / 164, Q5_K 225-226 / 175, Q6_K 199-200 / 167-168;
+      // a llama32_1b-shaped Q4_K_M file decoded exact in 66.7 against 76.1-76.3 ms/token
+      // (kernels-kquant-digits-xeon.md).
+      k.matvec[slot_of<encoding::q4_k>] = &avx512::matvec_rows_k_digits<encoding::q4_k>;
+      k.prepare[slot_of<encoding::q4_k>] = &avx512::prepare_k_digits<encoding::q4_k>;
+      k.matvec[slot_of<encoding::q5_k>] = &avx512::matvec_rows_k_digits<encoding::q5_k>;
+      k.prepare[slot_of<encoding::q5_k>] = &avx512::prepare_k_digits<encoding::q5_k>;
+      k.matvec[slot_of<encoding::q6_k>] = &avx512::matvec_rows_k_digits<encoding::q6_k>;
+      k.prepare[slot_of<encoding::q6_k>] = &avx512::prepare_k_digits<encoding::q6_k>;
     }
     if (cpu().avx512vnni) {
       set_avx512_fast<encoding::q8_0>(k);

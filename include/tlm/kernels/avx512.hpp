@@ -938,7 +938,7 @@ TLM_VNNI_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, 
 
 // ---- Exact matvec of Q5_0 / Q5_1 with VNNI: x as three bytes -----------------------
 //
-// row_dot_quant widens every code to a float before its multiply-add: per pair of
+// rows_dot_quant widens every code to a float before its multiply-add: per pair of
 // blocks 4 byte shuffles, 4 conversions and 4 multiply-adds, and on the Xeon that, not
 // memory, bounds exact decode of a Q4_K_M file (its Q5_0 matrices about 11 GB/s hot).
 // Here x is written once per matvec as integers, each 4 values (a lane of the sums
@@ -951,7 +951,7 @@ TLM_VNNI_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, 
 // multiply-add by 2^-s (per lane) and d, finish the pair.
 // Error: rounding X moves each x by at most 1.2e-7 (about 2^-23) of the largest |x| of
 // its 4 (max |x| 2^s is more than 4177855; subnormal ones keep fewer bits, as floats
-// do); the integer sums add none; the float steps after them round as row_dot_quant's.
+// do); the integer sums add none; the float steps after them round as rows_dot_quant's.
 // 4 values with an infinity or a NaN give NaN.
 
 // Per pair of blocks (64 values), in prepared x:
@@ -1298,7 +1298,7 @@ TLM_VBMI_INLINE inline float row_dot_vbmi(const std::byte* row, const q8_activat
     if constexpr (E == encoding::q4_1) mins = _mm256_add_ps(mins, prod);
   }
   // A last pair of blocks (a row of 576 is 4 groups and a pair), as the pairs kernel
-  // (row_dot_vnni) does it but with the signs moved (dot64): no offsets here.
+  // (rows_dot_vnni) does it but with the signs moved (dot64): no offsets here.
   __m128 mins2 = _mm_setzero_ps();
   if (b + 2 <= nb) {
     const std::byte* p0 = row + b * bb;

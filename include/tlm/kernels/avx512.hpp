@@ -311,15 +311,16 @@ TLM_AVX512_INLINE inline __m128 scale_pair(const std::byte* p0, const std::byte*
 
 // d of blocks b and b + 1 (at p and p + bb) of R <= 4 rows, converted together:
 // [d0 of row 0, d1 of row 0, d0 of row 1, ...], the rest zero. One conversion for the
-// R rows where scale_pair takes one per row.
+// R rows where scale_pair takes one per row. The halves are joined in two general
+// registers, not by 8 word inserts, which all take the shuffle port the kernels need:
+// Q5_0 1536x576 fast, hot, 1 thread, 25.2-25.9 against 26.4-27.1 us (3 alternating runs).
 template <std::size_t R>
 TLM_AVX512_INLINE inline __m256 pair_scales(const std::byte* const (&p)[R], std::size_t bb) {
   static_assert(R >= 1 && R <= 4);
-  __m128i h = _mm_insert_epi16(_mm_cvtsi32_si128(load_u16(p[0])), load_u16(p[0] + bb), 1);
-  if constexpr (R > 1) h = _mm_insert_epi16(_mm_insert_epi16(h, load_u16(p[1]), 2), load_u16(p[1] + bb), 3);
-  if constexpr (R > 2) h = _mm_insert_epi16(_mm_insert_epi16(h, load_u16(p[2]), 4), load_u16(p[2] + bb), 5);
-  if constexpr (R > 3) h = _mm_insert_epi16(_mm_insert_epi16(h, load_u16(p[3]), 6), load_u16(p[3] + bb), 7);
-  return _mm256_cvtph_ps(h);
+  std::uint64_t half[2] = {0, 0};
+  for (std::size_t r = 0; r < R; ++r)
+    half[r / 2] |= (std::uint64_t{load_u16(p[r])} | std::uint64_t{load_u16(p[r] + bb)} << 16) << (32 * (r % 2));
+  return _mm256_cvtph_ps(_mm_set_epi64x(static_cast<long long>(half[1]), static_cast<long long>(half[0])));
 }
 
 // Lanes 0-7 take lane 0 of scale_pair's [d0, m0, d1, m1], lanes 8-15 lane 2.

@@ -58,7 +58,7 @@ constexpr std::string_view usage_format = R"(usage: generate [options] [TEXT]
   --prompt TEXT       the prompt (or give it as the last argument)
   -n N                tokens to generate (default 32); stops early at end-of-sequence
   --threads T         threads for the matrix kernels (default: all cores)
-  --precision MODE    exact (default: f32 activations, logits within ~3e-6 of float64) or
+  --precision MODE    exact (default: float32 precision, logits within 3.5e-6 of float64) or
                       fast (int8 activations and integer dot products, as llama.cpp)
   --lora FILE         apply a LoRA adapter (llama.cpp's adapter GGUF, e.g. written by train --lora)
                       over the model; repeatable, each adapter adds its own low-rank path

@@ -216,7 +216,7 @@ struct block_context {
   rope_pairing pairing = rope_pairing::adjacent;
   // If set: [n, H] entropy (nats) of every row's attention weights, for tracing.
   rows<heads<C>, T>* entropy = nullptr;
-  // Products with quantized (mapped) weights: f32 activations, or int8 (kernels.hpp).
+  // Products with quantized (mapped) weights: activations at float32 precision, or int8 (kernels.hpp).
   kernels::precision precision = kernels::precision::exact;
   // Packed training sequences: [n] where row i's segment (one example) starts, as a
   // position in its sequence. Row i attends to the rows of its segment only, keys

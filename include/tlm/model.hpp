@@ -46,8 +46,9 @@ struct model_options {
   // llama.cpp's tools, half_split for weights in the Hugging Face layout. A config
   // whose architecture fixes the pairing (qwen2: half_split) overrides this.
   rope_pairing pairing = rope_pairing::adjacent;
-  // exact: f32 activations times the decoded weights (logits within ~3e-6 of
-  // float64). fast: activations quantized to int8 (kernels/scalar.hpp) and integer
+  // exact: activations at float32 precision times the decoded weights (logits within
+  // 3.5e-6 of float64; some decode kernels hold them as 24-bit integers, an exponent per
+  // 4 values: kernels/avx512.hpp, prepare_q5_digits). fast: activations quantized to int8 (kernels/scalar.hpp) and integer
   // dot products, as llama.cpp computes (logits within 0.125 of the largest logit;
   // a product of more than a few rows, as a prefill, runs exact, which is faster
   // there: kernels::integer_matmul). The default is exact unless TLM_PRECISION=fast

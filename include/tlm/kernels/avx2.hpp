@@ -76,8 +76,6 @@ TLM_AVX2_INLINE inline __m128 scales4(const std::byte* const (&p)[R]) {
   return _mm_cvtph_ps(h);
 }
 
-
-
 // The 32 nibbles of a Q4 block as floats in value order: v[0], v[1] from the low
 // nibbles (values 0..15), v[2], v[3] from the high nibbles (values 16..31). With
 // Offset = 8 the codes become -8..7 in the integer domain, so (q - 8) * d is one
@@ -113,17 +111,24 @@ TLM_AVX2_INLINE inline void widen32(__m256i c, __m256i (&out)[4]) {
   out[3] = _mm256_cvtepi8_epi32(_mm_unpackhi_epi64(c1, c1));
 }
 
+// The sum of each N consecutive values of x [cols] -> sums [cols / N], in order, as every
+// prepare of x for blocks with a min or a code offset takes them (one rounding for all
+// levels' kernels).
+template <std::size_t N>
+inline void sums_of(const float* x, std::size_t cols, float* sums) {
+  for (std::size_t b = 0; b < cols / N; ++b) {
+    float t = 0;
+    for (std::size_t i = 0; i < N; ++i) t += x[N * b + i];
+    sums[b] = t;
+  }
+}
+
 // x [cols], then the sum of each block of 32 [cols / 32]: what a matvec whose blocks
 // have a min (Q5_1, Q4_K, Q5_K) multiplies the mins by, computed once per matvec.
 inline void prepare_block_sums(const float* x, std::size_t cols, std::vector<float>& prepared) {
-  const std::size_t blocks = cols / 32;
-  prepared.resize(cols + blocks);  // [cols] x, then [blocks] sums
+  prepared.resize(cols + cols / 32);  // [cols] x, then [cols / 32] sums
   std::copy(x, x + cols, prepared.begin());
-  for (std::size_t b = 0; b < blocks; ++b) {
-    float t = 0;
-    for (std::size_t i = 0; i < 32; ++i) t += x[32 * b + i];
-    prepared[cols + b] = t;
-  }
+  sums_of<32>(x, cols, prepared.data() + cols);
 }
 
 // The 32 fifth bits of a Q5 block (the little-endian word at qh) as bytes 0 or 0x10,

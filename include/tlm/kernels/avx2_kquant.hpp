@@ -199,11 +199,7 @@ inline void prepare_permuted_x(const float* x, std::size_t cols, std::vector<flo
   prepared.resize(cols + cols / n);
   for (std::size_t sb = 0; sb < cols / 256; ++sb)
     for (std::size_t p = 0; p < 256; ++p) prepared[256 * sb + p] = x[256 * sb + order[p]];
-  for (std::size_t b = 0; b < cols / n; ++b) {
-    float t = 0;
-    for (std::size_t i = 0; i < n; ++i) t += x[n * b + i];
-    prepared[cols + b] = t;
-  }
+  sums_of<n>(x, cols, prepared.data() + cols);
 }
 
 template <encoding E>

@@ -313,7 +313,7 @@ TLM_AVX512_INLINE inline __m128 scale_pair(const std::byte* p0, const std::byte*
 // [d0 of row 0, d1 of row 0, d0 of row 1, ...], the rest zero. One conversion for the
 // R rows where scale_pair takes one per row. The halves are joined in two general
 // registers, not by 8 word inserts, which all take the shuffle port the kernels need:
-// Q5_0 1536x576 fast, hot, 1 thread, 25.2-25.9 against 26.4-27.1 us (3 alternating runs).
+// Q5_0 1536x576 fast, hot, 1 thread, 1.04x (bench/results/kernels-q5-digits-xeon.md).
 template <std::size_t R>
 TLM_AVX512_INLINE inline __m256 pair_scales(const std::byte* const (&p)[R], std::size_t bb) {
   static_assert(R >= 1 && R <= 4);
@@ -1003,28 +1003,42 @@ TLM_VNNI_INLINE inline void digits_of_32(const float* x32, std::byte* hi, std::b
   }
 }
 
-// Sum of codes times X over 64 code bytes (unsigned) and their digits at xd (hi, mid,
-// lo, 64 bytes each), in 16 lanes of 4 products each; exact while |c X| summed over a
-// lane stays under 2^31 (codes up to 63: 4 * 63 * 8421504 < 2^31).
+// Sum of codes times X over 64 code bytes (unsigned) and their digits (hi, mid, lo), in
+// 16 lanes of 4 products each; exact while |c X| summed over a lane stays under 2^31
+// (codes up to 63: 4 * 63 * 8421504 < 2^31).
+TLM_VNNI_INLINE inline __m512i digits_dot(__m512i codes, __m512i hi, __m512i mid, __m512i lo) {
+  __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, hi);
+  s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), codes, mid);
+  return _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), codes, lo);
+}
+
+// The same with the digits at xd (hi, mid, lo, 64 bytes each).
 TLM_VNNI_INLINE inline __m512i digits_dot(__m512i codes, const std::byte* xd) {
-  __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512(xd));
-  s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), codes, _mm512_loadu_si512(xd + 64));
-  return _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), codes, _mm512_loadu_si512(xd + 128));
+  return digits_dot(codes, _mm512_loadu_si512(xd), _mm512_loadu_si512(xd + 64), _mm512_loadu_si512(xd + 128));
 }
 
 template <encoding E>
 TLM_VNNI_FN inline void prepare_q5_digits(const float* x, std::size_t cols, std::vector<float>& prepared) {
   static_assert(E == encoding::q5_0 || E == encoding::q5_1);
   const std::size_t blocks = cols / 32, pairs = (blocks + 1) / 2;
-  prepared.assign(pairs * digits_pair_bytes / sizeof(float), 0.0f);
+  prepared.resize(pairs * digits_pair_bytes / sizeof(float));
   std::byte* const out = reinterpret_cast<std::byte*>(prepared.data());
+  if (blocks % 2 == 1) {
+    // The odd last block's partner: digits and steps of zero (x = 0).
+    std::byte* pair = out + blocks / 2 * digits_pair_bytes;
+    for (std::size_t part = 0; part < 3; ++part) std::memset(pair + 64 * part + 32, 0, 32);
+    std::memset(pair + 192 + 32, 0, 32);
+  }
   for (std::size_t b = 0; b < blocks; ++b) {
     std::byte* pair = out + b / 2 * digits_pair_bytes;
     const std::size_t at = 32 * (b % 2);
     digits_of_32(x + 32 * b, pair + at, pair + 64 + at, pair + 128 + at, reinterpret_cast<float*>(pair + 192) + 8 * (b % 2));
     if constexpr (E == encoding::q5_1) {
       const __m512 sum = _mm512_add_ps(_mm512_loadu_ps(x + 32 * b), _mm512_loadu_ps(x + 32 * b + 16));
-      reinterpret_cast<float*>(pair + 256)[2 * (b % 2) + 1] = _mm512_reduce_add_ps(sum);
+      float* slots = reinterpret_cast<float*>(pair + 256) + 2 * (b % 2);
+      slots[0] = 0.0f;
+      slots[1] = _mm512_reduce_add_ps(sum);
+      if (b + 1 == blocks && b % 2 == 0) slots[2] = slots[3] = 0.0f;  // the zero partner
     }
   }
   if constexpr (E == encoding::q5_0) {
@@ -1059,9 +1073,7 @@ TLM_VNNI_INLINE inline void rows_dot_q5_digits(const std::byte* const (&rows)[R]
     for (std::size_t r = 0; r < R; ++r) {
       _mm_prefetch(reinterpret_cast<const char*>(p[r] + prefetch_ahead), _MM_HINT_T0);
       const __m512i c = q5_codes64<E>(p[r], p[r] + next);
-      __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c, hi);
-      s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), c, mid);
-      s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), c, lo);  // digits_dot, the digits in registers
+      __m512i s = digits_dot(c, hi, mid, lo);
       __m512 d;
       if constexpr (E == encoding::q5_0) {
         s = _mm512_add_epi32(s, _mm512_loadu_si512(xp + 256));
@@ -1139,11 +1151,7 @@ TLM_VNNI_FN inline void prepare_k_digits(const float* x, std::size_t cols, std::
       }
     }
   }
-  for (std::size_t b = 0; b < cols / n; ++b) {
-    float t = 0;
-    for (std::size_t i = 0; i < n; ++i) t += x[n * b + i];
-    prepared[head + b] = t;
-  }
+  avx2::sums_of<n>(x, cols, prepared.data() + head);
 }
 
 template <encoding E>

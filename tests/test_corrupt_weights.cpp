@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,6 +73,29 @@ TEST_CASE("a NaN block scale: bound as sound, named by non_finite_values, refuse
                          doctest::Contains("logits at position 4 are not finite"), tlm::numeric_error);
     CHECK_THROWS_WITH_AS(gen.generate("The capital of France is", {.max_tokens = 4}),
                          doctest::Contains("inspect FILE --verify"), tlm::numeric_error);
+  }
+}
+
+TEST_CASE("the logits check finds one value that is not finite at any position, and passes every finite one") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float big = std::numeric_limits<float>::max(), tiny = std::numeric_limits<float>::denorm_min();
+  std::vector<float> store(80);
+  for (std::size_t offset = 0; offset < 2; ++offset) {
+    for (std::size_t n = 1; n <= 40; ++n) {
+      const std::span<float> l(store.data() + offset, n);
+      for (std::size_t i = 0; i < n; ++i) l[i] = i % 4 == 0 ? big : i % 4 == 1 ? -big : i % 4 == 2 ? tiny : -0.0f;
+      CHECK_NOTHROW(tlm::detail::require_finite_logits(l, 9));
+      for (std::size_t at = 0; at < n; ++at) {
+        for (const float bad : {nan, inf, -inf}) {
+          const float keep = l[at];
+          l[at] = bad;
+          const std::string named = "position 9 are not finite (token " + std::to_string(at) + ":";
+          CHECK_THROWS_WITH_AS(tlm::detail::require_finite_logits(l, 9), doctest::Contains(named.c_str()),
+                               tlm::numeric_error);
+          l[at] = keep;
+        }
+      }
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <span>
 #include <vector>
@@ -118,6 +119,65 @@ TEST_CASE("sampler: bad settings and empty logits are errors") {
   tlm::sampler s(tlm::sampling{1.0f, 0, 1.0f, 0});
   std::vector<float> none;
   CHECK_THROWS_AS(s(none), tlm::error);
+}
+
+// The definition argmax replaced: the first index of the largest value, NaNs never
+// winning (all NaN: 0).
+std::int32_t argmax_reference(std::span<const float> l) {
+  std::size_t best = 0;
+  bool found = false;
+  for (std::size_t i = 0; i < l.size(); ++i) {
+    if (std::isnan(l[i])) continue;
+    if (!found || l[i] > l[best]) best = i;
+    found = true;
+  }
+  return static_cast<std::int32_t>(best);
+}
+
+TEST_CASE("argmax: the first largest value at every position, in every length, from any alignment") {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-30.0f, 30.0f);
+  std::vector<float> store(200);
+  for (std::size_t offset = 0; offset < 3; ++offset) {
+    for (std::size_t n = 1; n <= 70; ++n) {
+      const std::span<float> l(store.data() + offset, n);
+      for (std::size_t at = 0; at < n; ++at) {
+        for (float& v : l) v = u(rng);
+        l[at] = 31.0f;
+        CHECK(tlm::argmax(l) == static_cast<std::int32_t>(at));
+        // A tie after it: the lower id still wins.
+        if (at + 1 < n) {
+          l[n - 1] = 31.0f;
+          CHECK(tlm::argmax(l) == static_cast<std::int32_t>(at));
+        }
+      }
+    }
+  }
+  // A whole vocabulary, the largest in the last step and in the tail past the steps.
+  std::vector<float> big(49152 + 7);
+  for (float& v : big) v = u(rng);
+  for (const std::size_t at : {std::size_t{0}, std::size_t{49151}, std::size_t{49152}, big.size() - 1}) {
+    std::vector<float> l = big;
+    l[at] = 100.0f;
+    CHECK(tlm::argmax(l) == static_cast<std::int32_t>(at));
+    CHECK(tlm::argmax(l) == argmax_reference(l));
+  }
+}
+
+TEST_CASE("argmax: NaNs are passed over, infinities count, all NaN gives 0") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{16}, std::size_t{17}, std::size_t{40}}) {
+    std::vector<float> l(n, nan);
+    CHECK(tlm::argmax(l) == 0);
+    l.back() = -inf;  // every token banned but one NaN: the banned one
+    CHECK(tlm::argmax(l) == argmax_reference(l));
+    CHECK(tlm::argmax(l) == static_cast<std::int32_t>(n - 1));
+    std::fill(l.begin(), l.end(), -inf);
+    CHECK(tlm::argmax(l) == 0);
+    l[n / 2] = inf;
+    l[0] = nan;
+    CHECK(tlm::argmax(l) == static_cast<std::int32_t>(n / 2));
+  }
 }
 
 }  // namespace test_sampler

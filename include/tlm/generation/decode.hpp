@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -158,6 +159,22 @@ inline double ms_since(std::chrono::steady_clock::time_point t) {
 // from them, and sampling would silently pick one. Checking the row costs a pass over
 // `vocab` floats per token, far below the forward pass.
 inline void require_finite_logits(std::span<const float> logits, std::size_t position) {
+  // Every step's values tested at once (see argmax): std::isfinite in a loop with an
+  // early exit is not vectorized. The search that names the culprit runs only when
+  // there is one.
+  constexpr std::size_t w = scan_width;
+  const float* l = logits.data();
+  const std::size_t steps = logits.size() / w;
+  i32x4 bad{};
+  for (std::size_t s = 0; s < steps; ++s) {
+    i32x4 v[4];
+    std::memcpy(v, l + w * s, sizeof v);
+    // The magnitude's bits above the largest finite float's: infinity or NaN.
+    for (const i32x4& x : v) bad |= (x & 0x7fffffff) > 0x7f7fffff;
+  }
+  bool any = any_set(bad);
+  for (std::size_t i = w * steps; i < logits.size(); ++i) any |= !std::isfinite(l[i]);
+  if (!any) return;
   for (std::size_t v = 0; v < logits.size(); ++v) {
     if (!std::isfinite(logits[v])) {
       throw numeric_error("the model's logits at position " + std::to_string(position) + " are not finite (token " +

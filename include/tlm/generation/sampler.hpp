@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <span>
@@ -14,14 +15,56 @@
 
 namespace tlm {
 
+namespace detail {
+// The scans over a row of logits below take steps of 16 values as 4 vectors of 4 (GCC
+// and Clang vector extensions: SSE2 on every x86-64, NEON on ARM), with no index carried
+// from step to step. A scalar loop that carries the best index (`if (l[i] > l[best])
+// best = i`) is a serial chain, and GCC does not vectorize 16 independent scalar maxima
+// on its own. For SmolLM2's 49,152 logits on the Xeon: argmax 9.0 us against 46.9,
+// the finite check (detail::require_finite_logits) 3.4 against 18.0, run on the calling
+// thread between decode steps of about 3 ms while the pool waits (bench/sampling.cpp,
+// bench/results/sampling-xeon.md).
+using f32x4 = float __attribute__((vector_size(16)));
+using i32x4 = std::int32_t __attribute__((vector_size(16)));
+inline constexpr std::size_t scan_width = 16;
+
+// Values [4k, 4k + 4) of p, k < 4 (unaligned).
+inline void load_step(const float* p, f32x4 (&v)[4]) { std::memcpy(v, p, sizeof v); }
+
+inline bool any_set(i32x4 m) { return (m[0] | m[1] | m[2] | m[3]) != 0; }
+}  // namespace detail
+
 // The most likely token; ties go to the lowest id (as numpy's argmax does), so
-// greedy runs are comparable with the references.
+// greedy runs are comparable with the references. NaNs are passed over; all NaN
+// gives 0.
 inline std::int32_t argmax(std::span<const float> logits) {
-  if (logits.empty()) throw error("argmax of no logits");
-  std::size_t best = 0;
-  for (std::size_t i = 1; i < logits.size(); ++i)
-    if (logits[i] > logits[best]) best = i;
-  return static_cast<std::int32_t>(best);
+  constexpr std::size_t w = detail::scan_width;
+  const std::size_t n = logits.size();
+  if (n == 0) throw error("argmax of no logits");
+  const float* l = logits.data();
+  // The largest value: 16 running maxima, then the largest of those.
+  constexpr float low = -std::numeric_limits<float>::infinity();
+  detail::f32x4 lanes[4] = {{low, low, low, low}, {low, low, low, low}, {low, low, low, low}, {low, low, low, low}};
+  const std::size_t steps = n / w;
+  for (std::size_t s = 0; s < steps; ++s) {
+    detail::f32x4 v[4];
+    detail::load_step(l + w * s, v);
+    for (std::size_t k = 0; k < 4; ++k) lanes[k] = v[k] > lanes[k] ? v[k] : lanes[k];
+  }
+  float top = low;
+  for (const detail::f32x4& v : lanes)
+    for (std::size_t j = 0; j < 4; ++j) top = v[j] > top ? v[j] : top;
+  for (std::size_t i = w * steps; i < n; ++i) top = l[i] > top ? l[i] : top;
+  // Its first occurrence: whole steps tested at once, then the step that holds it.
+  std::size_t s = 0;
+  for (; s < steps; ++s) {
+    detail::f32x4 v[4];
+    detail::load_step(l + w * s, v);
+    if (detail::any_set((v[0] == top) | (v[1] == top) | (v[2] == top) | (v[3] == top))) break;
+  }
+  for (std::size_t i = w * s; i < n; ++i)
+    if (l[i] == top) return static_cast<std::int32_t>(i);
+  return 0;  // every value NaN
 }
 
 // How the next token is chosen. The steps apply in this order, each to what the

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <span>
 #include <vector>
@@ -173,6 +174,81 @@ TEST_CASE("the block's forward attention equals the reference attend() of the in
     for (std::size_t e = 0; e < E; ++e) CHECK(b[e] == doctest::Approx(a[e]).epsilon(1e-5));
     CHECK(entropy == doctest::Approx(shannon_entropy(scores)).epsilon(1e-4));
   }
+}
+
+TEST_CASE("a decode row's positions: segments of whole blocks that cover them, fewer as the step has more units") {
+  for (std::size_t visible = 1; visible <= 2000; ++visible) {
+    for (const std::size_t units : {1, 2, 3, 5, 8, 15, 16, 17, 64}) {
+      const std::size_t segs = tlm::detail::decode_segments(visible, units);
+      CHECK(segs >= 1);
+      CHECK(segs <= std::max<std::size_t>(1, visible / tlm::attention_block));
+      CHECK(segs <= std::max<std::size_t>(1, (tlm::detail::decode_units + units - 1) / units));
+      if (units >= tlm::detail::decode_units) CHECK(segs == 1);
+      CHECK(tlm::detail::segment_start(visible, segs, 0) == 0);
+      CHECK(tlm::detail::segment_start(visible, segs, segs) == visible);
+      for (std::size_t s = 1; s < segs; ++s) {
+        const std::size_t at = tlm::detail::segment_start(visible, segs, s);
+        CHECK(at % tlm::attention_block == 0);
+        CHECK(at > tlm::detail::segment_start(visible, segs, s - 1));
+      }
+      if (segs > 1) CHECK(tlm::detail::segment_start(visible, segs, segs - 1) < visible);
+    }
+  }
+  // SmolLM2's decode step (3 kv heads): 2 segments at 130 positions, 6 from 384 on.
+  CHECK(tlm::detail::decode_segments(130, 3) == 2);
+  CHECK(tlm::detail::decode_segments(384, 3) == 6);
+  CHECK(tlm::detail::decode_segments(4096, 3) == 6);
+  CHECK(tlm::detail::decode_segments(63, 3) == 1);
+}
+
+// attention_heads over each segment of the positions, then merge_segments, against one
+// attention_heads over them all: float to rounding, double to 1e-12.
+template <class T>
+void check_segments_merge(double tol) {
+  constexpr std::size_t E = 64, nq = 3;
+  std::mt19937 rng(17);
+  std::normal_distribution<double> n(0.0, 1.0);
+  for (std::size_t visible : {64, 65, 127, 128, 130, 300, 384, 700}) {
+    std::vector<T> q(nq * E), keys(visible * E), values(visible * E);
+    for (auto* x : {&q, &keys, &values})
+      for (auto& y : *x) y = static_cast<T>(2.0 * n(rng));
+    keys[3 * E] = static_cast<T>(40.0);  // one position's scores far above the rest
+    const T scale = static_cast<T>(1.0 / std::sqrt(double(E)));
+    std::vector<T> whole(nq * E), whole_lse(nq);
+    tlm::attention_heads(tlm::detail::float_rows<T>{keys.data(), values.data(), E}, q.data(), nq, visible, E, scale,
+                         whole.data(), whole_lse.data());
+    for (std::size_t segs = 2; segs <= visible / tlm::attention_block; ++segs) {
+      constexpr std::size_t part = nq * E + nq;
+      std::vector<T> parts(segs * part), got(nq * E), got_lse(nq);
+      for (std::size_t s = 0; s < segs; ++s) {
+        const std::size_t from = tlm::detail::segment_start(visible, segs, s), to = tlm::detail::segment_start(visible, segs, s + 1);
+        tlm::attention_heads(tlm::detail::float_rows<T>{keys.data() + from * E, values.data() + from * E, E}, q.data(), nq,
+                             to - from, E, scale, parts.data() + s * part, parts.data() + s * part + nq * E);
+      }
+      tlm::merge_segments<T>(parts.data(), segs, part, nq, E, got.data(), got_lse.data());
+      INFO("visible " << visible << ", segments " << segs);
+      double worst = 0, largest = 0;
+      for (std::size_t i = 0; i < nq * E; ++i) {
+        worst = std::max(worst, std::abs(double(got[i]) - double(whole[i])));
+        largest = std::max(largest, std::abs(double(whole[i])));
+      }
+      CHECK(worst <= tol * largest);
+      for (std::size_t h = 0; h < nq; ++h) CHECK(std::abs(double(got_lse[h]) - double(whole_lse[h])) <= tol * std::abs(double(whole_lse[h])) + tol);
+    }
+  }
+}
+
+TEST_CASE("a decode row's segments, attended apart and merged, equal one pass over its positions") {
+  check_segments_merge<float>(2e-6);
+  check_segments_merge<double>(1e-12);
+  // A NaN in one segment's keys makes the merged row NaN, as it makes the one pass's.
+  constexpr std::size_t E = 64, nq = 1, part = nq * E + nq;
+  std::vector<float> parts(2 * part, 0.5f);
+  parts[part + E] = std::numeric_limits<float>::quiet_NaN();  // the second segment's lse
+  std::vector<float> out(E), lse(1);
+  tlm::merge_segments<float>(parts.data(), 2, part, nq, E, out.data(), lse.data());
+  CHECK(std::isnan(out[0]));
+  CHECK(std::isnan(lse[0]));
 }
 
 }  // namespace test_attention

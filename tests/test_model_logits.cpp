@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "fixture.hpp"
 #include "kernel_levels.hpp"
@@ -70,6 +71,41 @@ TEST_CASE("logits at every prompt position match the float64 reference to 3.5e-6
   }
   MESSAGE("worst relative logit error over ", positions, " positions: ", worst);
   CHECK(positions == 231);  // the 14 prompts of tests/reference/prompts.json: 231 tokens in all
+}
+
+// A decode step attends over segments of its positions merged by their log-sum-exp
+// (detail::decode_segments: for SmolLM2 from 128 positions on), the batched prefill in
+// tiles of rows over all of them; the prefill is held to the float64 reference above.
+// Run through one sequence of the 14 prompts (231 tokens), the decode steps' logits stay
+// within twice that tolerance of the prefill's at every position, the argmax equal.
+TEST_CASE("decode steps over 231 positions, their attention cut in segments, agree with one batched prefill") {
+  auto& m = tlm_test::shared_model<tlm::model<C>>();
+  const tlm_test::fixture fx(TLM_FIXTURES "/forward/logits.bin");
+  std::vector<std::int32_t> tokens;
+  for (int p = 0; p < fx.scalar("n_prompts"); ++p) {
+    const auto t = fx["p" + std::to_string(p) + ".tokens"].ints();
+    tokens.insert(tokens.end(), t.begin(), t.end());
+  }
+  REQUIRE(tokens.size() == 231);
+  if (tlm_test::sanitized()) tokens.resize(150);  // still 2 segments from 128 on
+  REQUIRE(tlm::detail::decode_segments(tokens.size(), C::kv_heads) > 1);
+  tlm::kv_cache<C> batched(tokens.size()), stepped(tokens.size());
+  std::vector<float> all;
+  m.prefill(tokens, batched, &all);
+  double worst = 0.0;
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    const auto logits = m.forward(tokens[t], stepped);
+    const float* want = all.data() + t * C::vocab;
+    double diff = 0.0, largest = 0.0;
+    for (std::size_t v = 0; v < C::vocab; ++v) {
+      diff = std::max(diff, std::fabs(double(logits[v]) - double(want[v])));
+      largest = std::max(largest, std::fabs(double(want[v])));
+    }
+    worst = std::max(worst, diff / largest);
+    CHECK_MESSAGE(diff <= 2 * logit_tolerance * largest, "position ", t, ": ", diff / largest);
+    CHECK_MESSAGE(tlm::argmax(logits) == tlm::argmax({want, C::vocab}), "position ", t);
+  }
+  MESSAGE("decode steps against the batched prefill over " << tokens.size() << " positions: worst " << worst);
 }
 
 TEST_CASE("greedy generation of 32 tokens matches the float64 reference on every prompt") {

@@ -122,12 +122,12 @@ struct kv_from_cache {
       for (std::size_t g = 0; g < C::kv_heads; ++g)
         store->store(layer, g, b.pos0 + i, k.data() + i * K + g * E, v.data() + i * K + g * E);
   }
-  // `nq` consecutive query heads of one row, all of kv head g, over the first `len`
-  // positions, in the cache's own element type.   q, out: [nq, E]  lse: [nq]
+  // `nq` consecutive query heads of one row, all of kv head g, over positions [from,
+  // len), in the cache's own element type.   q, out: [nq, E]  lse: [nq]
   // entropy: null or [nq]. `first` is always 0 here (takes_segments).
   void attend(const block_activations<C, float>&, std::size_t /*seq*/, std::size_t /*first*/, std::size_t g, const float* q,
-              std::size_t nq, std::size_t len, float scale, float* out, float* lse, float* entropy) const {
-    attend_cached(*store, layer, g, q, nq, len, scale, out, lse, entropy);
+              std::size_t nq, std::size_t from, std::size_t len, float scale, float* out, float* lse, float* entropy) const {
+    attend_cached(*store, layer, g, q, nq, from, len, scale, out, lse, entropy);
   }
 
   // Prefill of n >= tiled_from rows at positions pos0.. into an f32 cache, untraced: the
@@ -154,14 +154,14 @@ struct kv_from_cache {
   }
 
   static void attend_cached(const kv_storage<C>& store, std::size_t layer, std::size_t g, const float* q, std::size_t nq,
-                            std::size_t len, float scale, float* out, float* lse, float* entropy) {
+                            std::size_t from, std::size_t len, float scale, float* out, float* lse, float* entropy) {
     constexpr std::size_t E = head_dim<C>;
     if (store.type() == kv_type::q8)
-      return attention_heads(detail::q8_rows{store.key_codes(layer, g, 0), store.key_scales(layer, g, 0),
-                                             store.value_codes(layer, g, 0), store.value_scales(layer, g, 0)},
-                             q, nq, len, E, scale, out, lse, entropy);
-    attention_heads(detail::float_rows<float>{store.key(layer, g, 0), store.value(layer, g, 0), E}, q, nq, len, E, scale,
-                    out, lse, entropy);
+      return attention_heads(detail::q8_rows{store.key_codes(layer, g, from), store.key_scales(layer, g, from),
+                                             store.value_codes(layer, g, from), store.value_scales(layer, g, from)},
+                             q, nq, len - from, E, scale, out, lse, entropy);
+    attention_heads(detail::float_rows<float>{store.key(layer, g, from), store.value(layer, g, from), E}, q, nq, len - from,
+                    E, scale, out, lse, entropy);
   }
 };
 
@@ -184,8 +184,8 @@ struct kv_from_caches {
     }
   }
   void attend(const block_activations<C, float>&, std::size_t seq, std::size_t /*first*/, std::size_t g, const float* q,
-              std::size_t nq, std::size_t len, float scale, float* out, float* lse, float* entropy) const {
-    kv_from_cache<C>::attend_cached(*stores[seq], layer, g, q, nq, len, scale, out, lse, entropy);
+              std::size_t nq, std::size_t from, std::size_t len, float scale, float* out, float* lse, float* entropy) const {
+    kv_from_cache<C>::attend_cached(*stores[seq], layer, g, q, nq, from, len, scale, out, lse, entropy);
   }
 };
 
@@ -198,10 +198,10 @@ struct kv_in_batch {
   template <class R>
   void write(const R&, const R&, const batch_layout&) const {}
   void attend(const block_activations<C, T>& a, std::size_t seq, std::size_t first, std::size_t g, const T* q,
-              std::size_t nq, std::size_t len, T scale, T* out, T* lse, T* entropy) const {
+              std::size_t nq, std::size_t from, std::size_t len, T scale, T* out, T* lse, T* entropy) const {
     constexpr std::size_t E = head_dim<C>, K = kv_dim<C>;
-    const std::size_t at = (seq * length + first) * K + g * E;
-    attention_heads(detail::float_rows<T>{a.k.data() + at, a.v.data() + at, K}, q, nq, len, E, scale, out, lse,
+    const std::size_t at = (seq * length + first + from) * K + g * E;
+    attention_heads(detail::float_rows<T>{a.k.data() + at, a.v.data() + at, K}, q, nq, len - from, E, scale, out, lse,
                     entropy);
   }
   std::size_t length;
@@ -410,23 +410,71 @@ void block_forward(const layer_weights<C, S>& w, block_activations<C, T>& a, row
   }
   if (!tiled) {
     // The query heads of one kv head attend together, reading each block of keys and
-    // values once for all of them (attention_heads), unless that leaves too few units
-    // for the threads: decoding one row gives kv_heads units, and 3 units on 2 threads
-    // would leave one thread idle a third of the time, which costs more than the
-    // shared reads save.
-    const bool grouped = pool == nullptr || pool->size() == 1 || n * C::kv_heads >= 4 * pool->size();
-    const std::size_t nq = grouped ? C::group : 1;
-    auto attend_rows = [&](std::size_t b, std::size_t e) {
+    // values once for all of them (attention_heads). A decode step's row has only
+    // kv_heads such units, too few to share out evenly (SmolLM2: 3 on 2 threads), so
+    // each row of a decode step cuts its positions into segments (decode_segments),
+    // attended apart and merged by their log-sum-exp. The cut depends on the row's
+    // positions and the step's row count only, never on the threads.
+    const std::size_t G = C::kv_heads, nq = C::group;
+    const bool step = ctx.layout.length == 1 && !ctx.entropy;
+    auto visible_of = [&](std::size_t i, std::size_t& seq, std::size_t& first) {
+      first = ctx.segment_start ? ctx.segment_start[i] : 0;
+      seq = i / period;
+      return ctx.layout.start(seq) + i % period + 1 - first;
+    };
+    // Row i's units are [unit_at[i], unit_at[i + 1]): G times its segments; a row of
+    // several segments keeps each segment's o and lse in `parts`, at its units' places.
+    // (References: the pool's threads must reach the calling thread's buffers, not their own.)
+    thread_local std::vector<std::size_t> unit_at_buffer;
+    thread_local std::vector<T> parts_buffer;
+    std::vector<std::size_t>& unit_at = unit_at_buffer;
+    std::vector<T>& parts = parts_buffer;  // [units, nq * E + nq]: o, then lse
+    constexpr std::size_t part = nq * E + nq;
+    unit_at.resize(n + 1);
+    unit_at[0] = 0;
+    const std::size_t most = step ? detail::decode_segments(std::size_t(-1) / 2, n * G) : 1;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::size_t seq, first;
+      unit_at[i + 1] = unit_at[i] + G * (step ? detail::decode_segments(visible_of(i, seq, first), n * G) : 1);
+    }
+    if (most > 1) {
+      // Sized for the most segments a row of this step can have, so that decoding
+      // allocates only on its first step.
+      parts.reserve(n * G * most * part);
+      parts.resize(unit_at[n] * part);
+    }
+    auto attend_units = [&](std::size_t b, std::size_t e) {
+      std::size_t i = static_cast<std::size_t>(std::upper_bound(unit_at.begin(), unit_at.end(), b) - unit_at.begin()) - 1;
       for (std::size_t u = b; u < e; ++u) {
-        const std::size_t i = u * nq / H, h = u * nq % H, g = kv_head_of<C>(h);
-        const std::size_t first = ctx.segment_start ? ctx.segment_start[i] : 0;
-        const std::size_t seq = i / period, visible = ctx.layout.start(seq) + i % period + 1 - first;
-        kv.attend(a, seq, first, g, a.q.data() + i * D + h * E, nq, visible, scale, a.o.data() + i * D + h * E,
-                  a.lse.data() + i * H + h, ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
+        while (u >= unit_at[i + 1]) ++i;
+        std::size_t seq, first;
+        const std::size_t visible = visible_of(i, seq, first);
+        const std::size_t segs = (unit_at[i + 1] - unit_at[i]) / G, g = (u - unit_at[i]) / segs, sg = (u - unit_at[i]) % segs;
+        const std::size_t h = first_query_of<C>(g);
+        const T* q = a.q.data() + i * D + h * E;
+        if (segs == 1) {
+          kv.attend(a, seq, first, g, q, nq, 0, visible, scale, a.o.data() + i * D + h * E, a.lse.data() + i * H + h,
+                    ctx.entropy ? ctx.entropy->data() + i * H + h : nullptr);
+        } else {
+          T* segment = parts.data() + u * part;
+          kv.attend(a, seq, first, g, q, nq, detail::segment_start(visible, segs, sg),
+                    detail::segment_start(visible, segs, sg + 1), scale, segment, segment + nq * E, nullptr);
+        }
       }
     };
-    if (pool) pool->parallel_for(n * H / nq, 1, attend_rows);
-    else attend_rows(0, n * H / nq);
+    if (pool) pool->parallel_for(unit_at[n], 1, attend_units);
+    else attend_units(0, unit_at[n]);
+    if (most > 1) {
+      detail::for_rows(pool, n, [&](std::size_t i) {
+        const std::size_t segs = (unit_at[i + 1] - unit_at[i]) / G;
+        if (segs == 1) return;
+        for (std::size_t g = 0; g < G; ++g) {
+          const std::size_t h = first_query_of<C>(g);
+          merge_segments<T>(parts.data() + (unit_at[i] + g * segs) * part, segs, part, nq, E,
+                            a.o.data() + i * D + h * E, a.lse.data() + i * H + h);
+        }
+      });
+    }
   }
 
   matmul(w.attn_output, a.o, a.x_mid, pool, ctx.precision);

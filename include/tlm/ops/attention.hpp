@@ -252,6 +252,49 @@ void attention_heads(const Rows& kv, const T* q, std::size_t nq, std::size_t len
   }
 }
 
+namespace detail {
+// Segments a decode step's row cuts its `visible` positions into: enough for about
+// decode_units units of work in the step (rows x kv heads x segments) where the rows
+// and kv heads give fewer, none shorter than one block of the online softmax. A
+// function of the row's positions and the step's units only, so that a row's result
+// never depends on the threads. SmolLM2 (3 kv heads) at 130 positions: 2 segments.
+inline constexpr std::size_t decode_units = 16;
+inline std::size_t decode_segments(std::size_t visible, std::size_t units) {
+  const std::size_t wanted = (decode_units + units - 1) / units;
+  return std::max<std::size_t>(1, std::min(wanted, visible / attention_block));
+}
+
+// Where segment s of `segs` over `visible` positions begins (s = segs: visible): an
+// even share, rounded down to a whole block of the online softmax.
+inline std::size_t segment_start(std::size_t visible, std::size_t segs, std::size_t s) {
+  if (s == segs) return visible;
+  return visible * s / segs / attention_block * attention_block;
+}
+
+}  // namespace detail
+
+// The online softmax of the same `nq` query heads over `segs` consecutive segments of
+// their positions, each written by attention_heads as [nq, E] o then [nq] lse, `part`
+// values apart, joined into out [nq, E] and lse [nq]: each segment's o weighed by
+// exp(its lse - the largest), as one pass over all the positions weighs its blocks.
+template <class T>
+void merge_segments(const T* parts, std::size_t segs, std::size_t part, std::size_t nq, std::size_t E, T* out, T* lse) {
+  for (std::size_t h = 0; h < nq; ++h) {
+    T top = -std::numeric_limits<T>::infinity();
+    for (std::size_t s = 0; s < segs; ++s) top = std::max(top, parts[s * part + nq * E + h]);
+    T sum = T(0);
+    std::fill(out + h * E, out + (h + 1) * E, T(0));
+    for (std::size_t s = 0; s < segs; ++s) {
+      const T w = std::exp(parts[s * part + nq * E + h] - top);
+      sum += w;
+      const T* o = parts + s * part + h * E;
+      for (std::size_t e = 0; e < E; ++e) out[h * E + e] += w * o[e];
+    }
+    for (std::size_t e = 0; e < E; ++e) out[h * E + e] /= sum;
+    lse[h] = top + std::log(sum);
+  }
+}
+
 // One query row against `len` positions.   q: [E]; key/value j at keys + j*stride,
 // values + j*stride: [E]; out: [E]. Returns the log-sum-exp of the scaled scores;
 // `entropy` as in attention_heads.

@@ -10,7 +10,6 @@
 // (tools::apply), each with a string, an integer and an enum argument.
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -52,17 +51,6 @@ void allowed_plain(const tlm::json_grammar& g, const tlm::json_grammar::state& s
   }
   if (g.can_end(s))
     for (const std::int32_t id : tok.end_of_generation()) out[static_cast<std::size_t>(id)] = 1;
-}
-
-template <class F>
-double median_us(std::size_t reps, F&& f) {
-  std::vector<double> t;
-  for (std::size_t r = 0; r < reps; ++r) {
-    const auto a = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
-  }
-  return tlm_bench::median(std::move(t));
 }
 
 }  // namespace
@@ -134,8 +122,8 @@ int main(int argc, char** argv) try {
     double fast = 0, plain = 0;
     // Interleaved, so that a busy moment of the machine falls on both.
     for (int round = 0; round < 3; ++round) {
-      fast += median_us(reps, [&] { g.allowed(s, tok, budget, a); });
-      plain += median_us(reps, [&] { allowed_plain(g, s, tok, budget, b); });
+      fast += tlm_bench::median_us(reps, [&] { g.allowed(s, tok, budget, a); });
+      plain += tlm_bench::median_us(reps, [&] { allowed_plain(g, s, tok, budget, b); });
     }
     if (a != b) {
       agree = false;

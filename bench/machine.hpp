@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <stdexcept>
 #include <fstream>
@@ -55,6 +56,18 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The median time of `reps` calls of f, in microseconds.
+template <class F>
+double median_us(std::size_t reps, F&& f) {
+  std::vector<double> t;
+  for (std::size_t r = 0; r < reps; ++r) {
+    const auto a = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
+  }
+  return median(std::move(t));
 }
 
 // Prints a finished markdown report and, with a path, writes it there too. Returns the

@@ -6,7 +6,6 @@
 // program exits 1 when they do not.
 //
 //   sampling [--reps N] [--out FILE]
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -36,17 +35,6 @@ bool finite_plain(std::span<const float> l) {
   for (const float v : l)
     if (!std::isfinite(v)) return false;
   return true;
-}
-
-template <class F>
-double median_us(std::size_t reps, F&& f) {
-  std::vector<double> t;
-  for (std::size_t r = 0; r < reps; ++r) {
-    const auto a = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count());
-  }
-  return tlm_bench::median(std::move(t));
 }
 
 // Keeps a result alive so the timed call is not optimized away.
@@ -79,10 +67,10 @@ int main(int argc, char** argv) try {
     double check = 0, check_plain = 0, best = 0, best_plain = 0;
     // Interleaved, so that a busy moment of the machine falls on both.
     for (int round = 0; round < 3; ++round) {
-      check += median_us(reps, [&] { tlm::detail::require_finite_logits(l, 0); });
-      check_plain += median_us(reps, [&] { sink = sink + finite_plain(l); });
-      best += median_us(reps, [&] { sink = sink + tlm::argmax(l); });
-      best_plain += median_us(reps, [&] { sink = sink + argmax_plain(l); });
+      check += tlm_bench::median_us(reps, [&] { tlm::detail::require_finite_logits(l, 0); });
+      check_plain += tlm_bench::median_us(reps, [&] { sink = sink + finite_plain(l); });
+      best += tlm_bench::median_us(reps, [&] { sink = sink + tlm::argmax(l); });
+      best_plain += tlm_bench::median_us(reps, [&] { sink = sink + argmax_plain(l); });
     }
     if (tlm::argmax(l) != argmax_plain(l)) {
       agree = false;

@@ -364,7 +364,12 @@ inline const kernel_table& avx512_table() {
 #if defined(TLM_HAVE_AVX512_KERNELS) && defined(TLM_HAVE_AMX_KERNELS)
 template <encoding E>
 constexpr void set_amx(kernel_table& k) {
-  if constexpr (is_k_quant(E)) k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row_k<E>>;
+  // Codes times scales where the weights are small integers under a scale per 32 (the
+  // scaled path: 3 tile products per step instead of 6); the rest decoded and split.
+  if constexpr (E == encoding::q6_k) k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row_k<E>>;
+  else if constexpr (is_k_quant(E) || E == encoding::q8_0 || E == encoding::q4_0 || E == encoding::q4_1 ||
+                     E == encoding::q5_0 || E == encoding::q5_1)
+    k.matmul[slot_of<E>] = &amx::matmul_rows_scaled<E>;
   else k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row<E>>;
 }
 

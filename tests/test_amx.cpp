@@ -62,6 +62,12 @@ TEST_CASE("amx: exact prefill on tiles across k blocks, weight chunks and token 
       {encoding::q4_k, 528, 768, 48, 0, 528},   // a chunk and one more panel
       {encoding::q5_k, 19, 2304, 36, 3, 19},
       {encoding::q6_k, 64, 1280, 80, 0, 64},
+      // The scaled path under two token tiles (from amx::scaled_min_batch the table sends
+      // batches there): one partial token tile, one whole, one and a bit.
+      {encoding::q4_k, 40, 512, 4, 0, 40},
+      {encoding::q5_0, 33, 576, 16, 1, 33},
+      {encoding::q8_0, 20, 256, 17, 0, 20},
+      {encoding::q4_1, 48, 128, 5, 7, 41},
   };
   std::mt19937 rng(4242);
   std::normal_distribution<float> act(0.0f, 1.0f);
@@ -149,27 +155,49 @@ TEST_CASE("amx: small products beside a large one stay within 1e-6 of sum |w x|"
   CHECK(std::fabs(y[0] - exact) <= 1e-6 * exact);
 }
 
-TEST_CASE("amx: a batch under two token tiles is the avx512 level's product, bit for bit") {
+TEST_CASE("amx: which batches reach the tiles: the split path from 32 tokens, the scaled path from 4") {
   if (!tlm::kernel_level_supported(tlm::kernel_level::amx)) {
     MESSAGE("amx hand-off not checked: this CPU lacks AMX or the permission to use it");
     return;
   }
-  const std::size_t s = static_cast<std::size_t>(k::detail::slot(encoding::q4_k));
-  const auto amx = k::detail::table_for(tlm::kernel_level::amx).matmul[s];
-  const auto avx512 = k::detail::table_for(tlm::kernel_level::avx512).matmul[s];
   std::mt19937 rng(9);
   std::normal_distribution<float> act(0.0f, 1.0f);
-  const std::size_t rows = 40, cols = 512, rb = tlm::row_bytes(encoding::q4_k, cols);
-  const auto w = random_matrix(encoding::q4_k, rows, cols, rng);
-  for (const std::size_t batch : {16, 31, 32}) {
-    INFO("batch " << batch);
-    std::vector<float> x(batch * cols);
-    for (auto& v : x) v = act(rng);
-    std::vector<float> a(batch * rows), b(batch * rows);
-    amx(encoding::q4_k, w.data(), rb, x.data(), a.data(), 0, rows, rows, cols, batch);
-    avx512(encoding::q4_k, w.data(), rb, x.data(), b.data(), 0, rows, rows, cols, batch);
-    // Under 32 tokens the same kernel; at 32 the tiles, which round otherwise.
-    CHECK((a == b) == (batch < k::amx::min_batch));
+  const std::size_t rows = 40, cols = 512;
+  // The split path (Q6_K) hands a batch under 32 to the avx512 level's kernel itself.
+  {
+    const std::size_t s = static_cast<std::size_t>(k::detail::slot(encoding::q6_k));
+    const auto amx = k::detail::table_for(tlm::kernel_level::amx).matmul[s];
+    const auto avx512 = k::detail::table_for(tlm::kernel_level::avx512).matmul[s];
+    const std::size_t rb = tlm::row_bytes(encoding::q6_k, cols);
+    const auto w = random_matrix(encoding::q6_k, rows, cols, rng);
+    for (const std::size_t batch : {16, 31, 32}) {
+      INFO("Q6_K batch " << batch);
+      std::vector<float> x(batch * cols);
+      for (auto& v : x) v = act(rng);
+      std::vector<float> a(batch * rows), b(batch * rows);
+      amx(encoding::q6_k, w.data(), rb, x.data(), a.data(), 0, rows, rows, cols, batch);
+      avx512(encoding::q6_k, w.data(), rb, x.data(), b.data(), 0, rows, rows, cols, batch);
+      // Under 32 tokens the same kernel; at 32 the tiles, which round otherwise.
+      CHECK((a == b) == (batch < k::amx::min_batch));
+    }
+  }
+  // The scaled path (Q4_K): the table's dispatch (kernels::matmul) sends a batch under 4 to
+  // the AVX2 kernel, as the avx512 level does under 16; from 4 the tiles.
+  {
+    const auto w = random_matrix(encoding::q4_k, rows, cols, rng);
+    const tlm::kernel_level before = k::force_kernel_level(tlm::kernel_level::amx);
+    for (const std::size_t batch : {2, 3, 4, 15}) {
+      INFO("Q4_K batch " << batch);
+      std::vector<float> x(batch * cols);
+      for (auto& v : x) v = act(rng);
+      std::vector<float> a(batch * rows), b(batch * rows);
+      k::force_kernel_level(tlm::kernel_level::amx);
+      k::matmul(encoding::q4_k, w.data(), x.data(), a.data(), rows, cols, batch, nullptr, k::precision::exact);
+      k::force_kernel_level(tlm::kernel_level::avx512);
+      k::matmul(encoding::q4_k, w.data(), x.data(), b.data(), rows, cols, batch, nullptr, k::precision::exact);
+      CHECK((a == b) == (batch < k::amx::scaled_min_batch));
+    }
+    k::force_kernel_level(before);
   }
 }
 

@@ -122,7 +122,7 @@ TEST_CASE("every row's function table, GEMM and AdamW entries are set for each e
       const auto s = static_cast<std::size_t>(k::detail::slot(e));
       CHECK(is_set(t.matvec[s]));
       CHECK(is_set(t.matmul[s]));
-      if (t.matmul_narrow[s] != nullptr) CHECK(t.matmul_min_batch > 1);
+      if (t.matmul_narrow[s] != nullptr) CHECK(t.matmul_min_batch[s] > 1);
     }
     for (const tlm::encoding e : k::detail::fast_encodings) {
       INFO("fast encoding " << tlm::name(e));

@@ -615,12 +615,17 @@ template <int P, int NT, encoding E>
   fold_panels<P, NT, E>(tmp + ((steps - 1) & 1) * half, scales, xs, steps - 1, c);
 }
 
+// The fewest tokens the table sends to the scaled path: its time hardly grows up to one
+// token tile, and from 4 tokens it beat the AVX2 kernel below it (bench/results/
+// prefill-amx-scaled-xeon.md: 1.03-1.35x at 4 tokens, 1.45-1.94x at 8; 0.85-1.0x at 2).
+inline constexpr std::size_t scaled_min_batch = 4;
+
 // Rows [r0, r1) of Y [batch, rows] = X [batch, cols] W^T on the scaled path.
 template <encoding E>
 TLM_AMX_FN inline void matmul_rows_scaled(encoding enc, const std::byte* w, std::size_t rb, const float* x, float* y,
                                           std::size_t r0, std::size_t r1, std::size_t rows, std::size_t cols,
                                           std::size_t batch) {
-  if (batch < min_batch) {
+  if (batch < scaled_min_batch) {  // not from the table's dispatch (the AVX2 kernel takes these)
     if constexpr (is_k_quant(E)) avx512::matmul_rows<&avx2::decode_row_k<E>>(enc, w, rb, x, y, r0, r1, rows, cols, batch);
     else avx512::matmul_rows<&avx2::decode_row<E>>(enc, w, rb, x, y, r0, r1, rows, cols, batch);
     return;

@@ -291,7 +291,7 @@ inline void matmul(encoding enc, const std::byte* w, const float* x, float* y, s
                        [&](std::size_t r0, std::size_t r1) { fq(enc, w, rb, qx, y, r0, r1, rows, cols); });
     return;
   }
-  const auto fn = t.matmul_narrow[s] != nullptr && batch < t.matmul_min_batch ? t.matmul_narrow[s] : t.matmul[s];
+  const auto fn = t.matmul_narrow[s] != nullptr && batch < t.matmul_min_batch[s] ? t.matmul_narrow[s] : t.matmul[s];
   detail::split_rows(pool, rows, cols,
                      [&](std::size_t r0, std::size_t r1) { fn(enc, w, rb, x, y, r0, r1, rows, cols, batch); });
 }

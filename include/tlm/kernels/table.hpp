@@ -54,10 +54,10 @@ struct kernel_table {
   matvec_rows_fn matvec[table_size];
   prepare_x_fn prepare[table_size];  // null: matvec takes x as it is
   matmul_rows_fn matmul[table_size];
-  // A batch of fewer than `matmul_min_batch` rows goes to matmul_narrow instead
+  // A batch of fewer than `matmul_min_batch[slot]` rows goes to matmul_narrow instead
   // (null: matmul takes every batch).
   matmul_rows_fn matmul_narrow[table_size];
-  std::size_t matmul_min_batch;
+  std::size_t matmul_min_batch[table_size];
   // precision::fast; null where the encoding has no integer path (it runs exact).
   // A fast matmul of at most `integer_max_batch[slot]` activation rows runs matmul_q8; a
   // larger one the float32 GEMM (matmul, the exact product), the faster kernel there
@@ -295,7 +295,7 @@ inline const kernel_table& avx512_table() {
     // 244, 32: 331 / 319-351, 64: 310-349 / 367-381 (bench/results/issue10-epyc-avx512.md).
     // Zen 4 runs a 512-bit FMA as two 256-bit halves, hence its later crossover.
     for (std::size_t i = 0; i < table_size; ++i) k.matmul_narrow[i] = avx2_table().matmul[i];
-    k.matmul_min_batch = cpu().amd ? 32 : 16;
+    for (std::size_t i = 0; i < table_size; ++i) k.matmul_min_batch[i] = cpu().amd ? 32 : 16;
     k.dot = &avx512::dot;
     k.axpy = &avx512::axpy;
     k.dot_i8 = &avx512::dot_i8;
@@ -365,16 +365,23 @@ inline const kernel_table& avx512_table() {
 template <encoding E>
 constexpr void set_amx(kernel_table& k) {
   // Codes times scales where the weights are small integers under a scale per 32 (the
-  // scaled path: 3 tile products per step instead of 6); the rest decoded and split.
-  if constexpr (E == encoding::q6_k) k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row_k<E>>;
-  else if constexpr (is_k_quant(E) || E == encoding::q8_0 || E == encoding::q4_0 || E == encoding::q4_1 ||
-                     E == encoding::q5_0 || E == encoding::q5_1)
+  // scaled path: 3 tile products per step instead of 6), from 4 tokens: its time hardly
+  // grows up to one token tile, so it beats the AVX2 kernel the avx512 level takes below
+  // 16 (amx::scaled_min_batch). The rest decoded and split.
+  if constexpr (E == encoding::q6_k) {
+    k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row_k<E>>;
+  } else if constexpr (is_k_quant(E) || E == encoding::q8_0 || E == encoding::q4_0 || E == encoding::q4_1 ||
+                       E == encoding::q5_0 || E == encoding::q5_1) {
     k.matmul[slot_of<E>] = &amx::matmul_rows_scaled<E>;
-  else k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row<E>>;
+    k.matmul_min_batch[slot_of<E>] = amx::scaled_min_batch;
+  } else {
+    k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row<E>>;
+  }
 }
 
 // The avx512 table with the exact prefill product on AMX tiles (kernels/amx.hpp) for every
-// encoding. Batches under matmul_min_batch (16, one tile of tokens) keep the AVX2 kernel.
+// encoding. Batches under matmul_min_batch (16, one tile of tokens; 4 on the scaled path)
+// keep the AVX2 kernel.
 inline const kernel_table& amx_table() {
   static const kernel_table t = [] {
     kernel_table k = avx512_table();

@@ -55,8 +55,9 @@
    moved by -1, 0 or +1 ulp at random, 0.82e-4 to 1.66e-4 over ten seeds (on an Intel
    Xeon, 2026-12-07); the avx512 level's products, less exact than either, happened to
    give 5.4e-5, and the amx level's, whose quantized products now round as a float32 dot
-   product does (kernels/amx.hpp, the scaled path), 1.84e-4. A limit under 2e-4 tests that luck; a wrong formula is off by far more,
-   and the double run holds every formula to 1e-6.
+   product does (kernels/amx.hpp, the scaled path), 1.84e-4. A limit under 2e-4 tests
+   that luck; a wrong formula is off by far more, and the double run holds every formula
+   to 1e-6.
 
 Exits non-zero, naming the tensor, on any failure; a missing probe, model or package is a
 failure, never a skip.

@@ -502,6 +502,12 @@ TLM_AMX_INLINE inline void scaled_codes(const std::byte* row, std::size_t k0, st
   }
 }
 
+// The encodings the scaled path takes (kernels/table.hpp asks this).
+template <encoding E>
+inline constexpr bool has_scaled_path = E == encoding::q4_0 || E == encoding::q4_1 || E == encoding::q5_0 ||
+                                        E == encoding::q5_1 || E == encoding::q8_0 || E == encoding::q4_k ||
+                                        E == encoding::q5_k;
+
 template <encoding E>
 inline constexpr bool scaled_has_bias = is_k_quant(E) || E == encoding::q4_1 || E == encoding::q5_1;
 
@@ -528,11 +534,10 @@ TLM_AMX_INLINE inline void prepare_scaled_rows(const scaled_job& j, std::size_t 
 
 // Step s's stored sums of one panel (token tile t's [16 rows][16 tokens] at sums + t_stride
 // t) folded into the chunk's sums: c[n][t] += a_n S[n][t] (+ b_n sum(x_t)).
-template <int NT, encoding E>
+template <encoding E>
 TLM_AMX_INLINE inline void fold(const float* sums, std::size_t t_stride, const float* scale, const float* bias,
-                                const float* xs, std::size_t s, float* c) {
-#pragma GCC unroll 4
-  for (int t = 0; t < NT; ++t) {
+                                const float* xs, std::size_t s, float* c, std::size_t nt) {
+  for (std::size_t t = 0; t < nt; ++t) {
     __m512 xv = _mm512_setzero_ps();
     if constexpr (scaled_has_bias<E>) xv = _mm512_loadu_ps(xs + s * slice_tokens + 16 * t);
 #pragma GCC unroll 16
@@ -546,34 +551,37 @@ TLM_AMX_INLINE inline void fold(const float* sums, std::size_t t_stride, const f
   }
 }
 
-// fold for each of P panels: step s's sums at sums [NT][P][16][16], the group's scales.
-template <int P, int NT, encoding E>
-TLM_AMX_INLINE inline void fold_panels(const float* sums, const float* scales, const float* xs, std::size_t s, float* c) {
+// fold for each of P panels: step s's sums at sums [nt][P][16][16], the group's scales.
+template <int P, encoding E>
+TLM_AMX_INLINE inline void fold_panels(const float* sums, const float* scales, const float* xs, std::size_t s, float* c,
+                                       std::size_t nt) {
 #pragma GCC unroll 2
   for (int p = 0; p < P; ++p) {
     const float* scale = scales + static_cast<std::size_t>(p) * panel_scales;
-    fold<NT, E>(sums + 256 * p, 256 * P, scale, scale + kc / 2, xs, s, c + 16 * static_cast<std::size_t>(p) * ldc);
+    fold<E>(sums + 256 * p, 256 * P, scale, scale + kc / 2, xs, s, c + 16 * static_cast<std::size_t>(p) * ldc, nt);
   }
 }
 
-// One k block of P weight panels (1 or 2) against NT token tiles, into the chunk's sums
+// One k block of P weight panels (1 or 2) against nt token tiles (1-4), into the chunk's sums
 // (panel p's rows at c + 16 p ldc, token tile t at + 16 t; set, not added to, when `first`).
 // wc: the group's codes, row n at wc + n ldw; scales: as scaled_job's; xp: the token tiles'
 // pieces (as tiles'); xs: the tokens' sums of the k block's first 32, step s's at xs + s
-// slice_tokens; tmp: [2][NT][P][16][16] floats. A step's sums are stored while the next
+// slice_tokens; tmp: [2][nt][P][16][16] floats. nt is an argument, not a template
+// parameter: one instance per P and encoding, not 4 (clang's sanitizer build of the
+// kernels took 239 s with 56 instances, 103 s with 14; the speed is the same). A step's sums are stored while the next
 // step's products run and folded in after them, so the vector units work beside the tile
 // unit instead of waiting on it.
-template <int P, int NT, encoding E>
+template <int P, encoding E>
 [[gnu::noinline]] TLM_AMX_FN inline void scaled_tiles(const std::uint16_t* wc, const float* scales,
                                                       const std::uint16_t* xp, const float* xs, std::size_t steps,
-                                                      float* c, bool first, float* tmp, const scaled_job* next) {
-  const std::size_t w_stride = ldw * 2, half = static_cast<std::size_t>(NT * P) * 256;
+                                                      float* c, bool first, float* tmp, const scaled_job* next,
+                                                      std::size_t nt) {
+  const std::size_t w_stride = ldw * 2, half = nt * P * 256;
   const std::size_t span = next != nullptr ? next->span : 0, rows_per_step = (span + steps - 1) / steps;
   std::size_t prepared = 0;
   if (first) {
     for (std::size_t n = 0; n < 16 * P; ++n)
-#pragma GCC unroll 4
-      for (int t = 0; t < NT; ++t) _mm512_store_ps(c + n * ldc + 16 * t, _mm512_setzero_ps());
+      for (std::size_t t = 0; t < nt; ++t) _mm512_store_ps(c + n * ldc + 16 * t, _mm512_setzero_ps());
   }
   for (std::size_t s = 0; s < steps; ++s) {
     TLM_TILE_LOAD(0, wc + 32 * s, w_stride);
@@ -583,7 +591,7 @@ template <int P, int NT, encoding E>
     // in tiles 4-5 or 6-7 (alternating, so the next token tile need not wait for the
     // stores).
 #define TLM_AMX_SCALED_TILE(T, CA, CB)                                      \
-  if constexpr (NT > T) {                                                   \
+  {                                                                         \
     const std::uint16_t* xt = xp + (T) * tile_elems + s * 1536;             \
     TLM_TILE_ZERO(CA);                                                      \
     if constexpr (P > 1) TLM_TILE_ZERO(CB);                                 \
@@ -599,12 +607,12 @@ template <int P, int NT, encoding E>
     TLM_TILE_STORE(CA, sums + (T) * P * 256, 64);                           \
     if constexpr (P > 1) TLM_TILE_STORE(CB, sums + (T) * P * 256 + 256, 64); \
   }
-    TLM_AMX_SCALED_TILE(0, 4, 5)
-    TLM_AMX_SCALED_TILE(1, 6, 7)
-    TLM_AMX_SCALED_TILE(2, 4, 5)
-    TLM_AMX_SCALED_TILE(3, 6, 7)
+    for (std::size_t t = 0; t < nt; t += 2) {
+      TLM_AMX_SCALED_TILE(t, 4, 5)
+      if (t + 1 < nt) TLM_AMX_SCALED_TILE(t + 1, 6, 7)
+    }
 #undef TLM_AMX_SCALED_TILE
-    if (s > 0) fold_panels<P, NT, E>(tmp + ((s - 1) & 1) * half, scales, xs, s - 1, c);
+    if (s > 0) fold_panels<P, E>(tmp + ((s - 1) & 1) * half, scales, xs, s - 1, c, nt);
     if (prepared < span) {
       const std::size_t upto = std::min(span, prepared + rows_per_step);
       prepare_scaled_rows<E>(*next, prepared, upto);
@@ -612,7 +620,7 @@ template <int P, int NT, encoding E>
     }
   }
   if (prepared < span) prepare_scaled_rows<E>(*next, prepared, span);
-  fold_panels<P, NT, E>(tmp + ((steps - 1) & 1) * half, scales, xs, steps - 1, c);
+  fold_panels<P, E>(tmp + ((steps - 1) & 1) * half, scales, xs, steps - 1, c, nt);
 }
 
 // The fewest tokens the table sends to the scaled path: its time hardly grows up to one
@@ -672,21 +680,8 @@ TLM_AMX_FN inline void matmul_rows_scaled(encoding enc, const std::byte* w, std:
             const scaled_job* prep = has_next && t0 == 0 ? &next : nullptr;
             float* ct = c + 16 * t0;
             const std::size_t nt = std::min<std::size_t>(4, sl.token_tiles - t0);
-            if (span == group_rows) {
-              switch (nt) {
-                case 1: scaled_tiles<2, 1, E>(wc, sc, xp, xst, steps, ct, first, tmp, prep); break;
-                case 2: scaled_tiles<2, 2, E>(wc, sc, xp, xst, steps, ct, first, tmp, prep); break;
-                case 3: scaled_tiles<2, 3, E>(wc, sc, xp, xst, steps, ct, first, tmp, prep); break;
-                default: scaled_tiles<2, 4, E>(wc, sc, xp, xst, steps, ct, first, tmp, prep); break;
-              }
-            } else {
-              switch (nt) {
-                case 1: scaled_tiles<1, 1, E>(wc, sc, xp, xst, steps, ct, first, tmp, prep); break;
-                case 2: scaled_tiles<1, 2, E>(wc, sc, xp, xst, steps, ct, first, tmp, prep); break;
-                case 3: scaled_tiles<1, 3, E>(wc, sc, xp, xst, steps, ct, first, tmp, prep); break;
-                default: scaled_tiles<1, 4, E>(wc, sc, xp, xst, steps, ct, first, tmp, prep); break;
-              }
-            }
+            if (span == group_rows) scaled_tiles<2, E>(wc, sc, xp, xst, steps, ct, first, tmp, prep, nt);
+            else scaled_tiles<1, E>(wc, sc, xp, xst, steps, ct, first, tmp, prep, nt);
           }
           g0 += span;
         }

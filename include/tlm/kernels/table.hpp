@@ -368,12 +368,11 @@ constexpr void set_amx(kernel_table& k) {
   // scaled path: 3 tile products per step instead of 6), from 4 tokens: its time hardly
   // grows up to one token tile, so it beats the AVX2 kernel the avx512 level takes below
   // 16 (amx::scaled_min_batch). The rest decoded and split.
-  if constexpr (E == encoding::q6_k) {
-    k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row_k<E>>;
-  } else if constexpr (is_k_quant(E) || E == encoding::q8_0 || E == encoding::q4_0 || E == encoding::q4_1 ||
-                       E == encoding::q5_0 || E == encoding::q5_1) {
+  if constexpr (amx::has_scaled_path<E>) {
     k.matmul[slot_of<E>] = &amx::matmul_rows_scaled<E>;
     k.matmul_min_batch[slot_of<E>] = amx::scaled_min_batch;
+  } else if constexpr (is_k_quant(E)) {
+    k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row_k<E>>;
   } else {
     k.matmul[slot_of<E>] = &amx::matmul_rows<&avx2::decode_row<E>>;
   }

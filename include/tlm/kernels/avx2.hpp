@@ -145,13 +145,14 @@ TLM_AVX2_INLINE inline __m256i q5_high_bits(const std::byte* qh) {
 }
 
 // The 32 codes of a Q5 block in value order as bytes: Q5_1 unsigned 0..31, Q5_0
-// signed -16..15. qs: the 16 nibble bytes, qh: the 4 bytes of fifth bits.
+// signed -16..15. qs: the 16 nibble bytes, qh: the 4 bytes of fifth bits. The nibbles
+// are split from one broadcast load by a shift and a blend, not an insert: on Intel
+// cores the insert takes the shuffle port (bench/results/kernels-avx2-q5-shifts-xeon.md).
 template <encoding E>
 TLM_AVX2_INLINE inline __m256i q5_codes(const std::byte* qs, const std::byte* qh) {
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
-  w = _mm256_or_si256(w, q5_high_bits(qh));
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i halves = _mm256_blend_epi32(b, _mm256_srli_epi16(b, 4), 0xf0);
+  __m256i w = _mm256_or_si256(_mm256_and_si256(halves, _mm256_set1_epi8(0x0f)), q5_high_bits(qh));
   if constexpr (E == encoding::q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
   return w;
 }
@@ -459,36 +460,124 @@ TLM_AVX2_FN inline void matvec_rows_q8(encoding, const std::byte* w, std::size_t
 }
 
 // Q5_0 / Q5_1 with the block scale factored out, as for Q4 above: per block
-// d * (c . x) (+ m * sum(x) for Q5_1, the sums from prepare_block_sums), where c are the
-// codes (-16..15 for Q5_0, whose decode is (c) d; 0..31 for Q5_1).
+// d * (c . x) (+ m * sum(x) for Q5_1), where c are the codes (-16..15 for Q5_0, whose
+// decode is (c) d; 0..31 for Q5_1).
+//
+// The codes are widened to int32 within each dword (byte k of every dword: the codes
+// 4i + k, i = 0..7), not in value order by sign extensions, so x is laid out per block in
+// that order once per matvec (prepare_q5_x). On Intel cores every byte shuffle runs on
+// one port, and in the value-order loop 11 of a block's 31 vector instructions were
+// shuffles (an extract, two unpacks, four sign extensions, the nibbles' insert, the high
+// bits' spread, the scale's insert and broadcast; perf annotate of forced AVX2 exact
+// decode). 4 rows a step share the loads of x and convert their scales together.
+// bench/results/kernels-avx2-q5-shifts-xeon.md has the figures.
+
+// x [cols] with each block of 32 as [4 shift groups][8 lanes] (group k, lane i: value
+// 4i + k of the block), then for Q5_1 the sum of each block [cols / 32] (sums_of, in
+// value order).
+template <encoding E>
+inline void prepare_q5_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
+  const std::size_t blocks = cols / 32;
+  prepared.resize(cols + (E == encoding::q5_1 ? blocks : 0));
+  for (std::size_t b = 0; b < blocks; ++b) {
+    for (std::size_t k = 0; k < 4; ++k) {
+      for (std::size_t i = 0; i < 8; ++i) prepared[32 * b + 8 * k + i] = x[32 * b + 4 * i + k];
+    }
+  }
+  if constexpr (E == encoding::q5_1) sums_of<32>(x, cols, prepared.data() + cols);
+}
+
+// Group K of 32 byte codes (byte K of each dword) as int32: sign-extended for Q5_0's
+// signed codes, zero-extended for Q5_1's.
+template <encoding E, int K>
+TLM_AVX2_INLINE inline __m256i shift_group(__m256i c) {
+  __m256i top;
+  if constexpr (K == 3) {
+    top = c;
+  } else if constexpr (K == 0) {
+    top = _mm256_slli_epi32(c, 24);
+  } else {
+    // Byte K to the top of each dword by a byte shuffle: half of the groups go to the
+    // shuffle port so the shift and FMA ports carry less.
+    const char z = static_cast<char>(0x80);
+    const __m256i m = _mm256_setr_epi8(z, z, z, K, z, z, z, K + 4, z, z, z, K + 8, z, z, z, K + 12, z, z, z, K, z, z, z,
+                                       K + 4, z, z, z, K + 8, z, z, z, K + 12);
+    top = _mm256_shuffle_epi8(c, m);
+  }
+  return E == encoding::q5_0 ? _mm256_srai_epi32(top, 24) : _mm256_srli_epi32(top, 24);
+}
+
+// What a kernel of R rows a step keeps per row: 8 float lanes of sums and a scalar sum of
+// the blocks' mins; out[r] = the row's total.
+template <std::size_t R>
+struct row_sums {
+  __m256 acc[R];
+  float mins[R];
+  TLM_AVX2_INLINE row_sums() {
+    for (std::size_t r = 0; r < R; ++r) {
+      acc[r] = _mm256_setzero_ps();
+      mins[r] = 0;
+    }
+  }
+  TLM_AVX2_INLINE void finish(float (&out)[R]) const {
+    for (std::size_t r = 0; r < R; ++r) out[r] = hsum(acc[r]) + mins[r];
+  }
+};
+
+// Block b of each of the R rows (bb bytes a block).
+template <std::size_t R>
+TLM_AVX2_INLINE inline void block_of_rows(const std::byte* const (&rows)[R], std::size_t b, std::size_t bb,
+                                          const std::byte* (&p)[R]) {
+  for (std::size_t r = 0; r < R; ++r) p[r] = rows[r] + b * bb;
+}
+
+// R rows a step: the loads of x and the loop shared, the R rows' scales converted together.
+template <encoding E, std::size_t R>
+TLM_AVX2_INLINE inline void rows_dot_q5(const std::byte* const (&rows)[R], std::size_t blocks, const float* x,
+                                        float (&out)[R]) {
+  constexpr bool has_min = E == encoding::q5_1;
+  constexpr std::size_t bb = bytes32<E>();
+  const float* xsum = x + 32 * blocks;  // [blocks] (Q5_1 only)
+  row_sums<R> sums;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* p[R];
+    block_of_rows(rows, b, bb, p);
+    const float* xb = x + 32 * b;
+    const __m256 xv[4] = {load8(xb), load8(xb + 8), load8(xb + 16), load8(xb + 24)};
+    // Stored and broadcast back by loads (measured faster here than a lane permute per
+    // row, which takes the shuffle port; the fast kernel measured the other way).
+    alignas(16) float d[4];
+    _mm_store_ps(d, scales4(p));
+#pragma GCC unroll 4
+    for (std::size_t r = 0; r < R; ++r) {
+      prefetch(p[r]);
+      const std::byte* qh = p[r] + (has_min ? 4 : 2);
+      const __m256i c = q5_codes<E>(qh + 4, qh);
+      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(shift_group<E, 0>(c)), xv[0]);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(shift_group<E, 1>(c)), xv[1], t);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(shift_group<E, 2>(c)), xv[2], t);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(shift_group<E, 3>(c)), xv[3], t);
+      sums.acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(d + r), t, sums.acc[r]);
+      if constexpr (has_min) sums.mins[r] += _cvtsh_ss(load_u16(p[r] + 2)) * xsum[b];
+    }
+  }
+  sums.finish(out);
+}
+
+template <encoding E>
+struct q5_rows {
+  std::size_t blocks;
+  const float* x;
+  template <std::size_t R>
+  TLM_AVX2_FN void operator()(const std::byte* const (&rows)[R], float (&out)[R]) const {
+    rows_dot_q5<E, R>(rows, blocks, x, out);
+  }
+};
+
 template <encoding E>
 TLM_AVX2_FN inline void matvec_rows_q5(encoding, const std::byte* w, std::size_t rb, const float* x, float* y,
                                        std::size_t r0, std::size_t r1, std::size_t cols) {
-  constexpr bool has_min = E == encoding::q5_1;
-  constexpr std::size_t bb = bytes32<E>();
-  const std::size_t blocks = cols / 32;
-  const float* xsum = x + cols;  // [blocks] (Q5_1 only)
-  for (std::size_t i = 0; i < r1 - r0; ++i) {
-    const std::size_t r = detail::streamed_row(r0, r1, i);
-    const std::byte* row = w + r * rb;
-    __m256 acc = _mm256_setzero_ps();
-    float mins = 0;
-    for (std::size_t b = 0; b < blocks; ++b) {
-      const std::byte* p = row + b * bb;
-      prefetch(p);
-      const std::byte* qh = p + (has_min ? 4 : 2);
-      __m256i wide[4];
-      widen32(q5_codes<E>(qh + 4, qh), wide);
-      const float* xb = x + 32 * b;
-      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(wide[0]), load8(xb));
-      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[1]), load8(xb + 8), t);
-      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[2]), load8(xb + 16), t);
-      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide[3]), load8(xb + 24), t);
-      acc = _mm256_fmadd_ps(half_scale(p), t, acc);
-      if constexpr (has_min) mins += _cvtsh_ss(load_u16(p + 2)) * xsum[b];
-    }
-    y[r] = hsum(acc) + mins;
-  }
+  detail::rows_in_steps<4>(r0, r1, w, rb, y, q5_rows<E>{cols / 32, x});
 }
 
 // Decodes a whole row to float32 (SIMD where there is a decoder).
@@ -766,15 +855,10 @@ template <encoding E, std::size_t R, bool Prefetch>
 TLM_AVX2_INLINE inline void rows_dot_q8(const std::byte* const (&rows)[R], std::size_t blocks, const std::int8_t* q,
                                         const float* ds, const std::int32_t* offs, float (&out)[R]) {
   constexpr std::size_t bb = bytes32<E>();
-  __m256 acc[R];
-  float mins[R];
-  for (std::size_t r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    mins[r] = 0;
-  }
+  row_sums<R> sums;
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* p[R];
-    for (std::size_t r = 0; r < R; ++r) p[r] = rows[r] + b * bb;
+    block_of_rows(rows, b, bb, p);
     const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * b));
     __m256i o = _mm256_setzero_si256();
     if constexpr (code_offset<E> != 0) o = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offs + 8 * b));
@@ -788,11 +872,11 @@ TLM_AVX2_INLINE inline void rows_dot_q8(const std::byte* const (&rows)[R], std::
       if constexpr (code_offset<E> != 0) s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, qv), _mm256_set1_epi16(1)), o);
       else s = dot32<E>(w, qv);
       const __m256 d = _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(static_cast<int>(r)));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[r]);
-      if constexpr (E == encoding::q4_1 || E == encoding::q5_1) mins[r] += _cvtsh_ss(load_u16(p[r] + 2)) * ds[2 * b + 1];
+      sums.acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, sums.acc[r]);
+      if constexpr (E == encoding::q4_1 || E == encoding::q5_1) sums.mins[r] += _cvtsh_ss(load_u16(p[r] + 2)) * ds[2 * b + 1];
     }
   }
-  for (std::size_t r = 0; r < R; ++r) out[r] = hsum(acc[r]) + mins[r];
+  sums.finish(out);
 }
 
 template <encoding E, bool Prefetch>

@@ -126,7 +126,7 @@ constexpr void set_avx2_q4(kernel_table& k) {
 template <encoding E>
 constexpr void set_avx2_q5(kernel_table& k) {
   k.matvec[slot_of<E>] = &avx2::matvec_rows_q5<E>;
-  k.prepare[slot_of<E>] = E == encoding::q5_1 ? &avx2::prepare_block_sums : nullptr;
+  k.prepare[slot_of<E>] = &avx2::prepare_q5_x<E>;
   k.matmul[slot_of<E>] = &avx2::matmul_rows<&avx2::decode_row<E>>;
 }
 

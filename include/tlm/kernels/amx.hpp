@@ -568,9 +568,9 @@ TLM_AMX_INLINE inline void fold_panels(const float* sums, const float* scales, c
 // pieces (as tiles'); xs: the tokens' sums of the k block's first 32, step s's at xs + s
 // slice_tokens; tmp: [2][nt][P][16][16] floats. nt is an argument, not a template
 // parameter: one instance per P and encoding, not 4 (clang's sanitizer build of the
-// kernels took 239 s with 56 instances, 103 s with 14; the speed is the same). A step's sums are stored while the next
-// step's products run and folded in after them, so the vector units work beside the tile
-// unit instead of waiting on it.
+// kernels took 239 s with 56 instances, 103 s with 14; the speed is the same). A step's
+// sums are stored while the next step's products run and folded in after them, so the
+// vector units work beside the tile unit instead of waiting on it.
 template <int P, encoding E>
 [[gnu::noinline]] TLM_AMX_FN inline void scaled_tiles(const std::uint16_t* wc, const float* scales,
                                                       const std::uint16_t* xp, const float* xs, std::size_t steps,

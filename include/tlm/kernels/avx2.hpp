@@ -123,14 +123,6 @@ inline void sums_of(const float* x, std::size_t cols, float* sums) {
   }
 }
 
-// x [cols], then the sum of each block of 32 [cols / 32]: what a matvec whose blocks
-// have a min (Q5_1, Q4_K, Q5_K) multiplies the mins by, computed once per matvec.
-inline void prepare_block_sums(const float* x, std::size_t cols, std::vector<float>& prepared) {
-  prepared.resize(cols + cols / 32);  // [cols] x, then [cols / 32] sums
-  std::copy(x, x + cols, prepared.begin());
-  sums_of<32>(x, cols, prepared.data() + cols);
-}
-
 // The 32 fifth bits of a Q5 block (the little-endian word at qh) as bytes 0 or 0x10,
 // in value order: byte j of the result takes byte j/8 of qh and tests bit j%8.
 TLM_AVX2_INLINE inline __m256i q5_high_bits(const std::byte* qh) {

@@ -1100,6 +1100,53 @@ std::vector<float> rounding_weights(encoding enc, const std::vector<std::byte>& 
   return out;
 }
 
+// An exact matvec that takes x prepared once per matvec (the table's prepare hook).
+struct prepared_matvec {
+  using kernel_fn = void (*)(encoding, const std::byte*, std::size_t, const float*, float*, std::size_t, std::size_t,
+                             std::size_t);
+  using prepare_fn = void (*)(const float*, std::size_t, std::vector<float>&);
+  encoding enc;
+  kernel_fn kernel;
+  prepare_fn prepare;
+
+  std::vector<float> operator()(const std::vector<std::byte>& w, const std::vector<float>& x, std::size_t rows) const {
+    std::vector<float> prepared, y(rows);
+    prepare(x.data(), x.size(), prepared);
+    kernel(enc, w.data(), tlm::row_bytes(enc, x.size()), prepared.data(), y.data(), 0, rows, x.size());
+    return y;
+  }
+};
+
+// x [cols] with each 32 values in one regime: scales[regime] times uniform(-1, 1), and in
+// regime 1 one value of 1e4 among them.
+std::vector<float> x_in_regimes(std::size_t cols, const std::vector<float>& scales, std::mt19937& rng) {
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const std::size_t groups = cols / 32;
+  std::vector<float> x(cols);
+  for (std::size_t g = 0; g < groups; ++g) {
+    const std::size_t regime = (g + groups) % scales.size();
+    for (std::size_t i = 0; i < 32; ++i) x[32 * g + i] = scales[regime] * unit(rng);
+    if (regime == 1) x[32 * g + (g * 7) % 32] = 1e4f;
+  }
+  return x;
+}
+
+// x with a NaN, then an infinity, at each of `at`: every row NaN for the NaN; for the
+// infinity NaN too (nan_for_infinity) or at least not finite.
+void check_non_finite(const prepared_matvec& m, const std::vector<std::byte>& w, const std::vector<float>& x,
+                      std::size_t rows, std::initializer_list<std::size_t> at, bool nan_for_infinity) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    for (std::size_t i : at) {
+      std::vector<float> xb = x;
+      xb[i] = bad;
+      const auto y = m(w, xb, rows);
+      INFO(tlm::name(m.enc) << " cols " << x.size() << " x[" << i << "] = " << bad);
+      if (std::isnan(bad) || nan_for_infinity) CHECK(std::all_of(y.begin(), y.end(), [](float t) { return std::isnan(t); }));
+      else CHECK(std::none_of(y.begin(), y.end(), [](float t) { return std::isfinite(t); }));
+    }
+  }
+}
+
 TEST_CASE("exact matvec with x as three bytes (Q5, K-quants): within its stated bound over a wide range of x, NaN for a non-finite block") {
 #ifdef TLM_HAVE_AVX512_KERNELS
   if (!tlm::kernel_level_supported(tlm::kernel_level::avx512) || !tlm::cpu().avx512vnni) {
@@ -1107,14 +1154,7 @@ TEST_CASE("exact matvec with x as three bytes (Q5, K-quants): within its stated 
     return;
   }
   namespace a5 = tlm::kernels::avx512;
-  using kernel_fn = void (*)(encoding, const std::byte*, std::size_t, const float*, float*, std::size_t, std::size_t, std::size_t);
-  using prepare_fn = void (*)(const float*, std::size_t, std::vector<float>&);
-  struct variant {
-    encoding enc;
-    kernel_fn kernel;
-    prepare_fn prepare;
-  };
-  const variant variants[] = {
+  const prepared_matvec variants[] = {
       {encoding::q5_0, a5::matvec_rows_q5_digits<encoding::q5_0>, a5::prepare_q5_digits<encoding::q5_0>},
       {encoding::q5_1, a5::matvec_rows_q5_digits<encoding::q5_1>, a5::prepare_q5_digits<encoding::q5_1>},
       {encoding::q4_k, a5::matvec_rows_k_digits<encoding::q4_k>, a5::prepare_k_digits<encoding::q4_k>},
@@ -1122,26 +1162,18 @@ TEST_CASE("exact matvec with x as three bytes (Q5, K-quants): within its stated 
       {encoding::q6_k, a5::matvec_rows_k_digits<encoding::q6_k>, a5::prepare_k_digits<encoding::q6_k>},
   };
   std::mt19937 rng(2412);
-  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
   std::size_t cases = 0;
   double worst = 0;
-  for (const variant& v : variants) {
+  for (const prepared_matvec& v : variants) {
     const bool k_quant = tlm::traits(v.enc).block_values == 256;
     for (std::size_t cols : k_quant ? std::vector<std::size_t>{256, 1536, 2048} : std::vector<std::size_t>{32, 96, 576, 1536}) {
-      const std::size_t rows = 9, groups = cols / 32, rb = tlm::row_bytes(v.enc, cols);
+      const std::size_t rows = 9, rb = tlm::row_bytes(v.enc, cols);
       const auto w = random_rows(v.enc, rows, cols, rng);
-      // Each 32 values of x in one regime: ordinary, one value 1e4 times the rest, values
-      // near 1e-30, subnormal values, all zero, values near 1e30.
-      std::vector<float> x(cols);
-      for (std::size_t g = 0; g < groups; ++g) {
-        const std::size_t regime = (g + cols / 32) % 6;
-        const float scale[] = {1.0f, 1.0f, 1e-30f, 1e-40f, 0.0f, 1e30f};
-        for (std::size_t i = 0; i < 32; ++i) x[32 * g + i] = scale[regime] * unit(rng);
-        if (regime == 1) x[32 * g + (g * 7) % 32] = 1e4f;
-      }
-      std::vector<float> prepared, y(rows), wr(cols);
-      v.prepare(x.data(), cols, prepared);
-      v.kernel(v.enc, w.data(), rb, prepared.data(), y.data(), 0, rows, cols);
+      // Regimes: ordinary, one value 1e4 times the rest, values near 1e-30, subnormal
+      // values, all zero, values near 1e30.
+      const auto x = x_in_regimes(cols, {1.0f, 1.0f, 1e-30f, 1e-40f, 0.0f, 1e30f}, rng);
+      const auto y = v(w, x, rows);
+      std::vector<float> wr(cols);
       // Bound (digits_of_32): each x moves by at most max(1.2e-7 max|x of its 4|, 2^-149),
       // times rounding_weights; the float steps after the integer sums within rel_tol of
       // sum |w x|.
@@ -1166,20 +1198,78 @@ TEST_CASE("exact matvec with x as three bytes (Q5, K-quants): within its stated 
         ++cases;
       }
       // A NaN or an infinity in one value: NaN in every row.
-      for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
-        std::vector<float> xb = x;
-        xb[cols - 1] = bad;
-        v.prepare(xb.data(), cols, prepared);
-        v.kernel(v.enc, w.data(), rb, prepared.data(), y.data(), 0, rows, cols);
-        INFO(tlm::name(v.enc) << " cols " << cols << " x with " << bad);
-        CHECK(std::all_of(y.begin(), y.end(), [](float t) { return std::isnan(t); }));
-      }
+      check_non_finite(v, w, x, rows, {cols - 1}, true);
     }
   }
   MESSAGE("x as three bytes: " << cases << " rows, worst error / bound " << worst);
   CHECK(cases == (2 * 4 + 3 * 3) * 9);
 #else
   MESSAGE("skipped: no AVX-512 kernels on this architecture");
+#endif
+}
+
+// avx2::matvec_rows_q5 takes byte k of each code dword as c 2^(8k) and x's values 4i + 1
+// and 4i + 2 times 2^-8 and 2^-16 (prepare_q5_x): the same products, except that x below
+// 2^-110 (subnormal once scaled) keeps fewer bits, each value moving by at most
+// 2^(8k - 149). Q5_0's -16 per code is -16 times each 4 values' float sum.
+TEST_CASE("avx2 exact Q5 matvec: within its stated bound over a wide range of x, non-finite for a non-finite value") {
+#ifdef TLM_HAVE_AVX2_KERNELS
+  if (!tlm::kernel_level_supported(tlm::kernel_level::avx2)) {
+    MESSAGE("skipped: this CPU has no AVX2 (" << tlm::cpu_feature_string() << ")");
+    return;
+  }
+  namespace a2 = tlm::kernels::avx2;
+  const prepared_matvec variants[] = {
+      {encoding::q5_0, a2::matvec_rows_q5<encoding::q5_0>, a2::prepare_q5_x<encoding::q5_0>},
+      {encoding::q5_1, a2::matvec_rows_q5<encoding::q5_1>, a2::prepare_q5_x<encoding::q5_1>},
+  };
+  std::mt19937 rng(2413);
+  std::size_t cases = 0;
+  double worst = 0;
+  for (const prepared_matvec& v : variants) {
+    for (std::size_t cols : {32, 96, 576, 960}) {
+      const std::size_t rows = 9, rb = tlm::row_bytes(v.enc, cols), bb = rb / (cols / 32);
+      const auto w = random_rows(v.enc, rows, cols, rng);
+      // Regimes: ordinary, one value 1e4 times the rest, near 1e-30 (full precision), near
+      // 1e-35 (below 2^-110), subnormal, all zero, near 1e30.
+      const auto x = x_in_regimes(cols, {1.0f, 1.0f, 1e-30f, 1e-35f, 1e-40f, 0.0f, 1e30f}, rng);
+      const auto y = v(w, x, rows);
+      std::vector<float> wr(cols);
+      for (std::size_t r = 0; r < rows; ++r) {
+        tlm::dequantize_row(v.enc, w.data() + r * rb, wr.data(), cols);
+        double exact = 0, sum_abs = 0, moved = 0;
+        for (std::size_t i = 0; i < cols; ++i) {
+          exact += static_cast<double>(wr[i]) * x[i];
+          sum_abs += std::fabs(static_cast<double>(wr[i]) * x[i]);
+          // x moved by up to 2^(8k - 149) in groups 1 and 2, times a stored code (up to 31) and d.
+          const double d = std::fabs(tlm::fp16_to_f32(tlm::load_u16(w.data() + r * rb + (i / 32) * bb)));
+          const int k = static_cast<int>(i % 4);
+          if (k == 1 || k == 2) moved += d * 31.0 * std::ldexp(1.0, 8 * k - 149);
+          // The float steps' own subnormal roundings (4 a value, 2^-149 each, times d).
+          moved += d * 4.0 * std::ldexp(1.0, -149);
+          // What the offset (Q5_0, -16 d) or the min (Q5_1) is applied with, the float sums of
+          // x, rounds at their size: within 2^-16 of |offset x| a value (the 4 values' sum
+          // and the lane's 4 steps: (3 16 + 4 47) 2^-24 = 2^-16.1 for Q5_0).
+          const double offset = v.enc == encoding::q5_0
+                                    ? 16.0 * d
+                                    : std::fabs(tlm::fp16_to_f32(tlm::load_u16(w.data() + r * rb + (i / 32) * bb + 2)));
+          moved += offset * std::fabs(static_cast<double>(x[i])) * std::ldexp(1.0, -16);
+        }
+        const double err = std::fabs(y[r] - exact), allowed = moved + rel_tol * sum_abs;
+        worst = std::max(worst, err / allowed);
+        INFO(tlm::name(v.enc) << " cols " << cols << " row " << r << ": " << y[r] << " against " << exact);
+        CHECK(err <= allowed);
+        ++cases;
+      }
+      // A NaN in one value: NaN in every row; an infinity: no finite row (inf, or NaN where
+      // it meets a zero weight or the offset's opposite sign).
+      check_non_finite(v, w, x, rows, {1, cols - 1}, false);
+    }
+  }
+  MESSAGE("avx2 exact Q5: " << cases << " rows, worst error / bound " << worst);
+  CHECK(cases == 2 * 4 * 9);
+#else
+  MESSAGE("skipped: no AVX2 kernels on this architecture");
 #endif
 }
 

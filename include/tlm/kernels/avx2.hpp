@@ -452,51 +452,52 @@ TLM_AVX2_FN inline void matvec_rows_q8(encoding, const std::byte* w, std::size_t
 }
 
 // Q5_0 / Q5_1 with the block scale factored out, as for Q4 above: per block
-// d * (c . x) (+ m * sum(x) for Q5_1), where c are the codes (-16..15 for Q5_0, whose
-// decode is (c) d; 0..31 for Q5_1).
+// d * (c . x + o) (+ m * sum(x) for Q5_1), with c the stored codes 0..31, o = -16 sum(x)
+// for Q5_0 (whose values are (c - 16) d), 0 for Q5_1.
 //
 // The codes are widened to int32 within each dword (byte k of every dword: the codes
 // 4i + k, i = 0..7), not in value order by sign extensions, so x is laid out per block in
-// that order once per matvec (prepare_q5_x). On Intel cores every byte shuffle runs on
-// one port, and in the value-order loop 11 of a block's 31 vector instructions were
-// shuffles (an extract, two unpacks, four sign extensions, the nibbles' insert, the high
-// bits' spread, the scale's insert and broadcast; perf annotate of forced AVX2 exact
-// decode). 4 rows a step share the loads of x and convert their scales together.
-// bench/results/kernels-avx2-q5-shifts-xeon.md has the figures.
+// that order once per matvec (prepare_q5_x). Bytes 0..2 are picked by one AND each and
+// left where they are, holding c 2^(8k), converted exactly, with x's groups 1 and 2 stored
+// times 2^-8 and 2^-16, so each product is the same float as c x (unless that x times 2^-16
+// is subnormal: below 2^-110 it keeps fewer bits); byte 3 is shifted down. On Intel cores
+// every byte shuffle runs on one port: the value-order loop took 11 shuffles of a block's
+// 31 vector instructions, the shift-and-shuffle widening 3 of 25, this one 1 (the fifth
+// bits' spread) of 21, loads aside (perf annotate, forced AVX2). 4 rows a step share the
+// loads of x and convert their scales together. bench/results/kernels-avx2-q5-shifts-xeon.md
+// and kernels-avx2-q5-masks-xeon.md have the figures.
 
-// x [cols] with each block of 32 as [4 shift groups][8 lanes] (group k, lane i: value
-// 4i + k of the block), then for Q5_1 the sum of each block [cols / 32] (sums_of, in
-// value order).
+// x [cols] with each block of 32 as [4 groups][8 lanes] (group k, lane i: value 4i + k of
+// the block, times 2^(-8k) for groups 1 and 2, since group 3 is shifted down), then per
+// block what its codes' offset or min multiplies: Q5_0 [cols / 32][8], lane i -16 times
+// the sum of values 4i..4i+3 (the lanes the sums below keep: the codes' -16 costs no
+// instruction); Q5_1 [cols / 32], the sum of the block's x (sums_of, in value order).
 template <encoding E>
 inline void prepare_q5_x(const float* x, std::size_t cols, std::vector<float>& prepared) {
   const std::size_t blocks = cols / 32;
-  prepared.resize(cols + (E == encoding::q5_1 ? blocks : 0));
+  constexpr float group_scale[4] = {1.0f, 0x1p-8f, 0x1p-16f, 1.0f};
+  prepared.resize(cols + (E == encoding::q5_0 ? 8 : 1) * blocks);
   for (std::size_t b = 0; b < blocks; ++b) {
     for (std::size_t k = 0; k < 4; ++k) {
-      for (std::size_t i = 0; i < 8; ++i) prepared[32 * b + 8 * k + i] = x[32 * b + 4 * i + k];
+      for (std::size_t i = 0; i < 8; ++i) prepared[32 * b + 8 * k + i] = x[32 * b + 4 * i + k] * group_scale[k];
     }
   }
-  if constexpr (E == encoding::q5_1) sums_of<32>(x, cols, prepared.data() + cols);
+  if constexpr (E == encoding::q5_0) {
+    float* const offsets = prepared.data() + cols;
+    for (std::size_t j = 0; j < cols / 4; ++j) {
+      const float* v = x + 4 * j;
+      offsets[j] = -16.0f * (((v[0] + v[1]) + v[2]) + v[3]);
+    }
+  } else {
+    sums_of<32>(x, cols, prepared.data() + cols);
+  }
 }
 
-// Group K of 32 byte codes (byte K of each dword) as int32: sign-extended for Q5_0's
-// signed codes, zero-extended for Q5_1's.
-template <encoding E, int K>
-TLM_AVX2_INLINE inline __m256i shift_group(__m256i c) {
-  __m256i top;
-  if constexpr (K == 3) {
-    top = c;
-  } else if constexpr (K == 0) {
-    top = _mm256_slli_epi32(c, 24);
-  } else {
-    // Byte K to the top of each dword by a byte shuffle: half of the groups go to the
-    // shuffle port so the shift and FMA ports carry less.
-    const char z = static_cast<char>(0x80);
-    const __m256i m = _mm256_setr_epi8(z, z, z, K, z, z, z, K + 4, z, z, z, K + 8, z, z, z, K + 12, z, z, z, K, z, z, z,
-                                       K + 4, z, z, z, K + 8, z, z, z, K + 12);
-    top = _mm256_shuffle_epi8(c, m);
-  }
-  return E == encoding::q5_0 ? _mm256_srai_epi32(top, 24) : _mm256_srli_epi32(top, 24);
+// Byte K of each dword of 32 unsigned byte codes, as int32: c 2^(8K) for K = 0..2, c for K = 3.
+template <int K>
+TLM_AVX2_INLINE inline __m256i byte_group(__m256i c) {
+  if constexpr (K == 3) return _mm256_srli_epi32(c, 24);
+  else return _mm256_and_si256(c, _mm256_set1_epi32(0xff << (8 * K)));
 }
 
 // What a kernel of R rows a step keeps per row: 8 float lanes of sums and a scalar sum of
@@ -529,8 +530,9 @@ TLM_AVX2_INLINE inline void rows_dot_q5(const std::byte* const (&rows)[R], std::
                                         float (&out)[R]) {
   constexpr bool has_min = E == encoding::q5_1;
   constexpr std::size_t bb = bytes32<E>();
-  const float* xsum = x + 32 * blocks;  // [blocks] (Q5_1 only)
+  const float* after = x + 32 * blocks;  // Q5_0: [blocks][8] offsets; Q5_1: [blocks] sums
   row_sums<R> sums;
+  __m128 mins = _mm_setzero_ps();  // Q5_1: lane r, row r's m * sum(x) over the blocks
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* p[R];
     block_of_rows(rows, b, bb, p);
@@ -540,19 +542,27 @@ TLM_AVX2_INLINE inline void rows_dot_q5(const std::byte* const (&rows)[R], std::
     // row, which takes the shuffle port; the fast kernel measured the other way).
     alignas(16) float d[4];
     _mm_store_ps(d, scales4(p));
+    if constexpr (has_min) {
+      const std::byte* m[R];
+      for (std::size_t r = 0; r < R; ++r) m[r] = p[r] + 2;
+      mins = _mm_fmadd_ps(scales4(m), _mm_set1_ps(after[b]), mins);
+    }
 #pragma GCC unroll 4
     for (std::size_t r = 0; r < R; ++r) {
       prefetch(p[r]);
       const std::byte* qh = p[r] + (has_min ? 4 : 2);
-      const __m256i c = q5_codes<E>(qh + 4, qh);
-      __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(shift_group<E, 0>(c)), xv[0]);
-      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(shift_group<E, 1>(c)), xv[1], t);
-      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(shift_group<E, 2>(c)), xv[2], t);
-      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(shift_group<E, 3>(c)), xv[3], t);
+      const __m256i c = q5_codes<encoding::q5_1>(qh + 4, qh);  // as stored, 0..31
+      const __m256 g0 = _mm256_cvtepi32_ps(byte_group<0>(c));
+      __m256 t = has_min ? _mm256_mul_ps(g0, xv[0]) : _mm256_fmadd_ps(g0, xv[0], load8(after + 8 * b));
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(byte_group<1>(c)), xv[1], t);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(byte_group<2>(c)), xv[2], t);
+      t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(byte_group<3>(c)), xv[3], t);
       sums.acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(d + r), t, sums.acc[r]);
-      if constexpr (has_min) sums.mins[r] += _cvtsh_ss(load_u16(p[r] + 2)) * xsum[b];
     }
   }
+  alignas(16) float m[4];
+  _mm_store_ps(m, mins);
+  for (std::size_t r = 0; r < R; ++r) sums.mins[r] = m[r];
   sums.finish(out);
 }
 

@@ -9,7 +9,9 @@ to 16 that the machine has):
   - load + first token wall time and peak RSS (64-token prompt);
   - the weight-streaming floor of the file (build/bench/kernels --floor-file MODEL),
     measured after every round, and each decode figure as a multiple of its median.
-Medians over the rounds; ratios are speeds (above 1: tlm is faster).
+Medians over the rounds; ratios are speeds (above 1: tlm is faster). The header names the
+kernel level tlm ran at, as generate reports it (TLM_KERNELS=avx2 in the environment forces
+a lower level than the CPU's best, and the header says so).
 
 Which llama.cpp: the build must be native to the machine. The script prints what
 `llama_print_system_info()` reports; if that build lacks instructions the CPU has (a
@@ -189,9 +191,11 @@ def run_tlm(args, threads, prompt, n):
     if not m:
         sys.exit("cannot parse generate --timing output:\n" + p.stderr)
     rss = re.search(r"MAXRSS (\d+)", p.stderr)
+    level = re.search(r"\| \d+ threads?, kernels (\w+)", p.stderr)
     # Load counts the tokenizer too, as llama.cpp's load builds its vocabulary.
     load_ms = float(m.group(1)) + float(m.group(2))
     return {
+        "kernels": level.group(1) if level else "unknown",
         "load_ms": load_ms,
         "prefill_tps": float(m.group(5)),
         "first_token_ms": load_ms + float(m.group(4)),
@@ -285,6 +289,8 @@ def main():
         commit += " with uncommitted changes"
 
     med = lambda e, t, name, key: statistics.median(x[key] for x in results[(e, t, name)])
+    # The level tlm's kernels ran at (TLM_KERNELS forces one below the CPU's best).
+    levels = {x["kernels"] for (e, _, _), xs in results.items() if e == "tlm" for x in xs}
     simd = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                                 "avx_vnni", "amx_int8") if f in flags)
     load = os.getloadavg()
@@ -296,7 +302,10 @@ def main():
         f"- Model: `{os.path.basename(args.model)}` (tlm config `{args.config}`); greedy; {args.rounds} rounds, "
         "the engines alternating (who goes first swaps every round); medians shown.",
         f"- tlm: `examples/generate --timing`, precision `{args.precision}`"
-        f"{' (set through TLM_PRECISION)' if args.precision != 'exact' and args.precision_via == 'env' else ''}; load = mapping + binding + the tokenizer.",
+        f"{' (set through TLM_PRECISION)' if args.precision != 'exact' and args.precision_via == 'env' else ''}, "
+        f"kernel level {', '.join(sorted(levels))} as generate reported it"
+        f"{' (forced: TLM_KERNELS=' + os.environ['TLM_KERNELS'] + ')' if os.environ.get('TLM_KERNELS') else ''}; "
+        "load = mapping + binding + the tokenizer.",
         f"- llama.cpp: {how}.",
         f"- llama.cpp system info: `{info['system_info'].strip()}`",
         "- llama.cpp runs with `n_ctx = n_batch = n_ubatch = max(512, prompt + new + 16)`; its RSS includes the Python interpreter and "

@@ -451,6 +451,51 @@ TLM_AVX2_FN inline void matvec_rows_q8(encoding, const std::byte* w, std::size_t
   }
 }
 
+// The 32 codes of one block in value order: Q4_1 unsigned 0..15, Q4_0 signed -8..7,
+// Q5_1 unsigned 0..31, Q5_0 signed -16..15, Q8_0 signed. codes32 and stored_codes32 serve
+// the fast kernels (below) and the exact Q5 matvec.
+template <encoding E>
+TLM_AVX2_INLINE inline __m256i codes32(const std::byte* p) {
+  if constexpr (E == encoding::q8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+  } else if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
+    const std::byte* qh = p + (E == encoding::q5_1 ? 4 : 2);
+    return q5_codes<E>(qh + 4, qh);
+  } else {
+    constexpr std::size_t head = E == encoding::q4_1 ? 4 : 2;
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + head));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
+    if constexpr (E == encoding::q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+    return w;
+  }
+}
+
+// What a block's code, taken as an unsigned byte, exceeds the value it stands for by: Q4_0's
+// and Q5_0's codes as stored (0..15, 0..31), Q8_0's signed bytes with the sign bit flipped;
+// 0 for the encodings whose codes are unsigned already. The integer kernels that multiply
+// unsigned by signed bytes take the codes so and subtract offset x sum(q).
+template <encoding E>
+inline constexpr int stored_code_offset = E == encoding::q8_0 ? 128 : E == encoding::q4_0 ? 8 : E == encoding::q5_0 ? 16 : 0;
+
+// The offsets this level's vpmaddubsw kernels use: Q8_0 keeps its signs moved, since its
+// codes plus 128 reach 255 and a pair 2 * 255 * 127 would saturate.
+template <encoding E>
+inline constexpr int code_offset = E == encoding::q8_0 ? 0 : stored_code_offset<E>;
+
+template <encoding E>
+TLM_AVX2_INLINE inline __m256i stored_codes32(const std::byte* p) {
+  if constexpr (E == encoding::q5_0) {
+    return q5_codes<encoding::q5_1>(p + 6, p + 2);  // Q5_1's unpacking leaves the codes as stored
+  } else if constexpr (E == encoding::q4_0) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+    const __m128i mask = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
+  } else {
+    return codes32<E>(p);
+  }
+}
+
 // Q5_0 / Q5_1 with the block scale factored out, as for Q4 above: per block
 // d * (c . x + o) (+ m * sum(x) for Q5_1), with c the stored codes 0..31, o = -16 sum(x)
 // for Q5_0 (whose values are (c - 16) d), 0 for Q5_1.
@@ -550,8 +595,7 @@ TLM_AVX2_INLINE inline void rows_dot_q5(const std::byte* const (&rows)[R], std::
 #pragma GCC unroll 4
     for (std::size_t r = 0; r < R; ++r) {
       prefetch(p[r]);
-      const std::byte* qh = p[r] + (has_min ? 4 : 2);
-      const __m256i c = q5_codes<encoding::q5_1>(qh + 4, qh);  // as stored, 0..31
+      const __m256i c = stored_codes32<E>(p[r]);  // 0..31
       const __m256 g0 = _mm256_cvtepi32_ps(byte_group<0>(c));
       __m256 t = has_min ? _mm256_mul_ps(g0, xv[0]) : _mm256_fmadd_ps(g0, xv[0], load8(after + 8 * b));
       t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(byte_group<1>(c)), xv[1], t);
@@ -738,50 +782,6 @@ TLM_AVX2_FN inline void quantize(const float* x, std::size_t rows, std::size_t c
     }
   }
   detail::fill_half_sums(out);
-}
-
-// The 32 codes of one block in value order: Q4_1 unsigned 0..15, Q4_0 signed -8..7,
-// Q5_1 unsigned 0..31, Q5_0 signed -16..15, Q8_0 signed.
-template <encoding E>
-TLM_AVX2_INLINE inline __m256i codes32(const std::byte* p) {
-  if constexpr (E == encoding::q8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
-  } else if constexpr (E == encoding::q5_0 || E == encoding::q5_1) {
-    const std::byte* qh = p + (E == encoding::q5_1 ? 4 : 2);
-    return q5_codes<E>(qh + 4, qh);
-  } else {
-    constexpr std::size_t head = E == encoding::q4_1 ? 4 : 2;
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + head));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
-    if constexpr (E == encoding::q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
-    return w;
-  }
-}
-
-// What a block's code, taken as an unsigned byte, exceeds the value it stands for by: Q4_0's
-// and Q5_0's codes as stored (0..15, 0..31), Q8_0's signed bytes with the sign bit flipped;
-// 0 for the encodings whose codes are unsigned already. The integer kernels that multiply
-// unsigned by signed bytes take the codes so and subtract offset x sum(q).
-template <encoding E>
-inline constexpr int stored_code_offset = E == encoding::q8_0 ? 128 : E == encoding::q4_0 ? 8 : E == encoding::q5_0 ? 16 : 0;
-
-// The offsets this level's vpmaddubsw kernels use: Q8_0 keeps its signs moved, since its
-// codes plus 128 reach 255 and a pair 2 * 255 * 127 would saturate.
-template <encoding E>
-inline constexpr int code_offset = E == encoding::q8_0 ? 0 : stored_code_offset<E>;
-
-template <encoding E>
-TLM_AVX2_INLINE inline __m256i stored_codes32(const std::byte* p) {
-  if constexpr (E == encoding::q5_0) {
-    return q5_codes<encoding::q5_1>(p + 6, p + 2);  // Q5_1's unpacking leaves the codes as stored
-  } else if constexpr (E == encoding::q4_0) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
-  } else {
-    return codes32<E>(p);
-  }
 }
 
 // 32 products summed into 8 int32 lanes; for signed weights the sign moves to q.

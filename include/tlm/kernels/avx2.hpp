@@ -44,11 +44,14 @@ TLM_AVX2_INLINE inline void prefetch(const std::byte* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p + prefetch_ahead), _MM_HINT_T0);
 }
 
-TLM_AVX2_INLINE inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+TLM_AVX2_INLINE inline float hsum(__m128 s) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+TLM_AVX2_INLINE inline float hsum(__m256 v) {
+  return hsum(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
 }
 
 TLM_AVX2_INLINE inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -123,6 +126,17 @@ inline void sums_of(const float* x, std::size_t cols, float* sums) {
   }
 }
 
+// The 16 nibble bytes at qs as codes 0..15 in value order: the low nibbles (values 0..15)
+// in the low lane, the high nibbles (16..31) in the high lane. One broadcast load and one
+// variable shift of the high lane's qwords: an insert of the high half, or a blend of a
+// shifted copy, would each cost a second instruction, and the insert takes the one
+// shuffle port of Intel cores. The 64-bit form because Haswell's 32-bit variable shift
+// is three uops; each byte's low nibble after the shift is its own high nibble either way.
+TLM_AVX2_INLINE inline __m256i nibble_halves(const std::byte* qs) {
+  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(_mm256_srlv_epi64(b, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
+}
+
 // The 32 fifth bits of a Q5 block (the little-endian word at qh) as bytes 0 or 0x10,
 // in value order: byte j of the result takes byte j/8 of qh and tests bit j%8.
 TLM_AVX2_INLINE inline __m256i q5_high_bits(const std::byte* qh) {
@@ -137,14 +151,10 @@ TLM_AVX2_INLINE inline __m256i q5_high_bits(const std::byte* qh) {
 }
 
 // The 32 codes of a Q5 block in value order as bytes: Q5_1 unsigned 0..31, Q5_0
-// signed -16..15. qs: the 16 nibble bytes, qh: the 4 bytes of fifth bits. The nibbles
-// are split from one broadcast load by a shift and a blend, not an insert: on Intel
-// cores the insert takes the shuffle port (bench/results/kernels-avx2-q5-shifts-xeon.md).
+// signed -16..15. qs: the 16 nibble bytes, qh: the 4 bytes of fifth bits.
 template <encoding E>
 TLM_AVX2_INLINE inline __m256i q5_codes(const std::byte* qs, const std::byte* qh) {
-  const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-  const __m256i halves = _mm256_blend_epi32(b, _mm256_srli_epi16(b, 4), 0xf0);
-  __m256i w = _mm256_or_si256(_mm256_and_si256(halves, _mm256_set1_epi8(0x0f)), q5_high_bits(qh));
+  __m256i w = _mm256_or_si256(nibble_halves(qs), q5_high_bits(qh));
   if constexpr (E == encoding::q5_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
   return w;
 }
@@ -323,9 +333,7 @@ TLM_AVX2_FN inline void matvec_rows(encoding, const std::byte* w, std::size_t rb
 //   e_k = values [4k, 4k+4) in the low lane, [16+4k, 16+4k+4) in the high lane,
 // which needs one byte shuffle per register. x is permuted to match (prepare_q4_x).
 TLM_AVX2_INLINE inline void q4_codes(const std::byte* qs, __m256 (&e)[4]) {
-  __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
-  // Low lane keeps the low nibbles (values 0..15), high lane takes the high nibbles.
-  b = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
+  const __m256i b = nibble_halves(qs);
   const __m256i s0 = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1,  //
                                       0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1, -1);
   const __m256i four = _mm256_set1_epi32(4);
@@ -463,9 +471,7 @@ TLM_AVX2_INLINE inline __m256i codes32(const std::byte* p) {
     return q5_codes<E>(qh + 4, qh);
   } else {
     constexpr std::size_t head = E == encoding::q4_1 ? 4 : 2;
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + head));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
+    __m256i w = nibble_halves(p + head);
     if constexpr (E == encoding::q4_0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
     return w;
   }
@@ -488,9 +494,7 @@ TLM_AVX2_INLINE inline __m256i stored_codes32(const std::byte* p) {
   if constexpr (E == encoding::q5_0) {
     return q5_codes<encoding::q5_1>(p + 6, p + 2);  // Q5_1's unpacking leaves the codes as stored
   } else if constexpr (E == encoding::q4_0) {
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask), _mm_and_si128(b, mask));
+    return nibble_halves(p + 2);
   } else {
     return codes32<E>(p);
   }
@@ -794,27 +798,20 @@ TLM_AVX2_INLINE inline __m256i dot32(__m256i w, __m256i q) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, q), _mm256_set1_epi16(1));
 }
 
-// For Q4_0 and Q5_0: -code_offset<E> times the sum of each 4 activation bytes, every
-// block of every row of x ([rows, blocks, 8] int32). Added to the unsigned codes' lane
-// sums it gives the signed codes' exactly, one add where moving the signs takes two
-// instructions and centring the codes a third.
+// What a block's offset or min multiplies, per weight row: Q4_1 / Q5_1 their min m, Q4_0 /
+// Q5_0 -code_offset d (exact: a power of two times d), as m is multiplied by dx sum(q)
+// (q8_activations::ds). So the unsigned codes as stored go into vpmaddubsw as they are,
+// their offset costs one multiply-add per block (shared by 4 rows in rows_dot_q8) where
+// an integer correction per lane took a load and an add a row, and centring the codes
+// and moving their signs take two or three instructions. The float rounding this adds is
+// the min's, well inside the fast kernels' tolerance (tests/test_kernels.cpp).
 template <encoding E>
-TLM_AVX2_INLINE inline void lane_offsets(const q8_activations& x, std::vector<std::int32_t>& out) {
-  out.resize(x.rows * x.blocks * 8);
-  const __m256i off = _mm256_set1_epi8(static_cast<char>(code_offset<E>));
-  for (std::size_t i = 0; i < x.rows * x.blocks; ++i) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + 32 * i));
-    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(off, q), _mm256_set1_epi16(1));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.data() + 8 * i), _mm256_sub_epi32(_mm256_setzero_si256(), s));
-  }
-}
+inline constexpr bool has_block_min = E == encoding::q4_1 || E == encoding::q5_1 || code_offset<E> != 0;
 
 // One weight row against NB quantized activation rows; the weights are unpacked once.
-// `offs` (row j's at offs + j * ostride): lane_offsets, read for Q4_0 and Q5_0 only.
 template <encoding E, int NB, bool Prefetch>
 TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks, const std::int8_t* q,
-                                        std::size_t qstride, const float* ds, std::size_t dstride,
-                                        const std::int32_t* offs, std::size_t ostride, float* out) {
+                                        std::size_t qstride, const float* ds, std::size_t dstride, float* out) {
   constexpr std::size_t bb = bytes32<E>();
   __m256 acc[NB];
   float mins[NB];
@@ -828,19 +825,18 @@ TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks
     if constexpr (Prefetch) prefetch(p);
     const __m256i w = stored_codes32<E>(p);
     const float dw = _cvtsh_ss(load_u16(p));
+    float m = 0;  // has_block_min
+    if constexpr (code_offset<E> != 0) m = static_cast<float>(-code_offset<E>) * dw;
+    else if constexpr (has_block_min<E>) m = _cvtsh_ss(load_u16(p + 2));
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
       const float* dj = ds + static_cast<std::size_t>(j) * dstride + 2 * b;
       const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + static_cast<std::size_t>(j) * qstride + 32 * b));
       __m256i s;
-      if constexpr (code_offset<E> != 0) {
-        const __m256i o = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offs + static_cast<std::size_t>(j) * ostride + 8 * b));
-        s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, qv), _mm256_set1_epi16(1)), o);
-      } else {
-        s = dot32<E>(w, qv);
-      }
+      if constexpr (code_offset<E> != 0) s = _mm256_madd_epi16(_mm256_maddubs_epi16(w, qv), _mm256_set1_epi16(1));
+      else s = dot32<E>(w, qv);
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(dw * dj[0]), acc[j]);
-      if constexpr (E == encoding::q4_1 || E == encoding::q5_1) mins[j] += _cvtsh_ss(load_u16(p + 2)) * dj[1];
+      if constexpr (has_block_min<E>) mins[j] = std::fma(m, dj[1], mins[j]);
     }
   }
 #pragma GCC unroll 4
@@ -849,36 +845,124 @@ TLM_AVX2_INLINE inline void row_dots_q8(const std::byte* row, std::size_t blocks
 
 // R weight rows against one quantized activation row: row_dots_q8's arithmetic (the
 // same result for each row), the loop, the activations' loads and the conversion of the
-// R rows' scales shared. On the Intel Xeon, forced to this level, 4 rows a step against
-// one: Q4_1 1.14-1.26x, Q5_0 1.13-1.15x, Q5_1 1.11-1.13x, Q8_0 1.03x (bound by memory);
-// the exact kernels in this form measured 0.96-1.02x and stay a row at a time
-// (bench/results/kernels-avx2-rows-xeon.md).
+// R rows' scales and mins shared. On the Intel Xeon, forced to this level, 4 rows a step
+// against one: Q4_1 1.14-1.26x, Q5_0 1.13-1.15x, Q5_1 1.11-1.13x, Q8_0 1.03x (bound by
+// memory); the exact kernels in this form measured 0.96-1.02x and stay a row at a time
+// (bench/results/kernels-avx2-rows-xeon.md). Q4_0 and Q4_1 have since gone two rows to a
+// register (rows_dot_q4_pairs, below).
 template <encoding E, std::size_t R, bool Prefetch>
 TLM_AVX2_INLINE inline void rows_dot_q8(const std::byte* const (&rows)[R], std::size_t blocks, const std::int8_t* q,
-                                        const float* ds, const std::int32_t* offs, float (&out)[R]) {
+                                        const float* ds, float (&out)[R]) {
   constexpr std::size_t bb = bytes32<E>();
   row_sums<R> sums;
+  __m128 mins = _mm_setzero_ps();  // lane r: row r's sum of m dx sum(q) (has_block_min)
   for (std::size_t b = 0; b < blocks; ++b) {
     const std::byte* p[R];
     block_of_rows(rows, b, bb, p);
+    const __m128 dw = scales4(p);
+    if constexpr (code_offset<E> != 0) {
+      mins = _mm_fmadd_ps(_mm_mul_ps(dw, _mm_set1_ps(static_cast<float>(-code_offset<E>))), _mm_set1_ps(ds[2 * b + 1]), mins);
+    } else if constexpr (has_block_min<E>) {
+      const std::byte* m[R];
+      for (std::size_t r = 0; r < R; ++r) m[r] = p[r] + 2;
+      mins = _mm_fmadd_ps(scales4(m), _mm_set1_ps(ds[2 * b + 1]), mins);
+    }
     const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * b));
-    __m256i o = _mm256_setzero_si256();
-    if constexpr (code_offset<E> != 0) o = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(offs + 8 * b));
     // dw * dx for each row, rounded once as row_dots_q8's scalar product is.
-    const __m256 scale = _mm256_castps128_ps256(_mm_mul_ps(scales4(p), _mm_set1_ps(ds[2 * b])));
+    const __m256 scale = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(ds[2 * b])));
 #pragma GCC unroll 4
     for (std::size_t r = 0; r < R; ++r) {
       if constexpr (Prefetch) prefetch(p[r]);
       const __m256i w = stored_codes32<E>(p[r]);
       __m256i s;
-      if constexpr (code_offset<E> != 0) s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(w, qv), _mm256_set1_epi16(1)), o);
+      if constexpr (code_offset<E> != 0) s = _mm256_madd_epi16(_mm256_maddubs_epi16(w, qv), _mm256_set1_epi16(1));
       else s = dot32<E>(w, qv);
       const __m256 d = _mm256_permutevar8x32_ps(scale, _mm256_set1_epi32(static_cast<int>(r)));
       sums.acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, sums.acc[r]);
-      if constexpr (E == encoding::q4_1 || E == encoding::q5_1) sums.mins[r] += _cvtsh_ss(load_u16(p[r] + 2)) * ds[2 * b + 1];
     }
   }
+  alignas(16) float m[4];
+  _mm_store_ps(m, mins);
+  for (std::size_t r = 0; r < R; ++r) sums.mins[r] = m[r];
   sums.finish(out);
+}
+
+// A Q4_1 block's scale and min of each of R rows (R <= 4), converted together:
+// [d0, m0, d1, m1, ...], lanes past 2R zero.
+template <std::size_t R>
+TLM_AVX2_INLINE inline __m256 scale_min_pairs(const std::byte* const (&p)[R]) {
+  static_assert(R >= 1 && R <= 4);
+  std::uint32_t dm[R];
+  for (std::size_t r = 0; r < R; ++r) std::memcpy(&dm[r], p[r], 4);  // d and m are adjacent halves
+  __m128i h = _mm_cvtsi32_si128(static_cast<int>(dm[0]));
+  if constexpr (R > 1) h = _mm_insert_epi32(h, static_cast<int>(dm[1]), 1);
+  if constexpr (R > 2) h = _mm_insert_epi32(h, static_cast<int>(dm[2]), 2);
+  if constexpr (R > 3) h = _mm_insert_epi32(h, static_cast<int>(dm[3]), 3);
+  return _mm256_cvtph_ps(h);
+}
+
+// Q4_0 / Q4_1 rows two to a register: a pair's 16 code bytes, row a's in the low lane and
+// row b's in the high, give both rows' low nibbles (values 0..15) by one AND and their high
+// nibbles (16..31) by a shift and an AND, against the activations' halves broadcast to
+// both lanes; the two vpmaddubsw results add in 16 bits (|2 * 15 * 127| * 2 < 2^15) and
+// one vpmaddwd, conversion and multiply-add serve the pair: 5.5 vector instructions a block
+// and row where rows_dot_q8 takes 7, whose unpacking spreads one row's nibbles over a
+// register (loads, and the scales' conversion shared by the 4 rows of a step, aside). The integer sums are exact, the scale dw dx and the mins as in row_dots_q8;
+// only the float lanes' order of addition differs from it.
+template <encoding E, std::size_t R, bool Prefetch>
+TLM_AVX2_INLINE inline void rows_dot_q4_pairs(const std::byte* const (&rows)[R], std::size_t blocks, const std::int8_t* q,
+                                              const float* ds, float (&out)[R]) {
+  static_assert(E == encoding::q4_0 || E == encoding::q4_1);
+  constexpr std::size_t bb = bytes32<E>(), head = E == encoding::q4_1 ? 4 : 2;
+  constexpr std::size_t P = (R + 1) / 2;  // pairs; an odd last row pairs with itself
+  // Q4_1: row r's scale in lane 2r of the scale vector, its min's sum in lane 2r + 1 of
+  // `mins` (the even lanes there sum d dx, unused); Q4_0: lane r of each.
+  constexpr int spread = E == encoding::q4_1 ? 2 : 1;
+  __m256 acc[P];
+  for (std::size_t i = 0; i < P; ++i) acc[i] = _mm256_setzero_ps();
+  __m256 mins = _mm256_setzero_ps();
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const std::byte* p[R];
+    block_of_rows(rows, b, bb, p);
+    __m256 scale;
+    if constexpr (E == encoding::q4_1) {
+      // [dx, dx sum(q)] in every lane pair: one multiply gives each row's d dx, one
+      // multiply-add each row's m dx sum(q), both rounding as row_dots_q8's.
+      const __m256 dm = scale_min_pairs(p);
+      const __m256 xd = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(ds + 2 * b)));
+      mins = _mm256_fmadd_ps(dm, xd, mins);
+      scale = _mm256_mul_ps(dm, xd);
+    } else {
+      const __m128 dw = scales4(p);
+      mins = _mm256_fmadd_ps(_mm256_zextps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(-8.0f))), _mm256_set1_ps(ds[2 * b + 1]), mins);
+      scale = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(ds[2 * b])));
+    }
+    const __m256i q_low = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * b)));
+    const __m256i q_high = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 32 * b + 16)));
+#pragma GCC unroll 2
+    for (std::size_t i = 0; i < P; ++i) {
+      const std::size_t a = 2 * i, c = 2 * i + 1 < R ? 2 * i + 1 : 2 * i;
+      if constexpr (Prefetch) {
+        prefetch(p[a]);
+        if (c != a) prefetch(p[c]);
+      }
+      const __m256i codes = _mm256_inserti128_si256(
+          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p[a] + head))),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p[c] + head)), 1);
+      const __m256i lo = _mm256_and_si256(codes, low), hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), low);
+      const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, q_low), _mm256_maddubs_epi16(hi, q_high));
+      const int la = spread * static_cast<int>(a), lc = spread * static_cast<int>(c);
+      const __m256 d = _mm256_permutevar8x32_ps(scale, _mm256_setr_epi32(la, la, la, la, lc, lc, lc, lc));
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones)), d, acc[i]);
+    }
+  }
+  alignas(32) float m[8];
+  _mm256_store_ps(m, mins);
+  for (std::size_t i = 0; i < P; ++i) {
+    out[2 * i] = hsum(_mm256_castps256_ps128(acc[i])) + m[spread * 2 * i + spread - 1];
+    if (2 * i + 1 < R) out[2 * i + 1] = hsum(_mm256_extractf128_ps(acc[i], 1)) + m[spread * (2 * i + 1) + spread - 1];
+  }
 }
 
 template <encoding E, bool Prefetch>
@@ -886,19 +970,17 @@ struct q8_rows {
   std::size_t blocks;
   const std::int8_t* q;
   const float* ds;
-  const std::int32_t* offs;
   template <std::size_t R>
   TLM_AVX2_FN void operator()(const std::byte* const (&rows)[R], float (&out)[R]) const {
-    rows_dot_q8<E, R, Prefetch>(rows, blocks, q, ds, offs, out);
+    if constexpr (E == encoding::q4_0 || E == encoding::q4_1) rows_dot_q4_pairs<E, R, Prefetch>(rows, blocks, q, ds, out);
+    else rows_dot_q8<E, R, Prefetch>(rows, blocks, q, ds, out);
   }
 };
 
 template <encoding E, bool Prefetch>
 TLM_AVX2_FN inline void matvec_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                   std::size_t r0, std::size_t r1, std::size_t) {
-  thread_local std::vector<std::int32_t> offs;
-  if constexpr (code_offset<E> != 0) lane_offsets<E>(x, offs);
-  detail::rows_in_steps<4>(r0, r1, w, rb, y, q8_rows<E, Prefetch>{x.blocks, x.q.data(), x.ds.data(), offs.data()});
+  detail::rows_in_steps<4>(r0, r1, w, rb, y, q8_rows<E, Prefetch>{x.blocks, x.q.data(), x.ds.data()});
 }
 
 // Every weight row of [r0, r1) against the batch, four activation rows per call of
@@ -922,25 +1004,20 @@ TLM_AVX2_INLINE inline void matmul_q8_batch(const std::byte* w, std::size_t rb, 
   }
 }
 
-// Dots::run reads the lane offsets of x's rows from `offsets` (lane_offsets).
 template <encoding E>
 struct q8_dots {
-  static inline thread_local std::vector<std::int32_t> offsets;
   template <int NB>
   TLM_AVX2_INLINE static void run(const std::byte* row, const q8_activations& x, std::size_t b, float* out) {
-    const std::size_t qs = x.blocks * 32, dss = x.blocks * 2, os = x.blocks * 8;
-    // Without offsets (code_offset 0) the buffer is empty and its data() may be null.
-    const std::int32_t* offs = code_offset<E> != 0 ? offsets.data() + b * os : nullptr;
+    const std::size_t qs = x.blocks * 32, dss = x.blocks * 2;
     // The batch's weight rows prefetched for Q5 only, as measured (matvec_q8 takes a choice).
     constexpr bool prefetch = E == encoding::q5_0 || E == encoding::q5_1;
-    row_dots_q8<E, NB, prefetch>(row, x.blocks, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, offs, os, out);
+    row_dots_q8<E, NB, prefetch>(row, x.blocks, x.q.data() + b * qs, qs, x.ds.data() + b * dss, dss, out);
   }
 };
 
 template <encoding E>
 TLM_AVX2_FN inline void matmul_q8(encoding, const std::byte* w, std::size_t rb, const q8_activations& x, float* y,
                                   std::size_t r0, std::size_t r1, std::size_t rows, std::size_t) {
-  if constexpr (code_offset<E> != 0) lane_offsets<E>(x, q8_dots<E>::offsets);
   matmul_q8_batch<q8_dots<E>>(w, rb, x, y, r0, r1, rows);
 }
 

@@ -907,8 +907,9 @@ TLM_AVX2_INLINE inline __m256 scale_min_pairs(const std::byte* const (&p)[R]) {
 // both lanes; the two vpmaddubsw results add in 16 bits (|2 * 15 * 127| * 2 < 2^15) and
 // one vpmaddwd, conversion and multiply-add serve the pair: 5.5 vector instructions a block
 // and row where rows_dot_q8 takes 7, whose unpacking spreads one row's nibbles over a
-// register (loads, and the scales' conversion shared by the 4 rows of a step, aside). The integer sums are exact, the scale dw dx and the mins as in row_dots_q8;
-// only the float lanes' order of addition differs from it.
+// register (loads, and the scales' conversion shared by the 4 rows of a step, aside). The
+// integer sums are exact, the scale dw dx and the mins as in row_dots_q8; only the float
+// lanes' order of addition differs from it (bench/results/kernels-avx2-pairs-xeon.md).
 template <encoding E, std::size_t R, bool Prefetch>
 TLM_AVX2_INLINE inline void rows_dot_q4_pairs(const std::byte* const (&rows)[R], std::size_t blocks, const std::int8_t* q,
                                               const float* ds, float (&out)[R]) {
@@ -930,7 +931,9 @@ TLM_AVX2_INLINE inline void rows_dot_q4_pairs(const std::byte* const (&rows)[R],
       // [dx, dx sum(q)] in every lane pair: one multiply gives each row's d dx, one
       // multiply-add each row's m dx sum(q), both rounding as row_dots_q8's.
       const __m256 dm = scale_min_pairs(p);
-      const __m256 xd = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(ds + 2 * b)));
+      double pair;
+      std::memcpy(&pair, ds + 2 * b, sizeof pair);
+      const __m256 xd = _mm256_castpd_ps(_mm256_set1_pd(pair));
       mins = _mm256_fmadd_ps(dm, xd, mins);
       scale = _mm256_mul_ps(dm, xd);
     } else {
